@@ -1,0 +1,1 @@
+"""Qt-free core: engine session, conversations, snapshots, settings, memory accounting."""

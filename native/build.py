@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""Build the patched llama-cpp-python engine for LazyKV Chat.
+
+The engine is the pinned llama-cpp-python sdist plus the patch series in
+``native/patches``.  Subcommands:
+
+  prepare   fetch + verify the sdist, extract it into native/work/src as a git
+            repo at the pristine state, apply the patch series (git am)
+  build     build the wheel with scikit-build-core into the wheel cache,
+            reusing the persistent CMake build dir native/work/build
+  export    regenerate native/patches from the commits in the work tree
+  ensure    wheel from the cache (or prepare + build), installed into the
+            running interpreter's environment; does nothing when current
+  key       print the cache key and the wheel version
+
+The wheel cache lives in $XDG_CACHE_HOME/lazykv/engine (~/.cache/lazykv/engine)
+and is keyed by the sha256 of (sdist sha256, patch bytes, CMAKE_ARGS, Python
+tag, machine), so a second run never rebuilds.  Only the standard library is
+used: this runs before anything else is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+SDIST_NAME = "llama_cpp_python"
+SDIST_VERSION = "0.3.36"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+SDIST_FILE = f"{SDIST_NAME}-{SDIST_VERSION}.tar.gz"
+
+NATIVE = Path(__file__).resolve().parent
+PATCHES = NATIVE / "patches"
+WORK = NATIVE / "work"
+SRC = WORK / "src"
+BUILD_DIR = WORK / "build"
+PRISTINE_TAG = "pristine"
+SERIES_MARK = ".lazykv-series"  # in SRC/.git: hash of the series applied
+
+# Only what the Python bindings need: no tools, tests, server or mtmd.
+BASE_CMAKE_ARGS = [
+    "-DLLAVA_BUILD=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+]
+BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "cmake>=3.21", "ninja"]
+
+GIT_ID = ["-c", "user.name=LazyKV build", "-c", "user.email=build@lazykv.invalid"]
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[engine] {msg}", file=sys.stderr, flush=True)
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lazykv"
+
+
+def run(cmd: list[str], cwd: Path | None = None, check: bool = True,
+        capture: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, check=check, text=True, env=env,
+                          stdout=subprocess.PIPE if capture else None,
+                          stderr=subprocess.STDOUT if capture else None)
+
+
+def git(*args: str, capture: bool = True, check: bool = True) -> str:
+    res = run(["git", *GIT_ID, *args], cwd=SRC, capture=capture, check=False)
+    if check and res.returncode != 0:
+        raise BuildError(f"git {' '.join(args)} failed:\n{res.stdout or ''}")
+    return (res.stdout or "").strip()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def patch_files() -> list[Path]:
+    return sorted(PATCHES.glob("*.patch"))
+
+
+def series_hash() -> str:
+    """Hash of the patch series: names and bytes, in order."""
+    h = hashlib.sha256()
+    for p in patch_files():
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def cmake_args() -> list[str]:
+    args = list(BASE_CMAKE_ARGS)
+    if shutil.which("ccache"):
+        args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+    user = os.environ.get("CMAKE_ARGS", "").split()
+    return args + user
+
+
+def python_tag() -> str:
+    return f"{sys.implementation.name}{sys.version_info.major}{sys.version_info.minor}"
+
+
+def wheel_version() -> str:
+    return f"{SDIST_VERSION}+lazykv.{series_hash()[:10]}"
+
+
+def cache_key() -> str:
+    h = hashlib.sha256()
+    for part in (SDIST_SHA256, series_hash(), " ".join(os.environ.get("CMAKE_ARGS", "").split()),
+                 python_tag(), platform.machine(), " ".join(BASE_CMAKE_ARGS)):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def wheel_cache_dir() -> Path:
+    return cache_root() / "engine" / cache_key()
+
+
+def cached_wheel() -> Path | None:
+    wheels = sorted(wheel_cache_dir().glob("*.whl"))
+    return wheels[0] if wheels else None
+
+
+# ---------------------------------------------------------------- prepare
+
+def fetch_sdist() -> Path:
+    dest = cache_root() / "sdist"
+    path = dest / SDIST_FILE
+    if path.exists() and sha256_file(path) == SDIST_SHA256:
+        return path
+    dest.mkdir(parents=True, exist_ok=True)
+    log(f"downloading {SDIST_NAME}=={SDIST_VERSION} (sdist)")
+    with tempfile.TemporaryDirectory(dir=dest) as tmp:
+        run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+             "--no-build-isolation", "--quiet", "-d", tmp, f"{SDIST_NAME}=={SDIST_VERSION}"])
+        got = Path(tmp) / SDIST_FILE
+        if not got.exists():
+            raise BuildError(f"pip download did not produce {SDIST_FILE}")
+        digest = sha256_file(got)
+        if digest != SDIST_SHA256:
+            raise BuildError(f"sdist sha256 mismatch: expected {SDIST_SHA256}, got {digest}")
+        got.replace(path)
+    return path
+
+
+def extract_pristine(sdist: Path) -> None:
+    log(f"extracting {sdist.name} into {SRC}")
+    if SRC.exists():
+        shutil.rmtree(SRC)
+    SRC.mkdir(parents=True)
+    with tarfile.open(sdist) as tar:
+        top = f"{SDIST_NAME}-{SDIST_VERSION}/"
+        for member in tar.getmembers():
+            if not member.name.startswith(top):
+                continue
+            member.name = member.name[len(top):]
+            if not member.name:
+                continue
+            tar.extract(member, SRC, filter="data")
+    # The sdist ships llama-cpp-python's own .git and a submodule pointer: drop them.
+    shutil.rmtree(SRC / ".git", ignore_errors=True)
+    (SRC / "vendor" / "llama.cpp" / ".git").unlink(missing_ok=True)
+    git("init", "-q", "-b", "lazykv")
+    git("add", "-A", "-f")
+    git("commit", "-q", "--no-verify", "-m", f"pristine {SDIST_NAME} {SDIST_VERSION} sdist")
+    git("tag", PRISTINE_TAG)
+
+
+def applied_series() -> str | None:
+    mark = SRC / ".git" / SERIES_MARK
+    return mark.read_text().strip() if mark.exists() else None
+
+
+def apply_series() -> None:
+    git("reset", "-q", "--hard", PRISTINE_TAG)
+    for patch in patch_files():
+        res = run(["git", *GIT_ID, "am", "-q", "--keep-cr", "--committer-date-is-author-date",
+                   str(patch)], cwd=SRC, capture=True, check=False)
+        if res.returncode != 0:
+            run(["git", "am", "--abort"], cwd=SRC, capture=True, check=False)
+            raise BuildError(f"patch {patch.name} does not apply:\n{res.stdout}\n{rejected_hunks(patch)}")
+        log(f"applied {patch.name}")
+    (SRC / ".git" / SERIES_MARK).write_text(series_hash() + "\n")
+
+
+def rejected_hunks(patch: Path) -> str:
+    """Apply with --reject to show exactly which hunks fail, then clean up."""
+    res = run(["git", "apply", "--reject", "--verbose", str(patch)], cwd=SRC, capture=True, check=False)
+    rejects = []
+    for rej in SRC.rglob("*.rej"):
+        rejects.append(f"--- rejected hunk(s) in {rej.relative_to(SRC)}:\n{rej.read_text()}")
+    git("reset", "-q", "--hard")
+    git("clean", "-q", "-fdx", "-e", "!llama_cpp/lib")
+    return res.stdout + "\n".join(rejects)
+
+
+def prepare(force: bool = False) -> None:
+    if not (SRC / ".git").exists() or not git("tag", "-l", PRISTINE_TAG, check=False):
+        ensure_build_requirements()
+        extract_pristine(fetch_sdist())
+    elif not force and applied_series() == series_hash():
+        log("work tree already has the current patch series")
+        return
+    if git("status", "--porcelain", "--untracked-files=no"):
+        raise BuildError(f"{SRC} has uncommitted changes: commit and `export` them, or discard them")
+    apply_series()
+
+
+# ---------------------------------------------------------------- build
+
+def ensure_build_requirements() -> None:
+    missing = []
+    for req, mod in (("scikit-build-core>=0.10", "scikit_build_core"), ("cmake>=3.21", "cmake"),
+                     ("ninja", "ninja")):
+        try:
+            metadata.version(mod.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            missing.append(req)
+    if missing:
+        log(f"installing build requirements: {' '.join(missing)}")
+        run([sys.executable, "-m", "pip", "install", "--quiet", *missing])
+
+
+def build() -> Path:
+    prepare()
+    ensure_build_requirements()
+    init_py = SRC / "llama_cpp" / "__init__.py"
+    original = init_py.read_text()
+    version = wheel_version()
+    init_py.write_text(original.replace(f'__version__ = "{SDIST_VERSION}"', f'__version__ = "{version}"'))
+    out = wheel_cache_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, CMAKE_ARGS=" ".join(cmake_args()))
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    log(f"building {SDIST_NAME} {version} (CMAKE_ARGS={env['CMAKE_ARGS']})")
+    t0 = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory(dir=out) as tmp:
+            run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                 "--quiet", "-w", tmp, f"--config-settings=build-dir={BUILD_DIR}", str(SRC)], env=env)
+            wheels = list(Path(tmp).glob("*.whl"))
+            if len(wheels) != 1:
+                raise BuildError(f"expected one wheel, got {wheels}")
+            target = out / wheels[0].name
+            wheels[0].replace(target)
+    finally:
+        init_py.write_text(original)
+    log(f"built {target.name} in {time.monotonic() - t0:.0f} s")
+    return target
+
+
+def installed_version() -> str | None:
+    try:
+        return metadata.version(SDIST_NAME)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def ensure() -> None:
+    version = wheel_version()
+    if installed_version() == version and cached_wheel() is not None:
+        log(f"engine {version} is installed")
+        return
+    wheel = cached_wheel()
+    if wheel is None:
+        wheel = build()
+    else:
+        log(f"using cached wheel {wheel}")
+    run([sys.executable, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", str(wheel)])
+    # the engine's own runtime dependencies, without touching the engine
+    run([sys.executable, "-m", "pip", "install", "--quiet", "numpy>=1.20.0", "diskcache>=5.6.1",
+         "jinja2>=2.11.3", "typing-extensions>=4.5.0"])
+    log(f"installed engine {version}")
+
+
+# ---------------------------------------------------------------- export
+
+def export() -> None:
+    if git("status", "--porcelain", "--untracked-files=no"):
+        raise BuildError(f"{SRC} has uncommitted changes: commit them first")
+    with tempfile.TemporaryDirectory() as tmp:
+        run(["git", "format-patch", "-q", "--zero-commit", "--no-signature", "--no-stat",
+             "--full-index", "-o", tmp, f"{PRISTINE_TAG}..HEAD"], cwd=SRC)
+        new = sorted(Path(tmp).glob("*.patch"))
+        for old in patch_files():
+            old.unlink()
+        PATCHES.mkdir(exist_ok=True)
+        for p in new:
+            shutil.copy(p, PATCHES / p.name)
+    (SRC / ".git" / SERIES_MARK).write_text(series_hash() + "\n")
+    log(f"exported {len(new)} patch(es); wheel version now {wheel_version()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_prep = sub.add_parser("prepare", help="extract the sdist and apply the patch series")
+    p_prep.add_argument("--force", action="store_true", help="re-apply even if up to date")
+    sub.add_parser("build", help="build the wheel into the cache")
+    sub.add_parser("export", help="regenerate native/patches from the work tree commits")
+    sub.add_parser("ensure", help="install the engine wheel (cached or freshly built)")
+    sub.add_parser("key", help="print the cache key and wheel version")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "prepare":
+            prepare(force=args.force)
+        elif args.cmd == "build":
+            print(build())
+        elif args.cmd == "export":
+            export()
+        elif args.cmd == "ensure":
+            ensure()
+        elif args.cmd == "key":
+            print(cache_key(), wheel_version())
+    except (BuildError, subprocess.CalledProcessError) as err:
+        print(f"native/build.py {args.cmd}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Shared fixtures: the real test models and small real engine contexts.
+
+The models are fetched by `make models` (part of `make test`); a missing model
+is an error, never a skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lazykv.core import model_fetch
+
+
+def _model_path(name: str) -> Path:
+    path = model_fetch.models_dir() / model_fetch.MODELS[name].filename
+    if not path.exists():
+        pytest.fail(f"test model {name} missing at {path}: run `make models`")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1: llama arch, head dim 64."""
+    return _model_path("smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """Gemma-3-270M Q4_K_M: gemma3 arch with an iSWA cache, head dim 256."""
+    return _model_path("gemma3")
+
+
+@pytest.fixture(scope="session", params=["smollm2", "gemma3"])
+def model_path(request: pytest.FixtureRequest) -> Path:
+    """Each real test model in turn."""
+    return _model_path(request.param)
+
+
+@pytest.fixture
+def attn_rot_disabled(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Contexts created inside the test run with LLAMA_ATTN_ROT_DISABLE=1."""
+    monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _engine_env_clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests start from the engine's defaults, whatever the calling shell exported."""
+    for var in ("LLAMA_ATTN_ROT_DISABLE", "LLAMA_KV_CACHE_LAZY_QUANT"):
+        monkeypatch.delenv(var, raising=False)
