@@ -55,7 +55,18 @@ BASE_CMAKE_ARGS = [
     "-DLLAMA_BUILD_TOOLS=OFF",
     "-DLLAMA_BUILD_SERVER=OFF",
 ]
-BUILD_REQUIREMENTS = ["scikit-build-core>=0.10", "cmake>=3.21", "ninja"]
+# x86-64: a fixed AVX2/FMA/F16C baseline instead of -march=native. The wheel is
+# then the same on every laptop of the last decade, and -march=native would also
+# enable AMX, whose tile instructions raise SIGILL where the kernel/VM does not
+# grant them (seen on this project's CI machines).
+X86_64_CMAKE_ARGS = [
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+]
 
 GIT_ID = ["-c", "user.name=LazyKV build", "-c", "user.email=build@lazykv.invalid"]
 
@@ -109,6 +120,8 @@ def series_hash() -> str:
 
 def cmake_args() -> list[str]:
     args = list(BASE_CMAKE_ARGS)
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        args += X86_64_CMAKE_ARGS
     if shutil.which("ccache"):
         args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
     user = os.environ.get("CMAKE_ARGS", "").split()
@@ -126,7 +139,7 @@ def wheel_version() -> str:
 def cache_key() -> str:
     h = hashlib.sha256()
     for part in (SDIST_SHA256, series_hash(), " ".join(os.environ.get("CMAKE_ARGS", "").split()),
-                 python_tag(), platform.machine(), " ".join(BASE_CMAKE_ARGS)):
+                 python_tag(), platform.machine(), " ".join(BASE_CMAKE_ARGS + X86_64_CMAKE_ARGS)):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 

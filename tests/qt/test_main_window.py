@@ -1,0 +1,130 @@
+"""MainWindow with its real engine worker thread and the real SmolLM2 model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox
+from pytestqt.qtbot import QtBot
+
+from lazykv.core.engine import SamplingSettings
+from lazykv.qt.main_window import MainWindow, UiState
+
+LOAD_TIMEOUT_MS = 30_000
+REPLY_TIMEOUT_MS = 60_000
+
+
+@pytest.fixture
+def window(qtbot: QtBot, smollm2_path: Path) -> Iterator[MainWindow]:
+    w = MainWindow(n_ctx=1024, sampling=SamplingSettings(temperature=0.0, seed=1), max_reply_tokens=24)
+    qtbot.addWidget(w)
+    w.show()
+    with qtbot.waitSignal(w.worker.model_loaded, timeout=LOAD_TIMEOUT_MS):
+        w.open_model(smollm2_path)
+    yield w
+    w.close()
+
+
+def type_and_press_enter(qtbot: QtBot, w: MainWindow, text: str) -> None:
+    qtbot.keyClicks(w.input, text)
+    qtbot.keyClick(w.input, Qt.Key.Key_Return)
+
+
+def test_loaded_model_shows_in_status_bar(window: MainWindow) -> None:
+    assert window.state is UiState.READY
+    assert "SmolLM2-135M-Instruct.Q4_1" in window.model_label.text()
+    assert "llama" in window.model_label.text()
+    assert window.send_button.isEnabled() and not window.stop_button.isEnabled()
+
+
+def test_send_streams_reply_into_transcript(qtbot: QtBot, window: MainWindow) -> None:
+    pieces: list[str] = []
+    window.worker.token.connect(pieces.append)
+    with qtbot.waitSignal(window.worker.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+        type_and_press_enter(qtbot, window, "Hello! Who are you?")
+        assert window.state is UiState.REPLYING
+        assert window.stop_button.isEnabled() and not window.send_button.isEnabled()
+        assert window.input.toPlainText() == ""
+    reply, cancelled = finished.args
+    assert not cancelled
+    assert reply.strip() and len(pieces) > 1 and "".join(pieces) == reply
+    transcript = window.transcript.toPlainText()
+    assert "Hello! Who are you?" in transcript
+    assert reply in transcript
+    assert window.conversation.messages() == [
+        {"role": "user", "content": "Hello! Who are you?"},
+        {"role": "assistant", "content": reply},
+    ]
+    assert window.state is UiState.READY and window.send_button.isEnabled()
+
+
+def test_stop_mid_reply_ends_it_and_reenables_send(qtbot: QtBot, window: MainWindow) -> None:
+    window.max_reply_tokens = 400
+    pieces: list[str] = []
+    window.worker.token.connect(pieces.append)
+    with qtbot.waitSignal(window.worker.token, timeout=REPLY_TIMEOUT_MS):
+        type_and_press_enter(qtbot, window, "Write a very long story about a dragon and a knight.")
+    with qtbot.waitSignal(window.worker.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+        qtbot.mouseClick(window.stop_button, Qt.MouseButton.LeftButton)
+        assert not window.stop_button.isEnabled()
+    reply, cancelled = finished.args
+    assert cancelled
+    assert len(pieces) < 400
+    assert window.state is UiState.READY
+    assert window.send_button.isEnabled() and not window.stop_button.isEnabled()
+    assert "stopped" in window.transcript.toPlainText()
+    assert window.conversation.messages()[-1] == {"role": "assistant", "content": reply}
+
+    window.max_reply_tokens = 8
+    with qtbot.waitSignal(window.worker.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+        type_and_press_enter(qtbot, window, "Thanks!")
+    assert finished.args[0].strip() and not finished.args[1]
+
+
+def test_bad_model_file_shows_error_and_keeps_typed_text(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path
+) -> None:
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a model at all")
+    qtbot.keyClicks(window.input, "half-typed message")
+    with qtbot.waitSignal(window.worker.load_failed, timeout=LOAD_TIMEOUT_MS) as failed:
+        window.open_model(bad)
+        assert window.state is UiState.LOADING and not window.send_button.isEnabled()
+    assert "not a GGUF model file" in failed.args[0]
+    box = window.findChild(QMessageBox, "error-box")
+    assert box is not None and box.isVisible()
+    assert "not a GGUF model file" in box.text()
+    assert "not a GGUF model file" in window.statusBar().currentMessage()
+    assert window.input.toPlainText() == "half-typed message"
+    box.accept()
+
+    assert window.state is UiState.READY
+    assert "SmolLM2-135M-Instruct.Q4_1" in window.model_label.text()
+    with qtbot.waitSignal(window.worker.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+        qtbot.keyClick(window.input, Qt.Key.Key_Return)
+    assert finished.args[0].strip()
+    assert "half-typed message" in window.transcript.toPlainText()
+
+
+def test_failed_reply_returns_the_message_to_the_input(qtbot: QtBot, window: MainWindow) -> None:
+    too_long = "word " * 2048
+    with qtbot.waitSignal(window.worker.failed, timeout=REPLY_TIMEOUT_MS) as failed:
+        window.input.setPlainText(too_long)
+        qtbot.keyClick(window.input, Qt.Key.Key_Return)
+    assert "exceed context window" in failed.args[0]
+    assert window.input.toPlainText() == too_long.strip()
+    assert window.conversation.messages() == []
+    assert "word word" not in window.transcript.toPlainText()
+    assert window.state is UiState.READY
+    window.findChild(QMessageBox, "error-box").accept()
+
+
+def test_shift_enter_inserts_a_newline_instead_of_sending(qtbot: QtBot, window: MainWindow) -> None:
+    qtbot.keyClicks(window.input, "first line")
+    qtbot.keyClick(window.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(window.input, "second line")
+    assert window.input.toPlainText() == "first line\nsecond line"
+    assert window.state is UiState.READY and window.conversation.messages() == []
