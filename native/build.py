@@ -278,7 +278,16 @@ def build() -> Path:
     finally:
         init_py.write_text(original)
     log(f"built {target.name} in {time.monotonic() - t0:.0f} s")
+    prune_wheel_cache(keep=out)
     return target
+
+
+def prune_wheel_cache(keep: Path, n_keep: int = 4) -> None:
+    """Keep the newest few cached wheels (e.g. for switching branches), drop the rest."""
+    entries = sorted((p for p in keep.parent.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    for old in entries[:-n_keep]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def installed_version() -> str | None:

@@ -1,0 +1,92 @@
+"""A thin wrapper over the engine's C API for tests the `Llama` class cannot
+express: several sequences in one cache, explicit positions, raw state blobs."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+from llama_cpp._logger import capture_errors
+
+
+class RawModel:
+    def __init__(self, path: Path):
+        params = llama_cpp.llama_model_default_params()
+        self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not self.ptr:
+            raise RuntimeError(f"cannot load {path}")
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.ptr))
+
+    def __del__(self) -> None:
+        if getattr(self, "ptr", None):
+            llama_cpp.llama_model_free(self.ptr)
+
+
+class RawContext:
+    """One context; K and V of type `kv`, flash attention on, `n_seq` sequences."""
+
+    def __init__(self, model: RawModel, kv: int, n_ctx: int = 512, n_seq: int = 1, unified: bool = True):
+        self.model = model
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = n_ctx
+        p.n_ubatch = min(n_ctx, 512)
+        p.n_seq_max = n_seq
+        p.n_threads = p.n_threads_batch = 2
+        p.type_k = p.type_v = kv
+        p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        p.kv_unified = unified
+        self.ptr = llama_cpp.llama_init_from_model(model.ptr, p)
+        if not self.ptr:
+            raise RuntimeError("cannot create context")
+        self.mem = llama_cpp.llama_get_memory(self.ptr)
+        self.batch = llama_cpp.llama_batch_init(n_ctx, 0, n_seq)
+
+    def __del__(self) -> None:
+        if getattr(self, "ptr", None):
+            llama_cpp.llama_batch_free(self.batch)
+            llama_cpp.llama_free(self.ptr)
+
+    def decode(self, tokens: list[int], seq_id: int = 0, pos0: int | None = None) -> np.ndarray:
+        """Decode `tokens` into `seq_id` after its last position; the last token's logits."""
+        if pos0 is None:
+            pos0 = self.pos_max(seq_id) + 1
+        b = self.batch
+        b.n_tokens = len(tokens)
+        for i, tok in enumerate(tokens):
+            b.token[i] = tok
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq_id
+            b.logits[i] = i == len(tokens) - 1
+        rc = llama_cpp.llama_decode(self.ptr, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+        logits = llama_cpp.llama_get_logits_ith(self.ptr, len(tokens) - 1)
+        return np.ctypeslib.as_array(logits, shape=(self.model.n_vocab,)).copy()
+
+    def pos_max(self, seq_id: int) -> int:
+        return llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id)
+
+    def seq_rm(self, seq_id: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
+
+    def seq_state(self, seq_id: int) -> bytes:
+        size = llama_cpp.llama_state_seq_get_size(self.ptr, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
+        assert n == size
+        return bytes(buf)
+
+    def set_seq_state(self, blob: bytes, seq_id: int) -> tuple[bool, str]:
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        with capture_errors() as errors:
+            n = llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(blob), seq_id)
+        return n == len(blob), "".join(errors)
+
+    def rot_info(self) -> tuple[int, int]:
+        info = llama_cpp.llama_state_rot_info()
+        assert llama_cpp.llama_state_get_rot_info(self.ptr, ctypes.byref(info))
+        return info.n_rot_k, info.n_rot_v
