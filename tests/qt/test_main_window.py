@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QObject, Qt, Signal, SignalInstance
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
@@ -17,12 +17,33 @@ LOAD_TIMEOUT_MS = 30_000
 REPLY_TIMEOUT_MS = 60_000
 
 
+class Relay(QObject):
+    """Re-emit a worker signal on the GUI thread, after the window's own handlers have run.
+
+    A plain callable connected to a worker signal (as qtbot.waitSignal would connect) runs on
+    the worker's thread, possibly before the window has seen the signal. A QObject living on
+    the GUI thread receives it queued, in connection order, so after the window's handler.
+    """
+
+    fired = Signal(object)  # the relayed signal's arguments, as a tuple
+
+    def __init__(self, signal: SignalInstance) -> None:
+        super().__init__()
+        self.calls: list[tuple[object, ...]] = []
+        signal.connect(self._relay)
+
+    def _relay(self, *args: object) -> None:
+        self.calls.append(args)
+        self.fired.emit(args)
+
+
 @pytest.fixture
 def window(qtbot: QtBot, smollm2_path: Path) -> Iterator[MainWindow]:
     w = MainWindow(n_ctx=1024, sampling=SamplingSettings(temperature=0.0, seed=1), max_reply_tokens=24)
     qtbot.addWidget(w)
     w.show()
-    with qtbot.waitSignal(w.worker.model_loaded, timeout=LOAD_TIMEOUT_MS):
+    loaded = Relay(w.worker.model_loaded)
+    with qtbot.waitSignal(loaded.fired, timeout=LOAD_TIMEOUT_MS):
         w.open_model(smollm2_path)
     yield w
     w.close()
@@ -37,20 +58,22 @@ def test_loaded_model_shows_in_status_bar(window: MainWindow) -> None:
     assert window.state is UiState.READY
     assert "SmolLM2-135M-Instruct.Q4_1" in window.model_label.text()
     assert "llama" in window.model_label.text()
+    assert "SmolLM2-135M-Instruct.Q4_1" in window.windowTitle()
     assert window.send_button.isEnabled() and not window.stop_button.isEnabled()
 
 
 def test_send_streams_reply_into_transcript(qtbot: QtBot, window: MainWindow) -> None:
-    pieces: list[str] = []
-    window.worker.token.connect(pieces.append)
-    with qtbot.waitSignal(window.worker.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+    tokens = Relay(window.worker.token)
+    finished = Relay(window.worker.reply_finished)
+    with qtbot.waitSignal(finished.fired, timeout=REPLY_TIMEOUT_MS):
         type_and_press_enter(qtbot, window, "Hello! Who are you?")
         assert window.state is UiState.REPLYING
         assert window.stop_button.isEnabled() and not window.send_button.isEnabled()
         assert window.input.toPlainText() == ""
-    reply, cancelled = finished.args
+    [(reply, cancelled)] = finished.calls
     assert not cancelled
-    assert reply.strip() and len(pieces) > 1 and "".join(pieces) == reply
+    assert reply.strip() and len(tokens.calls) > 1
+    assert "".join(piece for (piece,) in tokens.calls) == reply
     transcript = window.transcript.toPlainText()
     assert "Hello! Who are you?" in transcript
     assert reply in transcript
@@ -58,30 +81,32 @@ def test_send_streams_reply_into_transcript(qtbot: QtBot, window: MainWindow) ->
         {"role": "user", "content": "Hello! Who are you?"},
         {"role": "assistant", "content": reply},
     ]
-    assert window.state is UiState.READY and window.send_button.isEnabled()
+    assert window.state is UiState.READY
+    assert window.send_button.isEnabled() and not window.stop_button.isEnabled()
 
 
 def test_stop_mid_reply_ends_it_and_reenables_send(qtbot: QtBot, window: MainWindow) -> None:
     window.max_reply_tokens = 400
-    pieces: list[str] = []
-    window.worker.token.connect(pieces.append)
-    with qtbot.waitSignal(window.worker.token, timeout=REPLY_TIMEOUT_MS):
+    tokens = Relay(window.worker.token)
+    finished = Relay(window.worker.reply_finished)
+    with qtbot.waitSignal(tokens.fired, timeout=REPLY_TIMEOUT_MS):
         type_and_press_enter(qtbot, window, "Write a very long story about a dragon and a knight.")
-    with qtbot.waitSignal(window.worker.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+    with qtbot.waitSignal(finished.fired, timeout=REPLY_TIMEOUT_MS):
         qtbot.mouseClick(window.stop_button, Qt.MouseButton.LeftButton)
         assert not window.stop_button.isEnabled()
-    reply, cancelled = finished.args
+    [(reply, cancelled)] = finished.calls
     assert cancelled
-    assert len(pieces) < 400
+    assert len(tokens.calls) < 400
     assert window.state is UiState.READY
     assert window.send_button.isEnabled() and not window.stop_button.isEnabled()
-    assert "stopped" in window.transcript.toPlainText()
+    assert window.transcript.toPlainText().rstrip().endswith("stopped")
     assert window.conversation.messages()[-1] == {"role": "assistant", "content": reply}
 
     window.max_reply_tokens = 8
-    with qtbot.waitSignal(window.worker.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+    with qtbot.waitSignal(finished.fired, timeout=REPLY_TIMEOUT_MS):
         type_and_press_enter(qtbot, window, "Thanks!")
-    assert finished.args[0].strip() and not finished.args[1]
+    reply, cancelled = finished.calls[-1]
+    assert reply.strip() and not cancelled
 
 
 def test_bad_model_file_shows_error_and_keeps_typed_text(
@@ -90,10 +115,10 @@ def test_bad_model_file_shows_error_and_keeps_typed_text(
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"not a model at all")
     qtbot.keyClicks(window.input, "half-typed message")
-    with qtbot.waitSignal(window.worker.load_failed, timeout=LOAD_TIMEOUT_MS) as failed:
+    load_failed = Relay(window.worker.load_failed)
+    with qtbot.waitSignal(load_failed.fired, timeout=LOAD_TIMEOUT_MS):
         window.open_model(bad)
         assert window.state is UiState.LOADING and not window.send_button.isEnabled()
-    assert "not a GGUF model file" in failed.args[0]
     box = window.findChild(QMessageBox, "error-box")
     assert box is not None and box.isVisible()
     assert "not a GGUF model file" in box.text()
@@ -103,18 +128,20 @@ def test_bad_model_file_shows_error_and_keeps_typed_text(
 
     assert window.state is UiState.READY
     assert "SmolLM2-135M-Instruct.Q4_1" in window.model_label.text()
-    with qtbot.waitSignal(window.worker.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+    finished = Relay(window.worker.reply_finished)
+    with qtbot.waitSignal(finished.fired, timeout=REPLY_TIMEOUT_MS):
         qtbot.keyClick(window.input, Qt.Key.Key_Return)
-    assert finished.args[0].strip()
+    assert finished.calls[0][0].strip()
     assert "half-typed message" in window.transcript.toPlainText()
 
 
 def test_failed_reply_returns_the_message_to_the_input(qtbot: QtBot, window: MainWindow) -> None:
     too_long = "word " * 2048
-    with qtbot.waitSignal(window.worker.failed, timeout=REPLY_TIMEOUT_MS) as failed:
+    failed = Relay(window.worker.failed)
+    with qtbot.waitSignal(failed.fired, timeout=REPLY_TIMEOUT_MS):
         window.input.setPlainText(too_long)
         qtbot.keyClick(window.input, Qt.Key.Key_Return)
-    assert "exceed context window" in failed.args[0]
+    assert "exceed context window" in failed.calls[0][0]
     assert window.input.toPlainText() == too_long.strip()
     assert window.conversation.messages() == []
     assert "word word" not in window.transcript.toPlainText()

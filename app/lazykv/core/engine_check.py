@@ -24,7 +24,9 @@ def check_engine() -> EngineInfo:
     try:
         import llama_cpp
     except Exception as err:  # ImportError, or OSError from a broken native library
-        raise EngineMissingError(f"the LazyKV engine (llama_cpp) cannot be loaded: {err}; {FIX_HINT}") from err
+        raise EngineMissingError(
+            f"the LazyKV engine (llama_cpp) cannot be loaded: {err}; {FIX_HINT}"
+        ) from err
     version = getattr(llama_cpp, "__version__", "unknown")
     if not version.startswith(ENGINE_BASE_VERSION + PATCH_LABEL):
         raise EngineMissingError(

@@ -119,7 +119,9 @@ def fetch(name: str) -> Path:
             out.close()
             digest = sha256_file(Path(out.name))
             if digest != model.sha256:
-                raise SystemExit(f"fetch_models: {model.filename}: sha256 {digest} != expected {model.sha256}")
+                raise SystemExit(
+                    f"fetch_models: {model.filename}: sha256 {digest} != expected {model.sha256}"
+                )
             os.chmod(out.name, 0o644)
             os.replace(out.name, target)
         finally:
@@ -137,7 +139,8 @@ def _stamp(target: Path) -> Path:
 def _verified(target: Path, sha: str) -> bool:
     """Hash once; later runs trust a stamp written after verification, if newer than the file."""
     stamp = _stamp(target)
-    if stamp.exists() and stamp.read_text().strip() == sha and stamp.stat().st_mtime >= target.stat().st_mtime:
+    fresh = stamp.exists() and stamp.stat().st_mtime >= target.stat().st_mtime
+    if fresh and stamp.read_text().strip() == sha:
         return True
     if sha256_file(target) == sha:
         stamp.write_text(sha)

@@ -1,0 +1,107 @@
+"""Start LazyKV Chat: ``python -m lazykv``, ``lazykv`` (GUI) or ``lazykv-cli``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
+
+from lazykv import __version__
+from lazykv.core import model_fetch
+from lazykv.core.engine_check import EngineMissingError, check_engine
+
+APP_NAME = "LazyKV Chat"
+DEFAULT_MODEL = "smollm2"
+
+
+def default_model_path() -> Path:
+    return model_fetch.models_dir() / model_fetch.MODELS[DEFAULT_MODEL].filename
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lazykv", description=f"{APP_NAME}: chat with a local GGUF model.")
+    parser.add_argument(
+        "--model", type=Path, metavar="PATH", help="GGUF model to load (default: SmolLM2-135M-Instruct)"
+    )
+    parser.add_argument(
+        "--ctx", type=int, default=4096, metavar="N", help="context size in tokens (default: 4096)"
+    )
+    parser.add_argument(
+        "--kv", choices=("f16", "q8_0", "lazy"), default="f16", help="KV cache type (default: f16)"
+    )
+    parser.add_argument("--version", action="version", version=f"{APP_NAME} {__version__}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        check_engine()
+    except EngineMissingError as err:
+        return _fail(str(err))
+
+    # imported only now: both import llama_cpp, which check_engine has vouched for
+    from lazykv.core import engine
+    from lazykv.qt.main_window import MainWindow
+
+    if args.ctx < 1:
+        return _fail(f"--ctx must be a positive number of tokens, not {args.ctx}", code=2)
+    if args.kv == "lazy" and not engine.lazy_kv_supported():
+        return _fail(engine.LAZY_KV_UNSUPPORTED, code=2)
+    model = args.model or default_model_path()
+    try:
+        engine.check_model_file(model)
+    except engine.ModelFileError as err:
+        hint = "; run `make models` to fetch the default model" if args.model is None else ""
+        return _fail(f"{err}{hint}", code=2)
+
+    app = _application()
+    window = MainWindow(n_ctx=args.ctx, kv_mode=args.kv)
+    app.aboutToQuit.connect(window.shutdown_engine)
+    _quit_on_sigint(window)
+    window.show()
+    window.open_model(model)
+    return app.exec()
+
+
+def _application() -> QApplication:
+    app = QApplication.instance() or QApplication([sys.argv[0]])
+    app.setApplicationName(APP_NAME)
+    app.setApplicationVersion(__version__)
+    return app
+
+
+def _quit_on_sigint(window: QWidget) -> None:
+    """Ctrl+C in the terminal closes the window (and so frees the engine) instead of aborting."""
+    signal.signal(signal.SIGINT, lambda *_: window.close())
+    # Python runs signal handlers only between bytecodes: let it run a few times a second
+    tick = QTimer(window)
+    tick.timeout.connect(lambda: None)
+    tick.start(250)
+
+
+def _fail(message: str, code: int = 1) -> int:
+    """Report a start-up error on stderr and, when a display is there to show it, in a message box."""
+    print(f"lazykv: {message}", file=sys.stderr)
+    if _can_show_dialogs():
+        _application()
+        QMessageBox.critical(None, APP_NAME, message)
+    return code
+
+
+def _can_show_dialogs() -> bool:
+    """False where creating a QApplication would abort (no display) or nobody would see a dialog."""
+    if os.environ.get("QT_QPA_PLATFORM", "").split(":")[0] in ("offscreen", "minimal"):
+        return False
+    if sys.platform.startswith("linux") or "bsd" in sys.platform:
+        return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())
