@@ -9,6 +9,8 @@ The engine is the pinned llama-cpp-python sdist plus the patch series in
   build     build the wheel with scikit-build-core into the wheel cache,
             reusing the persistent CMake build dir native/work/build
   export    regenerate native/patches from the commits in the work tree
+  dev       build the work tree as it is and install it (version
+            0.3.36+lazykv.dev, never cached): the edit loop
   ensure    wheel from the cache (or prepare + build), installed into the
             running interpreter's environment; does nothing when current
   key       print the cache key and the wheel version
@@ -253,14 +255,16 @@ def ensure_build_requirements() -> None:
         run([sys.executable, "-m", "pip", "install", "--quiet", *missing])
 
 
-def build() -> Path:
-    prepare()
+def build(dev: bool = False) -> Path:
+    """Build the wheel of the exported series into the cache; dev: of the work tree as it is, uncached."""
+    if not dev:
+        prepare()
     ensure_build_requirements()
     init_py = SRC / "llama_cpp" / "__init__.py"
     original = init_py.read_text()
-    version = wheel_version()
+    version = f"{SDIST_VERSION}+lazykv.dev" if dev else wheel_version()
     init_py.write_text(original.replace(f'__version__ = "{SDIST_VERSION}"', f'__version__ = "{version}"'))
-    out = wheel_cache_dir()
+    out = cache_root() / "engine-dev" if dev else wheel_cache_dir()
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, CMAKE_ARGS=" ".join(cmake_args()))
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
@@ -278,7 +282,8 @@ def build() -> Path:
     finally:
         init_py.write_text(original)
     log(f"built {target.name} in {time.monotonic() - t0:.0f} s")
-    prune_wheel_cache(keep=out)
+    if not dev:
+        prune_wheel_cache(keep=out)
     return target
 
 
@@ -288,6 +293,10 @@ def prune_wheel_cache(keep: Path, n_keep: int = 4) -> None:
     for old in entries[:-n_keep]:
         if old != keep:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def install_wheel(wheel: Path) -> None:
+    run([sys.executable, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", str(wheel)])
 
 
 def installed_version() -> str | None:
@@ -307,7 +316,7 @@ def ensure() -> None:
         wheel = build()
     else:
         log(f"using cached wheel {wheel}")
-    run([sys.executable, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", str(wheel)])
+    install_wheel(wheel)
     # the engine's own runtime dependencies, without touching the engine
     run([sys.executable, "-m", "pip", "install", "--quiet", "numpy>=1.20.0", "diskcache>=5.6.1",
          "jinja2>=2.11.3", "typing-extensions>=4.5.0"])
@@ -333,11 +342,14 @@ def export() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_prep = sub.add_parser("prepare", help="extract the sdist and apply the patch series")
     p_prep.add_argument("--force", action="store_true", help="re-apply even if up to date")
     sub.add_parser("build", help="build the wheel into the cache")
+    sub.add_parser("dev", help="build the work tree as it is (uncommitted edits too), install it, uncached")
     sub.add_parser("export", help="regenerate native/patches from the work tree commits")
     sub.add_parser("ensure", help="install the engine wheel (cached or freshly built)")
     sub.add_parser("key", help="print the cache key and wheel version")
@@ -347,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             prepare(force=args.force)
         elif args.cmd == "build":
             print(build())
+        elif args.cmd == "dev":
+            install_wheel(build(dev=True))
         elif args.cmd == "export":
             export()
         elif args.cmd == "ensure":

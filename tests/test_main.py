@@ -8,7 +8,6 @@ import pytest
 
 from lazykv import __main__ as entry
 from lazykv import __version__
-from lazykv.core.engine import LAZY_KV_UNSUPPORTED, lazy_kv_supported
 from lazykv.core.engine_check import EngineMissingError
 
 
@@ -31,12 +30,6 @@ def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for option in ("--model", "--ctx", "--kv", "--version"):
         assert option in out
-
-
-@pytest.mark.skipif(lazy_kv_supported(), reason="this engine build has the lazy KV cache")
-def test_lazy_kv_needs_engine_support(capsys: pytest.CaptureFixture[str]) -> None:
-    assert entry.main(["--kv", "lazy"]) != 0
-    assert LAZY_KV_UNSUPPORTED in capsys.readouterr().err
 
 
 def test_missing_model_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

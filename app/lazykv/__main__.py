@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--ctx", type=int, default=4096, metavar="N", help="context size in tokens (default: 4096)"
     )
     parser.add_argument(
-        "--kv", choices=("f16", "q8_0", "lazy"), default="f16", help="KV cache type (default: f16)"
+        "--kv", choices=("f16", "q8_0", "lazy"), default="lazy",
+        help="KV cache: f16, q8_0, or lazy q8_0 (f16 until half full, then q8_0; default)"
     )
     parser.add_argument("--version", action="version", version=f"{APP_NAME} {__version__}")
     return parser
@@ -51,8 +52,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.ctx < 1:
         return _fail(f"--ctx must be a positive number of tokens, not {args.ctx}", code=2)
-    if args.kv == "lazy" and not engine.lazy_kv_supported():
-        return _fail(engine.LAZY_KV_UNSUPPORTED, code=2)
     model = args.model or default_model_path()
     try:
         engine.check_model_file(model)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from lazykv.core.engine import (
-    LAZY_KV_UNSUPPORTED,
     EngineError,
     EngineSession,
     ModelNotFoundError,
@@ -18,7 +16,6 @@ from lazykv.core.engine import (
     NotGGUFError,
     SamplingSettings,
     check_model_file,
-    lazy_kv_supported,
 )
 
 N_CTX = 1024
@@ -120,10 +117,11 @@ def test_unknown_kv_mode_is_rejected(smollm2_path: Path) -> None:
         EngineSession().load(smollm2_path, kv_mode="q4")
 
 
-@pytest.mark.skipif(lazy_kv_supported(), reason="this engine build has the lazy KV cache")
-def test_lazy_kv_mode_needs_engine_support(smollm2_path: Path) -> None:
-    with pytest.raises(EngineError, match=re.escape(LAZY_KV_UNSUPPORTED)):
-        EngineSession().load(smollm2_path, kv_mode="lazy")
+def test_lazy_kv_mode_loads_a_lazy_q8_0_cache(smollm2_path: Path) -> None:
+    session = EngineSession()
+    info = session.load(smollm2_path, n_ctx=1024, kv_mode="lazy")
+    assert info.kv_mode == "lazy"
+    assert "".join(session.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=8)).strip()
 
 
 def test_reply_without_a_model_is_an_error() -> None:

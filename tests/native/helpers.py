@@ -7,7 +7,11 @@ from pathlib import Path
 import llama_cpp
 from llama_cpp import Llama
 
-KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+KV_TYPES = {
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "lazy": llama_cpp.GGML_TYPE_Q8_0,
+}
 
 PROMPT = (
     b"The old lighthouse keeper climbed the stairs every evening at dusk. "
@@ -17,8 +21,11 @@ PROMPT = (
 
 
 def make_llama(path: Path, kv: str = "q8_0", n_ctx: int = 512, **kwargs) -> Llama:
-    """A small real context; K and V of the same type, flash attention on."""
+    """A small real context; K and V of the same type, flash attention on; kv "lazy" is the
+    lazy q8_0 cache."""
     t = KV_TYPES[kv]
+    if kv == "lazy":
+        kwargs["kv_lazy_quant"] = True
     return Llama(
         str(path),
         n_ctx=n_ctx,

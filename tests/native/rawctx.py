@@ -11,6 +11,12 @@ import numpy as np
 from llama_cpp._logger import capture_errors
 
 
+class DecodeError(RuntimeError):
+    def __init__(self, rc: int):
+        super().__init__(f"llama_decode returned {rc}")
+        self.rc = rc
+
+
 class RawModel:
     def __init__(self, path: Path):
         params = llama_cpp.llama_model_default_params()
@@ -27,7 +33,8 @@ class RawModel:
 class RawContext:
     """One context; K and V of type `kv`, flash attention on, `n_seq` sequences."""
 
-    def __init__(self, model: RawModel, kv: int, n_ctx: int = 512, n_seq: int = 1, unified: bool = True):
+    def __init__(self, model: RawModel, kv: int, n_ctx: int = 512, n_seq: int = 1, unified: bool = True,
+                 lazy: bool = False):
         self.model = model
         p = llama_cpp.llama_context_default_params()
         p.n_ctx = n_ctx
@@ -38,6 +45,7 @@ class RawContext:
         p.type_k = p.type_v = kv
         p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         p.kv_unified = unified
+        p.kv_lazy_quant = lazy
         self.ptr = llama_cpp.llama_init_from_model(model.ptr, p)
         if not self.ptr:
             raise RuntimeError("cannot create context")
@@ -63,15 +71,27 @@ class RawContext:
             b.logits[i] = i == len(tokens) - 1
         rc = llama_cpp.llama_decode(self.ptr, b)
         if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc}")
+            raise DecodeError(rc)
         logits = llama_cpp.llama_get_logits_ith(self.ptr, len(tokens) - 1)
         return np.ctypeslib.as_array(logits, shape=(self.model.n_vocab,)).copy()
 
     def pos_max(self, seq_id: int) -> int:
         return llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id)
 
-    def seq_rm(self, seq_id: int) -> None:
-        llama_cpp.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_rm(self.mem, seq_id, p0, p1)
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        llama_cpp.llama_memory_seq_keep(self.mem, seq_id)
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        llama_cpp.llama_memory_seq_add(self.mem, seq_id, p0, p1, delta)
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        llama_cpp.llama_memory_seq_div(self.mem, seq_id, p0, p1, d)
 
     def seq_state(self, seq_id: int) -> bytes:
         size = llama_cpp.llama_state_seq_get_size(self.ptr, seq_id)
@@ -85,6 +105,11 @@ class RawContext:
         with capture_errors() as errors:
             n = llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(blob), seq_id)
         return n == len(blob), "".join(errors)
+
+    def lazy_info(self) -> llama_cpp.llama_kv_lazy_info:
+        info = llama_cpp.llama_kv_lazy_info()
+        assert llama_cpp.llama_kv_lazy_get_info(self.ptr, ctypes.byref(info)) == 0
+        return info
 
     def rot_info(self) -> tuple[int, int]:
         info = llama_cpp.llama_state_rot_info()

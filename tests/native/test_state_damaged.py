@@ -70,7 +70,8 @@ def test_damaged_memory_state_refused(smollm2_path: Path, seq_id, how: str) -> N
     llm = make_llama(smollm2_path)
     llm.eval(prompt_tokens(llm))
     good = llm.save_state(seq_id=seq_id)
-    blob = good.llama_state[: good.llama_state_size // 2] if how == "truncated" else _noise(good.llama_state_size)
+    size = good.llama_state_size
+    blob = good.llama_state[: size // 2] if how == "truncated" else _noise(size)
     bad = LlamaState(
         input_ids=good.input_ids,
         scores=good.scores,
@@ -97,8 +98,9 @@ def test_state_without_metadata_refused(smollm2_path: Path) -> None:
     llm = make_llama(smollm2_path)
     llm.eval(prompt_tokens(llm))
     good = llm.save_state()
-    legacy = LlamaState(good.input_ids, good.scores, good.n_tokens, good.llama_state,
-                        good.llama_state_size, good.seed)
+    legacy = LlamaState(
+        good.input_ids, good.scores, good.n_tokens, good.llama_state, good.llama_state_size, good.seed
+    )
     with pytest.raises(StateMismatchError, match="no metadata"):
         llm.load_state(legacy)
 

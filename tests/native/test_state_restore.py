@@ -220,12 +220,12 @@ def test_whole_and_sequence_states_not_interchangeable(smollm2_path: Path) -> No
 
 
 def test_state_of_other_cache_type_refused_before_native(smollm2_path: Path) -> None:
-    f16 = make_llama(smollm2_path, "f16")
-    f16.eval(prompt_tokens(f16))
-    saved = f16.save_state()
     q8 = q8_llama(smollm2_path)
-    with pytest.raises(StateMismatchError, match="K cache type: saved 1, this context 8"):
-        q8.load_state(saved)
+    q8.eval(prompt_tokens(q8))
+    saved = q8.save_state()
+    f16 = make_llama(smollm2_path, "f16")
+    with pytest.raises(StateMismatchError, match="K cache type: saved 8, this context 1"):
+        f16.load_state(saved)
 
 
 def test_state_of_other_model_refused(smollm2_path: Path, gemma3_path: Path) -> None:

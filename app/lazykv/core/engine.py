@@ -11,8 +11,7 @@ from pathlib import Path
 import llama_cpp
 
 GGUF_MAGIC = b"GGUF"
-KV_MODES = ("f16", "q8_0")
-LAZY_KV_UNSUPPORTED = "lazy KV mode needs engine support (not in this build)"
+KV_MODES = ("f16", "q8_0", "lazy")
 
 
 class EngineError(RuntimeError):
@@ -65,11 +64,6 @@ class ModelInfo:
         return self.path.stem
 
 
-def lazy_kv_supported() -> bool:
-    """Whether the installed engine has the lazy q8_0 KV cache."""
-    return hasattr(llama_cpp.Llama, "kv_lazy_info")
-
-
 def check_model_file(path: Path) -> None:
     """Raise a ModelFileError unless ``path`` is a readable file starting with the GGUF magic.
 
@@ -92,9 +86,12 @@ def _kv_cache_params(kv_mode: str) -> dict[str, object]:
     if kv_mode == "q8_0":
         return {"flash_attn": True, "type_k": llama_cpp.GGML_TYPE_Q8_0, "type_v": llama_cpp.GGML_TYPE_Q8_0}
     if kv_mode == "lazy":
-        if not lazy_kv_supported():
-            raise EngineError(LAZY_KV_UNSUPPORTED)
-        raise EngineError("lazy KV mode is not wired into EngineSession yet")
+        return {
+            "flash_attn": True,
+            "type_k": llama_cpp.GGML_TYPE_Q8_0,
+            "type_v": llama_cpp.GGML_TYPE_Q8_0,
+            "kv_lazy_quant": True,
+        }
     raise EngineError(f"unknown KV cache mode {kv_mode!r} (known: {', '.join(KV_MODES)})")
 
 

@@ -33,6 +33,6 @@ def check_engine() -> EngineInfo:
             f"llama_cpp {version} is installed, but LazyKV Chat needs the patched engine "
             f"{ENGINE_BASE_VERSION}{PATCH_LABEL}<patch set>; {FIX_HINT}"
         )
-    if not hasattr(llama_cpp, "StateMismatchError"):
-        raise EngineMissingError(f"llama_cpp {version} lacks the rotation-checked state API; {FIX_HINT}")
+    if not hasattr(llama_cpp, "StateMismatchError") or not hasattr(llama_cpp.Llama, "kv_lazy_info"):
+        raise EngineMissingError(f"llama_cpp {version} lacks LazyKV's engine API; {FIX_HINT}")
     return EngineInfo(version=version, patch_set=version.split("+", 1)[1])

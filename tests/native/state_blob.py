@@ -1,0 +1,120 @@
+"""An independent reader of the engine's whole-context state format (patch 0001 on),
+for checking cache contents from Python: what the engine saves is what it holds.
+
+Layout: arch string; n_stream; K/V rotation sizes; per stream the cell count, then
+per cell its position and sequence ids, then per layer the K rows, then the V rows.
+Only models without per-cell extras (no M-RoPE, no PLE) and a non-transposed V.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+QK8 = 32
+Q8_BLOCK = 34
+GGML_TYPE_F16 = 1
+GGML_TYPE_Q8_0 = 8
+
+
+@dataclass
+class Tensor:
+    type: int
+    rows: np.ndarray  # uint8 [n_cells, row_size]
+
+
+@dataclass
+class CacheState:
+    n_rot_k: int
+    n_rot_v: int
+    positions: list[int] = field(default_factory=list)
+    k: list[Tensor] = field(default_factory=list)
+    v: list[Tensor] = field(default_factory=list)
+
+
+class _Reader:
+    def __init__(self, data: bytes):
+        self.data, self.off = data, 0
+
+    def take(self, n: int) -> bytes:
+        if self.off + n > len(self.data):
+            raise ValueError("state blob ends early")
+        out = self.data[self.off : self.off + n]
+        self.off += n
+        return out
+
+    def u32(self) -> int:
+        return struct.unpack("<I", self.take(4))[0]
+
+    def i32(self) -> int:
+        return struct.unpack("<i", self.take(4))[0]
+
+    def u64(self) -> int:
+        return struct.unpack("<Q", self.take(8))[0]
+
+
+def parse_context_state(blob: bytes, n_caches: int = 1) -> tuple[str, list[CacheState]]:
+    """The architecture and each KV cache (two for an iSWA model) of a whole-context state."""
+    r = _Reader(blob)
+    arch = r.take(r.u32()).decode()
+    caches = [_parse_cache(r) for _ in range(n_caches)]
+    if r.off != len(blob):
+        raise ValueError(f"{len(blob) - r.off} trailing bytes")
+    return arch, caches
+
+
+def _parse_cache(r: _Reader) -> CacheState:
+    n_stream = r.u32()
+    assert n_stream == 1, "unified caches only"
+    cache = CacheState(n_rot_k=r.u32(), n_rot_v=r.u32())
+    n_cells = r.u32()
+    if n_cells == 0:
+        return cache
+    for _ in range(n_cells):
+        cache.positions.append(r.i32())
+        r.take(4 * r.u32())  # sequence ids
+    v_trans, n_layer = r.u32(), r.u32()
+    assert v_trans == 0
+    for dest in (cache.k, cache.v):
+        for _ in range(n_layer):
+            typ, row = r.i32(), r.u64()
+            rows = np.frombuffer(r.take(n_cells * row), dtype=np.uint8).reshape(n_cells, row)
+            dest.append(Tensor(typ, rows))
+    return cache
+
+
+def f16_values(t: Tensor) -> np.ndarray:
+    assert t.type == GGML_TYPE_F16
+    return t.rows.view(np.float16).astype(np.float32)
+
+
+def q8_split(t: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(scales [cells, blocks] float32, codes [cells, blocks, 32] int8) of q8_0 rows."""
+    assert t.type == GGML_TYPE_Q8_0
+    blocks = t.rows.reshape(t.rows.shape[0], -1, Q8_BLOCK)
+    scales = blocks[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    codes = blocks[:, :, 2:].view(np.int8)
+    return scales, codes
+
+
+def hadamard(n: int) -> np.ndarray:
+    """The Sylvester Hadamard matrix scaled by 1/sqrt(n) (dense: an independent reference)."""
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+def reference_q8(values: np.ndarray, n_rot: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rotate rows in blocks of n_rot (0: none), then quantize to q8_0 like ggml's reference."""
+    x = values.astype(np.float64)
+    if n_rot:
+        x = (x.reshape(x.shape[0], -1, n_rot) @ hadamard(n_rot)).reshape(x.shape)
+    x = x.astype(np.float32).reshape(x.shape[0], -1, QK8)
+    amax = np.abs(x).max(axis=2)
+    d = amax / 127.0
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    codes = np.rint(x * inv[:, :, None]).astype(np.int8)
+    return d.astype(np.float16).astype(np.float32), codes
