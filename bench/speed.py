@@ -34,6 +34,7 @@ class SpeedResult:
     all_logits: bool = False  # the pass requested the logits of every position (for the quality section)
     retries: int = 0  # measurements repeated because other processes used the CPU
     contended: int = 0  # measurements that stayed contended after the retries
+    contended_at: dict[int, int] = field(default_factory=dict)  # depth -> such measurements there
 
     def baseline(self, depth: int) -> str:
         """The plain cache the lazy one matches at this depth."""
@@ -67,9 +68,10 @@ class SpeedResult:
         spans = [c for c, r in zip(self.chunks, self.chunk_region, strict=True) if r == region]
         return f"{spans[0][0]}-{spans[-1][1]}" if spans else "-"
 
-    def record(self, retries: int, contended: bool) -> None:
+    def record(self, depth: int, retries: int, contended: bool) -> None:
         self.retries += retries
         self.contended += contended
+        self.contended_at[depth] = self.contended_at.get(depth, 0) + contended
 
 
 def new_result(model: ModelSpec, settings: Settings, n_f16: int, all_logits: bool) -> SpeedResult:
@@ -119,4 +121,4 @@ def measure_depth(
                 lambda llm=contexts[kind]: time_decode(llm, decode_tokens)
             )
             result.decode[kind][depth].append(tok_s)
-            result.record(retries, contended)
+            result.record(depth, retries, contended)
