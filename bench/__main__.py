@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from bench import plots
 from bench.conversion import run_conversion
@@ -20,6 +21,7 @@ from bench.settings import MODEL_LABELS, SECTIONS, ModelSpec, Settings, make_set
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPORT_NAME = "lazy_kv.md"
+T = TypeVar("T")
 STEP_WAIT_S = 300.0  # longest wait for quiet before a step (within the run's wait budget)
 
 
@@ -73,7 +75,7 @@ class Clock:
         self.results = results
         self.started = time.perf_counter()
 
-    def run(self, what: str, fn: Callable[[], object]) -> object:
+    def run(self, what: str, fn: Callable[[], T]) -> T:
         spent = WAIT_BUDGET.spent
         waited = wait_for_quiet(STEP_WAIT_S)
         print(f"[{time.perf_counter() - self.started:6.0f} s] {what} (waited {waited:.0f} s) ...", flush=True)

@@ -1,8 +1,9 @@
 """The pass shared by sections 1 and 2: f16, q8_0 and lazy contexts decode the same text in lockstep.
 
 The text is decoded in n_batch chunks, split at the breakpoint (n_cells_f16, so that the f16 view is filled
-exactly) and at the speed depths. After each chunk the quality accumulator compares the logits of every
-position; at each speed depth the decode and prefill timings run before the pass continues.
+exactly) and at the speed depths. Each chunk's time is recorded per cache (prefill speed) and the quality
+accumulator compares the logits of every position; at each speed depth the decode timings run before the
+pass continues.
 """
 
 from __future__ import annotations

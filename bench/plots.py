@@ -96,11 +96,18 @@ def plot_speed(result: SpeedResult, path: Path) -> None:
     ax_pre.axvline(result.n_cells_f16, color="k", linestyle="--", linewidth=1, label="breakpoint")
     ax_pre.set_xlabel("chunk position (middle)")
     ax_pre.set_ylabel("prefill tok/s")
-    logits = "logits of every position" if result.all_logits else "last logits only"
-    ax_pre.set_title(f"prefill: n_batch chunks of the pass ({logits}; contended chunks left out)")
+    logits = "all logits" if result.all_logits else "last logits"
+    ax_pre.set_title(f"prefill per chunk of the pass ({logits}; contended left out)")
     ax_pre.set_ylim(bottom=0)
+    top = max(
+        max(r)
+        for kind in ("f16", "q8_0", "lazy")
+        for r in (result.decode_reps(kind, d) for d in result.depths)
+    )
+    ax_dec.set_ylim(0, 1.25 * top)
+    ax_dec.legend(loc="upper center", ncols=3)
+    ax_pre.legend(loc="best")
     for ax in (ax_dec, ax_pre):
-        ax.legend(loc="upper right")
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(f"{result.model.label}, n_ctx {result.model.n_ctx}, breakpoint {result.n_cells_f16}")
     fig.tight_layout()
@@ -112,7 +119,8 @@ def plot_conversion(results: list[ConversionResult], path: Path) -> None:
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
     for ax, result in zip(axes[0], results, strict=True):
         run = result.median_run
-        ax.plot(1000 * run.trace_s, run.trace_extra / MB, ".-", markersize=2, label="extra RSS (sampled)")
+        label = f"extra RSS ({run.n_samples} samples)"
+        ax.plot(1000 * run.trace_s, run.trace_extra / MB, ".-", markersize=3, label=label)
         ax.axhline(result.layer_k_bytes / MB, color="r", linestyle="--", label="one layer's K tensor")
         if run.extra_rss_hwm >= 0:
             ax.axhline(run.extra_rss_hwm / MB, color="k", linestyle=":", label="VmHWM - RSS before")
