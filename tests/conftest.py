@@ -47,6 +47,14 @@ def attn_rot_disabled(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _config_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own empty settings dir: the user's real settings are never read or written."""
+    path = tmp_path_factory.mktemp("config")
+    monkeypatch.setenv("LAZYKV_CONFIG_DIR", str(path))
+    return path
+
+
+@pytest.fixture(autouse=True)
 def _engine_env_clean(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests start from the engine's defaults, whatever the calling shell exported."""
     for var in ("LLAMA_ATTN_ROT_DISABLE", "LLAMA_KV_CACHE_LAZY_QUANT"):

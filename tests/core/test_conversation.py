@@ -17,6 +17,17 @@ def test_messages_are_copies_in_order() -> None:
     assert len(conversation) == 2
 
 
+def test_system_prompt_leads_the_messages_when_set() -> None:
+    conversation = Conversation("Be brief.")
+    conversation.add("user", "hi")
+    assert conversation.messages() == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+    ]
+    conversation.system_prompt = "  "
+    assert conversation.messages() == [{"role": "user", "content": "hi"}]
+
+
 def test_pop_takes_back_the_last_turn() -> None:
     conversation = Conversation()
     conversation.add("user", "hi")
@@ -24,6 +35,31 @@ def test_pop_takes_back_the_last_turn() -> None:
     assert len(conversation) == 0
 
 
-def test_unknown_role_is_rejected() -> None:
-    with pytest.raises(ValueError, match="unknown role"):
-        Conversation().add("robot", "beep")  # type: ignore[arg-type]
+def test_truncate_for_edit_and_resend_drops_later_turns_and_their_markers() -> None:
+    conversation = Conversation()
+    for role, text in (("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d")):
+        conversation.add(role, text)
+    conversation.add_marker(1, 1, "early")
+    conversation.add_marker(3, 0, "late")
+    removed = conversation.truncate(2)
+    assert [t["content"] for t in removed] == ["c", "d"]
+    assert [t["content"] for t in conversation.turns()] == ["a", "b"]
+    assert [m.label for m in conversation.markers()] == ["early"]
+    assert conversation.last_index("user") == 0 and conversation.last_index("assistant") == 1
+
+
+def test_forgotten_turns_stay_visible_but_are_not_sent() -> None:
+    conversation = Conversation("sys")
+    for role, text in (("user", "a"), ("assistant", "b"), ("user", "c")):
+        conversation.add(role, text)
+    conversation.forget_oldest(2)
+    assert [t["content"] for t in conversation.turns()] == ["a", "b", "c"]
+    assert conversation.messages() == [{"role": "system", "content": "sys"}, {"role": "user", "content": "c"}]
+    conversation.truncate(1)
+    assert conversation.first_sent == 1 and conversation.messages() == [{"role": "system", "content": "sys"}]
+
+
+@pytest.mark.parametrize("role", ["robot", "system"])
+def test_turn_roles_are_user_or_assistant(role: str) -> None:
+    with pytest.raises(ValueError, match="user or assistant"):
+        Conversation().add(role, "beep")  # type: ignore[arg-type]

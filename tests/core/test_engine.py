@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from lazykv.core.engine import (
+    ConversionEvent,
     EngineError,
     EngineSession,
+    KvModeError,
     ModelNotFoundError,
     NoModelError,
     NotGGUFError,
+    ReplyResult,
     SamplingSettings,
     check_model_file,
 )
+from lazykv.core.errors import ContextFullError
 
 N_CTX = 1024
 GREEDY = SamplingSettings(temperature=0.0, seed=1)
@@ -49,6 +53,7 @@ def test_model_info_describes_the_loaded_model(session: EngineSession, smollm2_p
     assert info.n_ctx == N_CTX
     assert info.file_size == smollm2_path.stat().st_size
     assert info.kv_mode == "f16"
+    assert info.meta.head_k == 64 and info.n_threads >= 1
 
 
 def test_stream_reply_streams_text_pieces(session: EngineSession) -> None:
@@ -131,5 +136,102 @@ def test_reply_without_a_model_is_an_error() -> None:
 
 def test_conversation_too_long_for_the_context_is_an_engine_error(session: EngineSession) -> None:
     huge = [{"role": "user", "content": "word " * (2 * N_CTX)}]
-    with pytest.raises(EngineError, match="exceed context window"):
+    with pytest.raises(ContextFullError, match=r"no longer fits the context of 1024 tokens"):
         list(session.stream_reply(huge, GREEDY, threading.Event(), max_tokens=8))
+
+
+def run(stream: Generator[str, None, ReplyResult]) -> tuple[list[str], ReplyResult]:
+    pieces = []
+    while True:
+        try:
+            pieces.append(next(stream))
+        except StopIteration as end:
+            return pieces, end.value
+
+
+def test_reply_result_reports_the_prompt_and_the_reused_prefix(session: EngineSession) -> None:
+    pieces, first = run(session.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=12))
+    assert first.text == "".join(pieces) and first.finish_reason == "length" and not first.cancelled
+    follow_up = [*HELLO, {"role": "assistant", "content": first.text}, {"role": "user", "content": "And?"}]
+    _, second = run(session.stream_reply(follow_up, GREEDY, threading.Event(), max_tokens=4))
+    assert second.n_prompt > first.n_prompt
+    # the first prompt is still in the cache: only the new turn is read
+    assert second.n_reused >= first.n_prompt
+    edited = [{"role": "user", "content": "Hello! Who are you? Be brief."}]
+    _, third = run(session.stream_reply(edited, GREEDY, threading.Event(), max_tokens=4))
+    assert 0 < third.n_reused < third.n_prompt
+
+
+def test_cancelled_reply_says_so(session: EngineSession) -> None:
+    cancel = threading.Event()
+    stream = session.stream_reply(LONG_ASK, GREEDY, cancel, max_tokens=100)
+    next(stream)
+    cancel.set()
+    _, result = run(stream)
+    assert result.cancelled
+
+
+def test_drop_oldest_policy_drops_turns_and_says_which(smollm2_path: Path) -> None:
+    s = EngineSession()
+    try:
+        s.load(smollm2_path, n_ctx=256)
+        long_turns = []
+        for i in range(6):
+            long_turns += [{"role": "user", "content": f"Question {i}: " + "tell me more " * 12},
+                           {"role": "assistant", "content": "Here is more. " * 10}]
+        system = {"role": "system", "content": "Be brief."}
+        messages = [system, *long_turns, {"role": "user", "content": "Hi"}]
+        _, result = run(s.stream_reply(messages, GREEDY, threading.Event(), max_tokens=8,
+                                       context_full="drop_oldest"))
+        assert result.dropped and result.dropped[0] == long_turns[0]
+        assert result.n_prompt + 8 <= 256
+        with pytest.raises(ContextFullError):
+            list(s.stream_reply(messages, GREEDY, threading.Event(), max_tokens=8, context_full="stop"))
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("kv_mode", ["f16", "q8_0"])
+def test_kv_status_of_a_plain_cache(smollm2_path: Path, kv_mode: str) -> None:
+    s = EngineSession()
+    try:
+        s.load(smollm2_path, n_ctx=512, kv_mode=kv_mode)
+        empty = s.kv_status()
+        assert (empty.phase, empty.n_cells_used, empty.n_cells_total) == (kv_mode, 0, 512)
+        assert not s.convert_kv_now()
+        _, result = run(s.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=4))
+        status = s.kv_status()
+        assert status.n_cells_used == result.n_prompt + 3  # the last sampled token is not decoded
+        assert 0 < status.kv_bytes_used < status.kv_bytes
+    finally:
+        s.close()
+
+
+def test_lazy_cache_status_and_idle_conversion_with_progress(smollm2_path: Path) -> None:
+    s = EngineSession()
+    events: list[tuple[ConversionEvent, str]] = []
+    s.set_conversion_listener(lambda e: events.append((e, threading.current_thread().name)))
+    try:
+        s.load(smollm2_path, n_ctx=1024, kv_mode="lazy")
+        run(s.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=4))
+        before = s.kv_status()
+        assert (before.phase, before.n_cells_capacity, before.n_cells_total) == ("f16", 512, 1024)
+        assert s.convert_kv_now()
+        after = s.kv_status()
+        assert (after.phase, after.n_cells_capacity, after.n_conversions) == ("q8_0", 1024, 1)
+        assert after.n_cells_used == before.n_cells_used and after.kv_bytes == before.kv_bytes
+        stages = [e.stage for e, _ in events]
+        assert stages[0] == "start" and stages[-1] == "end" and set(stages[1:-1]) == {"progress"}
+        assert [e.done for e, _ in events] == sorted(e.done for e, _ in events)
+        assert events[-1][0].fraction == 1.0 and events[-1][0].n_cells == before.n_cells_used
+        assert {name for _, name in events} == {threading.current_thread().name}
+        assert not s.convert_kv_now()
+        # the conversation goes on in q8_0
+        assert "".join(s.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=4)).strip()
+    finally:
+        s.close()
+
+
+def test_q8_0_without_flash_attention_is_refused_with_the_reason(smollm2_path: Path) -> None:
+    with pytest.raises(KvModeError, match="needs flash attention"):
+        EngineSession().load(smollm2_path, n_ctx=256, kv_mode="lazy", flash_attn=False)

@@ -1,33 +1,83 @@
-"""The conversation as the engine sees it: an ordered list of {"role", "content"} messages."""
+"""The conversation: a system prompt, the turns in order, and where the KV precision changed."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 Role = Literal["system", "user", "assistant"]
 ROLES: tuple[Role, ...] = ("system", "user", "assistant")
 
 
-class Conversation:
-    """Messages in order; ``messages()`` hands out copies, safe to pass to another thread."""
+@dataclass(frozen=True)
+class Marker:
+    """A note shown inside a message at ``offset`` characters, e.g. where the cache went to 8-bit."""
 
-    def __init__(self) -> None:
-        self._messages: list[dict[str, str]] = []
+    message_index: int
+    offset: int
+    label: str
+
+
+class Conversation:
+    """Turns in order plus the system prompt; ``messages()`` hands out copies, safe for another thread."""
+
+    def __init__(self, system_prompt: str = "") -> None:
+        self.system_prompt = system_prompt
+        self._turns: list[dict[str, str]] = []
+        self._markers: list[Marker] = []
+        self._first_sent = 0  # turns before this were dropped to fit the context: shown, not sent
 
     def add(self, role: Role, content: str) -> None:
-        if role not in ROLES:
-            raise ValueError(f"unknown role {role!r}")
-        self._messages.append({"role": role, "content": content})
+        if role not in ROLES or role == "system":
+            raise ValueError(f"a turn's role is user or assistant, not {role!r}")
+        self._turns.append({"role": role, "content": content})
 
     def pop(self) -> dict[str, str]:
-        """Remove and return the last message (e.g. a user turn whose reply failed)."""
-        return self._messages.pop()
+        """Remove and return the last turn (e.g. a user turn whose reply failed)."""
+        turn = self._turns.pop()
+        self._first_sent = min(self._first_sent, len(self._turns))
+        self._markers = [m for m in self._markers if m.message_index < len(self._turns)]
+        return turn
+
+    def truncate(self, n_turns: int) -> list[dict[str, str]]:
+        """Keep the first ``n_turns`` turns; return the removed ones (for edit-and-resend)."""
+        removed = self._turns[n_turns:]
+        del self._turns[n_turns:]
+        self._first_sent = min(self._first_sent, n_turns)
+        self._markers = [m for m in self._markers if m.message_index < n_turns]
+        return removed
 
     def clear(self) -> None:
-        self._messages.clear()
+        self._turns.clear()
+        self._markers.clear()
+        self._first_sent = 0
+
+    @property
+    def first_sent(self) -> int:
+        return self._first_sent
+
+    def forget_oldest(self, n_turns: int) -> None:
+        """Stop sending the ``n_turns`` oldest turns still sent (the context was full); keep showing them."""
+        self._first_sent = min(len(self._turns), self._first_sent + n_turns)
+
+    def turns(self) -> list[dict[str, str]]:
+        return [dict(t) for t in self._turns]
 
     def messages(self) -> list[dict[str, str]]:
-        return [dict(m) for m in self._messages]
+        """What the engine is sent: the system prompt (when set) and every turn not dropped."""
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt.strip() else []
+        return system + self.turns()[self._first_sent :]
+
+    def last_index(self, role: Role) -> int | None:
+        return next((i for i in range(len(self._turns) - 1, -1, -1) if self._turns[i]["role"] == role), None)
+
+    def add_marker(self, message_index: int, offset: int, label: str) -> Marker:
+        marker = Marker(message_index, offset, label)
+        self._markers.append(marker)
+        return marker
+
+    def markers(self) -> list[Marker]:
+        return list(self._markers)
 
     def __len__(self) -> int:
-        return len(self._messages)
+        return len(self._turns)

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import random
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp
+from llama_cpp import llama_chat_format
+
+from lazykv.core.context_policy import fit_messages
+from lazykv.core.errors import EngineError
+from lazykv.core.model_meta import GGUFError, KvSupport, ModelMeta, read_model_meta
 
 GGUF_MAGIC = b"GGUF"
 KV_MODES = ("f16", "q8_0", "lazy")
-
-
-class EngineError(RuntimeError):
-    """The engine could not do what was asked; the message is meant for the user."""
 
 
 class ModelFileError(EngineError):
@@ -34,6 +36,10 @@ class ModelLoadError(EngineError):
     """llama.cpp refused a file that looked like GGUF."""
 
 
+class KvModeError(EngineError):
+    """The chosen KV cache mode cannot run this model."""
+
+
 class NoModelError(EngineError):
     """A reply was requested before a model was loaded."""
 
@@ -48,6 +54,13 @@ class SamplingSettings:
     seed: int | None = None  # None: a fresh random seed for every reply
 
 
+# used when a GGUF file carries no chat template
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     path: Path
@@ -57,11 +70,64 @@ class ModelInfo:
     file_size: int
     n_ctx: int
     kv_mode: str
+    n_threads: int
+    meta: ModelMeta
 
     @property
     def name(self) -> str:
         """The file name without .gguf: GGUF 'general.name' is often absent or less telling."""
         return self.path.stem
+
+
+@dataclass(frozen=True)
+class KvStatus:
+    """The KV cache right now, as the memory panel shows it."""
+
+    kv_mode: str  # f16 | q8_0 | lazy
+    phase: str  # how the cells are stored now: f16 | converting | q8_0
+    n_cells_used: int
+    n_cells_capacity: int  # cells the current storage holds (the f16 view while lazy is in f16)
+    n_cells_total: int  # cells of the cache (as q8_0 for a lazy cache)
+    kv_bytes: int  # allocated for K and V
+    n_conversions: int = 0
+    last_conversion_s: float = 0.0
+
+    @property
+    def fill(self) -> float:
+        return self.n_cells_used / self.n_cells_capacity if self.n_cells_capacity else 0.0
+
+    @property
+    def kv_bytes_used(self) -> int:
+        """Bytes holding cells in use: the storage fills in proportion to its cells."""
+        return int(self.kv_bytes * min(1.0, self.fill))
+
+
+@dataclass(frozen=True)
+class ConversionEvent:
+    """A lazy cache compacting to q8_0: ``start``, ``progress`` after each tensor, ``end``."""
+
+    stage: str
+    done: int
+    total: int
+    n_cells: int  # cells (token positions) in use when it started
+    duration_s: float = 0.0  # set at ``end``
+
+    @property
+    def fraction(self) -> float:
+        return self.done / self.total if self.total else 0.0
+
+
+@dataclass(frozen=True)
+class ReplyResult:
+    text: str
+    finish_reason: str  # stop | length | cancelled
+    n_prompt: int  # tokens of the prompt sent
+    n_reused: int  # of those, tokens already in the KV cache (common prefix)
+    dropped: list[dict[str, str]] = field(default_factory=list)  # turns left out to fit
+
+    @property
+    def cancelled(self) -> bool:
+        return self.finish_reason == "cancelled"
 
 
 def check_model_file(path: Path) -> None:
@@ -80,55 +146,92 @@ def check_model_file(path: Path) -> None:
         raise NotGGUFError(f"not a GGUF model file (no GGUF magic): {path}")
 
 
-def _kv_cache_params(kv_mode: str) -> dict[str, object]:
-    if kv_mode == "f16":
-        return {"flash_attn": True}
-    if kv_mode == "q8_0":
-        return {"flash_attn": True, "type_k": llama_cpp.GGML_TYPE_Q8_0, "type_v": llama_cpp.GGML_TYPE_Q8_0}
+def read_checked_meta(path: Path) -> ModelMeta:
+    """The file's metadata, or the ModelFileError to show (stdlib only: safe before loading)."""
+    check_model_file(path)
+    try:
+        return read_model_meta(path)
+    except GGUFError as err:
+        raise ModelFileError(str(err)) from err
+
+
+def _kv_cache_params(kv_mode: str, flash_attn: bool) -> dict[str, object]:
+    if kv_mode not in KV_MODES:
+        raise EngineError(f"unknown KV cache mode {kv_mode!r} (known: {', '.join(KV_MODES)})")
+    params: dict[str, object] = {"flash_attn": flash_attn}
+    if kv_mode in ("q8_0", "lazy"):
+        params.update(type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0)
     if kv_mode == "lazy":
-        return {
-            "flash_attn": True,
-            "type_k": llama_cpp.GGML_TYPE_Q8_0,
-            "type_v": llama_cpp.GGML_TYPE_Q8_0,
-            "kv_lazy_quant": True,
-        }
-    raise EngineError(f"unknown KV cache mode {kv_mode!r} (known: {', '.join(KV_MODES)})")
+        params["kv_lazy_quant"] = True
+    return params
+
+
+def default_threads() -> int:
+    return max(1, os.cpu_count() or 1)
 
 
 class EngineSession:
-    """A loaded model and its context, used for one conversation from one thread at a time."""
+    """A loaded model and its context, used for one conversation from one thread at a time.
+
+    ``kv_status`` may also be called while that thread decodes.
+    """
 
     def __init__(self) -> None:
         self._llama: llama_cpp.Llama | None = None
         self._info: ModelInfo | None = None
+        self._formatter: llama_chat_format.Jinja2ChatFormatter | None = None
+        self._on_conversion: Callable[[ConversionEvent], None] | None = None
+        self._conversion_cells = 0
 
     def load(
-        self, model_path: Path | str, n_ctx: int = 4096, kv_mode: str = "f16", n_threads: int | None = None
+        self,
+        model_path: Path | str,
+        n_ctx: int = 4096,
+        kv_mode: str = "f16",
+        n_threads: int | None = None,
+        *,
+        flash_attn: bool = True,
+        n_gpu_layers: int = 0,
     ) -> ModelInfo:
         """Load a model, replacing the current one only once the new one has loaded.
 
         On any error the previous model stays loaded and usable.
         """
         path = Path(model_path)
-        check_model_file(path)
-        kv_params = _kv_cache_params(kv_mode)
+        meta = read_checked_meta(path)
+        kv_params = _kv_cache_params(kv_mode, flash_attn)
+        support: KvSupport = meta.kv_support(flash_attn)
+        if not support.allows(kv_mode):
+            raise KvModeError(f"a {kv_mode} KV cache cannot run {path.name}: {support.reason}")
+        threads = n_threads or default_threads()
         try:
             llama = llama_cpp.Llama(
-                model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False, **kv_params
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_gpu_layers=n_gpu_layers,
+                verbose=False,
+                **kv_params,
             )
         except ValueError as err:  # llama_cpp raises ValueError for every native load failure
             raise ModelLoadError(f"llama.cpp could not load {path.name}: {err}") from err
         info = ModelInfo(
             path=path,
-            architecture=llama.metadata.get("general.architecture", "unknown"),
+            architecture=llama.metadata.get("general.architecture", meta.architecture),
             n_params=llama_cpp.llama_model_n_params(llama.model),
             n_ctx_train=llama_cpp.llama_model_n_ctx_train(llama.model),
             file_size=path.stat().st_size,
             n_ctx=llama.n_ctx(),
             kv_mode=kv_mode,
+            n_threads=threads,
+            meta=meta,
         )
         self.close()
         self._llama, self._info = llama, info
+        self._formatter = _chat_formatter(llama)
+        if kv_mode == "lazy":
+            llama.set_kv_lazy_progress_callback(self._conversion_progress)
         return info
 
     def model_info(self) -> ModelInfo:
@@ -136,49 +239,152 @@ class EngineSession:
             raise NoModelError("no model is loaded")
         return self._info
 
+    def set_conversion_listener(self, fn: Callable[[ConversionEvent], None] | None) -> None:
+        """``fn`` is called on the decoding thread at the start, progress and end of each conversion."""
+        self._on_conversion = fn
+
+    def kv_status(self) -> KvStatus:
+        llama, info = self._require()
+        lazy = llama.kv_lazy_info()
+        if lazy.phase == "disabled":
+            storage = "f16" if info.kv_mode == "f16" else "q8_0"
+            return KvStatus(info.kv_mode, storage, llama.n_tokens, info.n_ctx, info.n_ctx, lazy.kv_bytes)
+        capacity = lazy.n_cells_f16 if lazy.phase == "f16" else lazy.n_cells_total
+        return KvStatus(
+            kv_mode=info.kv_mode,
+            phase=lazy.phase,
+            n_cells_used=lazy.n_cells_used,
+            n_cells_capacity=capacity,
+            n_cells_total=lazy.n_cells_total,
+            kv_bytes=lazy.kv_bytes,
+            n_conversions=lazy.n_conversions,
+            last_conversion_s=lazy.last_conversion_s,
+        )
+
+    def convert_kv_now(self) -> bool:
+        """Compact a lazy cache to q8_0 now (e.g. while the user reads); False if there was nothing to do."""
+        llama, info = self._require()
+        if info.kv_mode != "lazy":
+            return False
+        return llama.kv_lazy_convert()
+
+    def count_tokens(self, messages: Sequence[dict[str, str]]) -> int:
+        return len(self._prompt(messages)[0])
+
     def stream_reply(
         self,
         messages: Sequence[dict[str, str]],
         sampling: SamplingSettings,
         cancel: threading.Event,
         max_tokens: int | None = None,
-    ) -> Iterator[str]:
-        """Yield the assistant's reply to ``messages`` piece by piece, formatted by the model's template.
+        context_full: str = "stop",
+    ) -> Generator[str, None, ReplyResult]:
+        """Yield the assistant's reply to ``messages`` piece by piece; return a ReplyResult.
 
-        ``cancel`` is checked after every streamed piece. llama.cpp streams one token per piece,
-        so generation stops within one token of ``cancel`` being set (a few more only while it
-        holds back an incomplete UTF-8 character or a partial stop string). ``max_tokens=None``
-        lets the reply run to the end of the model's turn or of the context.
+        The prompt is the model's own chat template applied to ``messages``, cut to fit the
+        context under the ``context_full`` policy (see context_policy). The KV cache keeps
+        the common prefix with the previous prompt, so an edited or regenerated turn only
+        re-reads what changed. ``cancel`` is checked after every streamed piece: llama.cpp
+        streams one token per piece, so generation stops within one token (a few more only
+        while it holds back an incomplete UTF-8 character or a partial stop string).
+        ``max_tokens=None`` lets the reply run to the end of the model's turn or of the context.
         """
-        if self._llama is None:
-            raise NoModelError("no model is loaded")
+        llama, info = self._require()
+        fitted = fit_messages(messages, self.count_tokens, info.n_ctx, context_full, max_tokens)
+        tokens, stop = self._prompt(fitted.messages)
+        n_reused = _common_prefix(llama.input_ids[: llama.n_tokens].tolist(), tokens)
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(32)
+        pieces: list[str] = []
+        finish_reason = "stop"
         try:
-            chunks = self._llama.create_chat_completion(
-                messages=list(messages),
+            chunks = llama.create_completion(
+                prompt=tokens,
                 stream=True,
+                stop=stop,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
                 min_p=sampling.min_p,
                 repeat_penalty=sampling.repeat_penalty,
                 seed=seed,
-                max_tokens=max_tokens,
+                max_tokens=max_tokens if max_tokens else -1,
             )
             try:
                 for chunk in chunks:
                     if cancel.is_set():
-                        return
-                    piece = chunk["choices"][0]["delta"].get("content")
+                        finish_reason = "cancelled"
+                        break
+                    choice = chunk["choices"][0]
+                    piece = choice.get("text")
                     if piece:
+                        pieces.append(piece)
                         yield piece
+                    if choice.get("finish_reason"):
+                        finish_reason = choice["finish_reason"]
             finally:
                 chunks.close()
         except ValueError as err:  # e.g. the conversation no longer fits the context
             raise EngineError(str(err)) from err
+        return ReplyResult("".join(pieces), finish_reason, len(tokens), n_reused, fitted.dropped)
 
     def close(self) -> None:
         """Free the model and its context now rather than at garbage collection."""
         if self._llama is not None:
+            if self._info is not None and self._info.kv_mode == "lazy":
+                self._llama.set_kv_lazy_progress_callback(None)
             self._llama.close()
-        self._llama, self._info = None, None
+        self._llama, self._info, self._formatter = None, None, None
+
+    def _require(self) -> tuple[llama_cpp.Llama, ModelInfo]:
+        if self._llama is None or self._info is None:
+            raise NoModelError("no model is loaded")
+        return self._llama, self._info
+
+    def _prompt(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[str]]:
+        llama, _ = self._require()
+        assert self._formatter is not None
+        result = self._formatter(messages=list(messages))
+        tokens = llama.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
+        stop = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
+        return tokens, stop
+
+    def _conversion_progress(self, lazy: llama_cpp.KvLazyInfo) -> None:
+        if lazy.phase == "converting" and lazy.progress_done == 0:
+            self._conversion_cells = lazy.n_cells_used
+            stage = "start"
+        elif lazy.phase == "converting":
+            stage = "progress"
+        else:
+            stage = "end"
+        event = ConversionEvent(
+            stage=stage,
+            done=lazy.progress_done,
+            total=lazy.progress_total,
+            n_cells=self._conversion_cells,
+            duration_s=lazy.last_conversion_s if stage == "end" else 0.0,
+        )
+        if self._on_conversion is not None:
+            self._on_conversion(event)
+
+
+def _chat_formatter(llama: llama_cpp.Llama) -> llama_chat_format.Jinja2ChatFormatter:
+    """The model's own chat template (as llama_cpp's chat completion would use it), else ChatML."""
+
+    def token_text(token: int) -> str:
+        return llama.detokenize([token], special=True).decode("utf-8", errors="replace") if token >= 0 else ""
+
+    return llama_chat_format.Jinja2ChatFormatter(
+        template=llama.metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE,
+        eos_token=token_text(llama.token_eos()),
+        bos_token=token_text(llama.token_bos()),
+        stop_token_ids=[llama.token_eos()],
+    )
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,18 @@
+"""Idle-time conversion: take the lazy cache's compaction pause while the user reads, not mid-reply."""
+
+from __future__ import annotations
+
+from lazykv.core.engine import KvStatus
+
+IDLE_FILL = 0.9  # the f16 view is at least this full
+IDLE_DELAY_S = 2.0  # and the engine has been idle this long
+
+
+def wants_idle_conversion(status: KvStatus | None) -> bool:
+    """True when a lazy cache in its f16 phase is full enough that the next reply would likely convert."""
+    return (
+        status is not None
+        and status.kv_mode == "lazy"
+        and status.phase == "f16"
+        and status.fill >= IDLE_FILL
+    )

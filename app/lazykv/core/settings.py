@@ -1,0 +1,231 @@
+"""Every user setting declared once; the store persists them as JSON with a schema version.
+
+The settings dialog, validation and the defaults are all derived from ``SETTINGS``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+APP_DIR_NAME = "lazykv"
+SCHEMA_VERSION = 2
+SETTINGS_FILE = "settings.json"
+MAX_RECENT_MODELS = 8
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One option: ``kind`` is bool, int, float, str, text (multi-line), choice or path_list."""
+
+    name: str
+    kind: str
+    default: Any
+    label: str
+    description: str
+    group: str
+    choices: tuple[tuple[str, str], ...] = ()  # (value, label) for kind "choice"
+    minimum: float | None = None
+    maximum: float | None = None
+    step: float | None = None
+    reloads_engine: bool = False  # changing it reloads the model off the GUI thread
+    in_dialog: bool = True
+
+    def validate(self, value: Any) -> Any:
+        """Return ``value`` as this setting's type, or raise ValueError saying why not."""
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise ValueError(f"{self.name}: expected true/false, got {value!r}")
+            return value
+        if self.kind in ("int", "float"):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{self.name}: expected a number, got {value!r}")
+            if self.kind == "int" and value != int(value):
+                raise ValueError(f"{self.name}: expected a whole number, got {value!r}")
+            value = int(value) if self.kind == "int" else float(value)
+            if self.minimum is not None and value < self.minimum:
+                raise ValueError(f"{self.name}: {value} is below the minimum {self.minimum:g}")
+            if self.maximum is not None and value > self.maximum:
+                raise ValueError(f"{self.name}: {value} is above the maximum {self.maximum:g}")
+            return value
+        if self.kind in ("str", "text"):
+            if not isinstance(value, str):
+                raise ValueError(f"{self.name}: expected text, got {value!r}")
+            return value
+        if self.kind == "choice":
+            if value not in {v for v, _ in self.choices}:
+                known = ", ".join(v for v, _ in self.choices)
+                raise ValueError(f"{self.name}: {value!r} is not one of {known}")
+            return value
+        if self.kind == "path_list":
+            if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+                raise ValueError(f"{self.name}: expected a list of paths, got {value!r}")
+            return list(value)
+        raise ValueError(f"{self.name}: unknown setting kind {self.kind!r}")
+
+
+KV_MODE_CHOICES = (("lazy", "lazy q8_0 (f16 until half full)"), ("q8_0", "q8_0"), ("f16", "f16"))
+CONTEXT_FULL_CHOICES = (
+    ("stop", "stop and tell me"),
+    ("drop_oldest", "drop the oldest turns (keep the system prompt)"),
+)
+
+SETTINGS: tuple[Setting, ...] = (
+    # model and engine
+    Setting("model_path", "str", "", "Model", "GGUF model file; empty: the default model "
+            "(SmolLM2-135M-Instruct).", "Model", reloads_engine=True, in_dialog=False),
+    Setting("recent_models", "path_list", [], "Recent models", "Models opened recently, newest first.",
+            "Model", in_dialog=False),
+    Setting("kv_mode", "choice", "lazy", "KV cache", "How the context memory is stored: lazy q8_0 keeps "
+            "full f16 precision until the f16 view is full, then compacts to 8-bit in place.", "Engine",
+            choices=KV_MODE_CHOICES, reloads_engine=True),
+    Setting("n_ctx", "int", 4096, "Context length", "Tokens the model can see at once.", "Engine",
+            minimum=256, maximum=131072, step=256, reloads_engine=True),
+    Setting("n_threads", "int", 0, "Threads", "CPU threads for the engine; 0: one per core.", "Engine",
+            minimum=0, maximum=256, reloads_engine=True),
+    Setting("n_gpu_layers", "int", 0, "GPU layers", "Layers offloaded to the GPU (GPU builds only; "
+            "this build runs on the CPU).", "Engine", minimum=0, maximum=1000, reloads_engine=True),
+    Setting("flash_attn", "bool", True, "Flash attention", "Needed by the q8_0 and lazy KV caches.",
+            "Engine", reloads_engine=True),
+    Setting("idle_conversion", "bool", True, "Compact while idle", "Lazy cache: when the f16 view is "
+            "at least 90% full and the engine has been idle for 2 s, compact it then, so the pause "
+            "does not land inside a reply.", "Engine"),
+    # conversation
+    Setting("system_prompt", "text", "", "System prompt", "Default system prompt of new chats.",
+            "Chat"),
+    Setting("context_full", "choice", "stop", "When the context is full", "What to do when the "
+            "conversation no longer fits the context.", "Chat", choices=CONTEXT_FULL_CHOICES),
+    Setting("max_reply_tokens", "int", 0, "Longest reply", "Tokens per reply; 0: until the model "
+            "stops or the context is full.", "Chat", minimum=0, maximum=131072),
+    # sampling
+    Setting("temperature", "float", 0.7, "Temperature", "Randomness; 0 always picks the likeliest "
+            "token.", "Sampling", minimum=0.0, maximum=2.0, step=0.05),
+    Setting("top_p", "float", 0.95, "Top-p", "Sample from the likeliest tokens covering this "
+            "probability.", "Sampling", minimum=0.0, maximum=1.0, step=0.01),
+    Setting("top_k", "int", 40, "Top-k", "Sample from this many likeliest tokens; 0: all.", "Sampling",
+            minimum=0, maximum=1000),
+    Setting("min_p", "float", 0.05, "Min-p", "Drop tokens less likely than this fraction of the "
+            "likeliest.", "Sampling", minimum=0.0, maximum=1.0, step=0.01),
+    Setting("repeat_penalty", "float", 1.1, "Repeat penalty", "Above 1 discourages repetition.",
+            "Sampling", minimum=0.5, maximum=2.0, step=0.05),
+    Setting("seed", "int", -1, "Seed", "Random seed of every reply; -1: a new one each time.",
+            "Sampling", minimum=-1, maximum=2**31 - 1),
+)
+
+SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _migrate_1_to_2(values: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 called the KV mode ``kv`` and stored the recent models under ``recent``."""
+    values = dict(values)
+    if "kv" in values:
+        values["kv_mode"] = values.pop("kv")
+    if "recent" in values:
+        values["recent_models"] = values.pop("recent")
+    return values
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _migrate_1_to_2}
+
+
+def config_dir() -> Path:
+    """The platform's per-user config dir (``LAZYKV_CONFIG_DIR`` overrides it, e.g. for tests)."""
+    override = os.environ.get("LAZYKV_CONFIG_DIR")
+    return Path(override) if override else Path(platformdirs.user_config_dir(APP_DIR_NAME, appauthor=False))
+
+
+class Settings:
+    """Current values of every declared setting; ``save()`` writes them atomically.
+
+    Unknown keys in the file are dropped, invalid values fall back to their default and are
+    reported in ``problems`` (shown to the user once), never fatal.
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or config_dir() / SETTINGS_FILE
+        self._values: dict[str, Any] = {s.name: _copy(s.default) for s in SETTINGS}
+        self.problems: list[str] = []
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> Settings:
+        settings = cls(path)
+        settings._read()
+        return settings
+
+    def __getitem__(self, name: str) -> Any:
+        return _copy(self._values[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def set(self, name: str, value: Any) -> bool:
+        """Validate and set; True if the value changed. Raises KeyError/ValueError."""
+        value = SETTINGS_BY_NAME[name].validate(value)
+        if self._values[name] == value:
+            return False
+        self._values[name] = value
+        return True
+
+    def values(self) -> dict[str, Any]:
+        return {name: _copy(v) for name, v in self._values.items()}
+
+    def add_recent_model(self, path: str) -> None:
+        recent = [p for p in self._values["recent_models"] if p != path]
+        self._values["recent_models"] = [path, *recent][:MAX_RECENT_MODELS]
+
+    def save(self) -> None:
+        """Write to a temp file in the same dir, fsync, rename: a crash keeps the old or the new file."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = json.dumps({"schema_version": SCHEMA_VERSION, "settings": self._values}, indent=2)
+        fd, tmp = tempfile.mkstemp(prefix=".settings-", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(data + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def _read(self) -> None:
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            self.problems.append(f"could not read {self.path} ({err}); using the defaults")
+            return
+        if not isinstance(raw, dict) or not isinstance(raw.get("settings"), dict):
+            self.problems.append(f"{self.path} is not a settings file; using the defaults")
+            return
+        version, values = raw.get("schema_version"), raw["settings"]
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            self.problems.append(
+                f"{self.path} was written by a newer LazyKV Chat (schema {version}); using the defaults"
+            )
+            return
+        while version < SCHEMA_VERSION:
+            migrate = MIGRATIONS.get(version)
+            if migrate is not None:
+                values = migrate(values)
+            version += 1
+        for name, value in values.items():
+            setting = SETTINGS_BY_NAME.get(name)
+            if setting is None:
+                continue
+            try:
+                self._values[name] = setting.validate(value)
+            except ValueError as err:
+                self.problems.append(f"{err}; using the default {setting.default!r}")
+
+
+def _copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value

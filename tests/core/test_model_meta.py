@@ -1,0 +1,102 @@
+"""GGUF metadata read without loading, KV mode support, and the memory estimate vs the engine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import llama_cpp
+import pytest
+
+from lazykv.core.memory import Fit, estimate, fmt_bytes, process_rss
+from lazykv.core.model_meta import GGUFError, padded_ctx, read_model_meta
+from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
+
+
+def test_smollm2_metadata(smollm2_path: Path) -> None:
+    meta = read_model_meta(smollm2_path)
+    assert meta.architecture == "llama"
+    assert 130e6 < meta.n_params < 140e6
+    assert meta.n_ctx_train == 8192
+    assert (meta.n_layer, meta.n_head, meta.n_head_kv, meta.head_k, meta.head_v) == (30, 9, 3, 64, 64)
+    assert meta.n_vocab == 49152
+    assert meta.has_chat_template and meta.sliding_window == 0
+    assert meta.kv_support().lazy
+
+
+def test_gemma3_metadata(gemma3_path: Path) -> None:
+    meta = read_model_meta(gemma3_path)
+    assert meta.architecture == "gemma3"
+    assert (meta.head_k, meta.head_v, meta.n_layer) == (256, 256, 18)
+    assert meta.sliding_window == 512
+    assert meta.kv_support().q8_0
+
+
+def test_params_match_the_engine(smollm2_path: Path) -> None:
+    llama = llama_cpp.Llama(model_path=str(smollm2_path), n_ctx=256, verbose=False, vocab_only=False)
+    try:
+        assert read_model_meta(smollm2_path).n_params == llama_cpp.llama_model_n_params(llama.model)
+    finally:
+        llama.close()
+
+
+@pytest.mark.parametrize("kv_mode", ["f16", "q8_0", "lazy"])
+def test_kv_estimate_is_what_the_engine_allocates(model_path: Path, kv_mode: str) -> None:
+    n_ctx = 1000  # padded to 1024 by the engine
+    meta = read_model_meta(model_path)
+    params: dict[str, object] = {"flash_attn": True}
+    if kv_mode != "f16":
+        params.update(type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0)
+    llama = llama_cpp.Llama(model_path=str(model_path), n_ctx=n_ctx, verbose=False,
+                            kv_lazy_quant=kv_mode == "lazy", **params)
+    try:
+        assert estimate(meta, n_ctx, kv_mode).kv_cache == llama.kv_lazy_info().kv_bytes
+        if kv_mode == "lazy":
+            assert meta.lazy_f16_cells(n_ctx) == llama.kv_lazy_info().n_cells_f16
+    finally:
+        llama.close()
+
+
+def test_head_size_not_a_multiple_of_32_rules_out_q8_0(tmp_path: Path) -> None:
+    path = write_llama_gguf(tmp_path / "odd.gguf", SyntheticShape(head_dim=80))
+    support = read_model_meta(path).kv_support()
+    assert support.f16 and not support.q8_0 and not support.lazy
+    assert "head size 80 not a multiple of 32" in support.reason
+
+
+def test_no_flash_attention_rules_out_q8_0(smollm2_path: Path) -> None:
+    support = read_model_meta(smollm2_path).kv_support(flash_attn=False)
+    assert not support.allows("lazy") and support.allows("f16")
+    assert "flash attention" in support.reason
+
+
+def test_recurrent_models_have_no_kv_modes(smollm2_path: Path) -> None:
+    meta = replace(read_model_meta(smollm2_path), architecture="mamba")
+    assert not meta.kv_support().f16 and "recurrent" in meta.kv_support().reason
+
+
+def test_not_gguf_and_truncated_files_are_refused(tmp_path: Path, smollm2_path: Path) -> None:
+    not_gguf = tmp_path / "a.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04zip")
+    with pytest.raises(GGUFError, match="not a GGUF model file"):
+        read_model_meta(not_gguf)
+    truncated = tmp_path / "b.gguf"
+    truncated.write_bytes(smollm2_path.read_bytes()[:5000])
+    with pytest.raises(GGUFError, match="truncated"):
+        read_model_meta(truncated)
+
+
+def test_estimate_is_coloured_against_available_ram(smollm2_path: Path) -> None:
+    meta = read_model_meta(smollm2_path)
+    need = estimate(meta, 4096, "lazy", available=10**12).total
+    assert estimate(meta, 4096, "lazy", available=10 * need).fit is Fit.GREEN
+    assert estimate(meta, 4096, "lazy", available=int(1.4 * need)).fit is Fit.YELLOW
+    assert estimate(meta, 4096, "lazy", available=need).fit is Fit.RED
+    assert estimate(meta, 8192, "f16", 10**12).kv_cache == 2 * estimate(meta, 4096, "f16", 10**12).kv_cache
+    assert estimate(meta, 4096, "lazy", 10**12).kv_cache < estimate(meta, 4096, "f16", 10**12).kv_cache
+
+
+def test_helpers() -> None:
+    assert padded_ctx(1) == 256 and padded_ctx(1000) == 1024 and padded_ctx(4096) == 4096
+    assert fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(3 * 1024**3) == "3.0 GiB"
+    assert process_rss() > 10 * 1024 * 1024

@@ -1,0 +1,91 @@
+"""Settings: declared once, persisted with a schema version, bad files never fatal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lazykv.core.settings import SCHEMA_VERSION, SETTINGS, SETTINGS_BY_NAME, Settings
+
+
+def test_every_setting_is_declared_once_with_a_valid_default() -> None:
+    names = [s.name for s in SETTINGS]
+    assert len(names) == len(set(names))
+    for setting in SETTINGS:
+        assert setting.validate(setting.default) == setting.default
+        assert setting.label and setting.description
+
+
+def test_defaults_when_there_is_no_file(tmp_path: Path) -> None:
+    settings = Settings.load(tmp_path / "settings.json")
+    assert settings["kv_mode"] == "lazy" and settings["idle_conversion"] is True
+    assert settings.problems == []
+
+
+def test_values_survive_save_and_load(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "settings.json"
+    settings = Settings(path)
+    assert settings.set("n_ctx", 2048) and settings.set("kv_mode", "f16")
+    assert not settings.set("n_ctx", 2048)
+    settings.add_recent_model("/models/a.gguf")
+    settings.add_recent_model("/models/b.gguf")
+    settings.add_recent_model("/models/a.gguf")
+    settings.save()
+    raw = json.loads(path.read_text())
+    assert raw["schema_version"] == SCHEMA_VERSION
+    again = Settings.load(path)
+    assert again["n_ctx"] == 2048 and again["kv_mode"] == "f16"
+    assert again["recent_models"] == ["/models/a.gguf", "/models/b.gguf"]
+    assert [p.name for p in path.parent.iterdir()] == ["settings.json"]  # no temp file left
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("n_ctx", 10, "below the minimum"),
+        ("n_ctx", 1.5, "whole number"),
+        ("kv_mode", "q4", "not one of"),
+        ("flash_attn", "yes", "true/false"),
+        ("temperature", "hot", "a number"),
+    ],
+)
+def test_invalid_values_are_refused(tmp_path: Path, name: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings(tmp_path / "s.json").set(name, value)
+
+
+def test_a_bad_value_in_the_file_falls_back_to_its_default(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION,
+                                "settings": {"n_ctx": -5, "top_k": 7, "no_such_option": 1}}))
+    settings = Settings.load(path)
+    assert settings["n_ctx"] == SETTINGS_BY_NAME["n_ctx"].default
+    assert settings["top_k"] == 7
+    assert len(settings.problems) == 1 and "n_ctx" in settings.problems[0]
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", "\udcff"])
+def test_a_corrupt_file_gives_defaults_and_a_problem(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "settings.json"
+    path.write_bytes(content.encode("utf-8", errors="surrogateescape"))
+    settings = Settings.load(path)
+    assert settings["kv_mode"] == "lazy"
+    assert settings.problems
+
+
+def test_a_newer_schema_is_not_guessed_at(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1, "settings": {"n_ctx": 2048}}))
+    settings = Settings.load(path)
+    assert settings["n_ctx"] == 4096
+    assert "newer LazyKV Chat" in settings.problems[0]
+
+
+def test_version_1_files_are_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"schema_version": 1, "settings": {"kv": "q8_0", "recent": ["/m.gguf"]}}))
+    settings = Settings.load(path)
+    assert settings["kv_mode"] == "q8_0" and settings["recent_models"] == ["/m.gguf"]
+    assert settings.problems == []
