@@ -62,4 +62,4 @@ def test_missing_engine_is_reported_with_what_to_run(
 
 def test_ctx_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     assert entry.main(["--ctx", "0"]) == 2
-    assert "--ctx must be a positive" in capsys.readouterr().err
+    assert "--ctx must be at least 256 tokens" in capsys.readouterr().err

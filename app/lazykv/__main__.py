@@ -14,9 +14,11 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 from lazykv import __version__
 from lazykv.core import model_fetch
 from lazykv.core.engine_check import EngineMissingError, check_engine
+from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 
 APP_NAME = "LazyKV Chat"
 DEFAULT_MODEL = "smollm2"
+MIN_CTX = int(SETTINGS_BY_NAME["n_ctx"].minimum or 1)
 
 
 def default_model_path() -> Path:
@@ -29,11 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", type=Path, metavar="PATH", help="GGUF model to load (default: SmolLM2-135M-Instruct)"
     )
     parser.add_argument(
-        "--ctx", type=int, default=4096, metavar="N", help="context size in tokens (default: 4096)"
+        "--ctx", type=int, metavar="N", help="context size in tokens (default: the setting, 4096)"
     )
     parser.add_argument(
-        "--kv", choices=("f16", "q8_0", "lazy"), default="lazy",
-        help="KV cache: f16, q8_0, or lazy q8_0 (f16 until half full, then q8_0; default)"
+        "--kv", choices=("f16", "q8_0", "lazy"),
+        help="KV cache: f16, q8_0, or lazy q8_0 (f16 until half full, then q8_0; the default setting)"
     )
     parser.add_argument("--version", action="version", version=f"{APP_NAME} {__version__}")
     return parser
@@ -50,21 +52,32 @@ def main(argv: list[str] | None = None) -> int:
     from lazykv.core import engine
     from lazykv.qt.main_window import MainWindow
 
-    if args.ctx < 1:
-        return _fail(f"--ctx must be a positive number of tokens, not {args.ctx}", code=2)
-    model = args.model or default_model_path()
+    overrides: dict[str, object] = {}
+    if args.ctx is not None:
+        if args.ctx < MIN_CTX:
+            return _fail(f"--ctx must be at least {MIN_CTX} tokens, not {args.ctx}", code=2)
+        overrides["n_ctx"] = args.ctx
+    if args.kv is not None:
+        overrides["kv_mode"] = args.kv
+    settings = Settings.load()
+    if args.model is not None:
+        overrides["model_path"] = str(args.model)
+    model = Path(overrides.get("model_path") or settings["model_path"] or default_model_path())
     try:
         engine.check_model_file(model)
     except engine.ModelFileError as err:
-        hint = "; run `make models` to fetch the default model" if args.model is None else ""
-        return _fail(f"{err}{hint}", code=2)
+        hint = "; run `make models` to fetch the default model" if model == default_model_path() else ""
+        if args.model is not None or model == default_model_path():
+            return _fail(f"{err}{hint}", code=2)
+        print(f"lazykv: the saved model is gone ({err}); using the default model", file=sys.stderr)
+        settings.set("model_path", "")
 
     app = _application()
-    window = MainWindow(n_ctx=args.ctx, kv_mode=args.kv)
+    window = MainWindow(settings, overrides, default_model=default_model_path())
     app.aboutToQuit.connect(window.shutdown_engine)
     _quit_on_sigint(window)
     window.show()
-    window.open_model(model)
+    window.open_configured_model()
     return app.exec()
 
 

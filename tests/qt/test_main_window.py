@@ -10,7 +10,7 @@ from PySide6.QtCore import QObject, Qt, Signal, SignalInstance
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine import SamplingSettings
+from lazykv.core.settings import Settings
 from lazykv.qt.main_window import MainWindow, UiState
 
 LOAD_TIMEOUT_MS = 30_000
@@ -37,14 +37,28 @@ class Relay(QObject):
         self.fired.emit(args)
 
 
-@pytest.fixture
-def window(qtbot: QtBot, smollm2_path: Path) -> Iterator[MainWindow]:
-    w = MainWindow(n_ctx=1024, sampling=SamplingSettings(temperature=0.0, seed=1), max_reply_tokens=24)
+TEST_SETTINGS = {
+    "n_ctx": 1024, "temperature": 0.0, "seed": 1, "max_reply_tokens": 24, "idle_conversion": False
+}
+
+
+def open_window(qtbot: QtBot, model: Path, **values: object) -> MainWindow:
+    """A window on fresh settings (the test's own config dir) with ``model`` loaded."""
+    settings = Settings()
+    for name, value in {**TEST_SETTINGS, **values}.items():
+        settings.set(name, value)
+    w = MainWindow(settings)
     qtbot.addWidget(w)
     w.show()
     loaded = Relay(w.worker.model_loaded)
     with qtbot.waitSignal(loaded.fired, timeout=LOAD_TIMEOUT_MS):
-        w.open_model(smollm2_path)
+        w.open_model(model)
+    return w
+
+
+@pytest.fixture
+def window(qtbot: QtBot, smollm2_path: Path) -> Iterator[MainWindow]:
+    w = open_window(qtbot, smollm2_path)
     yield w
     w.close()
 
@@ -70,8 +84,9 @@ def test_send_streams_reply_into_transcript(qtbot: QtBot, window: MainWindow) ->
         assert window.state is UiState.REPLYING
         assert window.stop_button.isEnabled() and not window.send_button.isEnabled()
         assert window.input.toPlainText() == ""
-    [(reply, cancelled)] = finished.calls
-    assert not cancelled
+    [(result,)] = finished.calls
+    reply = result.text
+    assert not result.cancelled
     assert reply.strip() and len(tokens.calls) > 1
     assert "".join(piece for (piece,) in tokens.calls) == reply
     transcript = window.transcript.toPlainText()
@@ -86,7 +101,7 @@ def test_send_streams_reply_into_transcript(qtbot: QtBot, window: MainWindow) ->
 
 
 def test_stop_mid_reply_ends_it_and_reenables_send(qtbot: QtBot, window: MainWindow) -> None:
-    window.max_reply_tokens = 400
+    window.settings.set("max_reply_tokens", 400)
     tokens = Relay(window.worker.token)
     finished = Relay(window.worker.reply_finished)
     with qtbot.waitSignal(tokens.fired, timeout=REPLY_TIMEOUT_MS):
@@ -94,19 +109,20 @@ def test_stop_mid_reply_ends_it_and_reenables_send(qtbot: QtBot, window: MainWin
     with qtbot.waitSignal(finished.fired, timeout=REPLY_TIMEOUT_MS):
         qtbot.mouseClick(window.stop_button, Qt.MouseButton.LeftButton)
         assert not window.stop_button.isEnabled()
-    [(reply, cancelled)] = finished.calls
-    assert cancelled
+    [(result,)] = finished.calls
+    reply = result.text
+    assert result.cancelled
     assert len(tokens.calls) < 400
     assert window.state is UiState.READY
     assert window.send_button.isEnabled() and not window.stop_button.isEnabled()
     assert window.transcript.toPlainText().rstrip().endswith("stopped")
     assert window.conversation.messages()[-1] == {"role": "assistant", "content": reply}
 
-    window.max_reply_tokens = 8
+    window.settings.set("max_reply_tokens", 8)
     with qtbot.waitSignal(finished.fired, timeout=REPLY_TIMEOUT_MS):
         type_and_press_enter(qtbot, window, "Thanks!")
-    reply, cancelled = finished.calls[-1]
-    assert reply.strip() and not cancelled
+    (result,) = finished.calls[-1]
+    assert result.text.strip() and not result.cancelled
 
 
 def test_bad_model_file_shows_error_and_keeps_typed_text(
@@ -131,7 +147,7 @@ def test_bad_model_file_shows_error_and_keeps_typed_text(
     finished = Relay(window.worker.reply_finished)
     with qtbot.waitSignal(finished.fired, timeout=REPLY_TIMEOUT_MS):
         qtbot.keyClick(window.input, Qt.Key.Key_Return)
-    assert finished.calls[0][0].strip()
+    assert finished.calls[0][0].text.strip()
     assert "half-typed message" in window.transcript.toPlainText()
 
 
@@ -141,7 +157,7 @@ def test_failed_reply_returns_the_message_to_the_input(qtbot: QtBot, window: Mai
     with qtbot.waitSignal(failed.fired, timeout=REPLY_TIMEOUT_MS):
         window.input.setPlainText(too_long)
         qtbot.keyClick(window.input, Qt.Key.Key_Return)
-    assert "exceed context window" in failed.calls[0][0]
+    assert "no longer fits the context of 1024 tokens" in failed.calls[0][0]
     assert window.input.toPlainText() == too_long.strip()
     assert window.conversation.messages() == []
     assert "word word" not in window.transcript.toPlainText()

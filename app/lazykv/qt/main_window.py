@@ -1,32 +1,53 @@
-"""The chat window: transcript, message input, Send/Stop, and the engine worker's thread."""
+"""The chat window: transcript, composer, memory panel, conversion banner, and the engine worker's thread."""
 
 from __future__ import annotations
 
 import enum
 import html
 from pathlib import Path
+from typing import Any
 
-from PySide6.QtCore import Qt, QThread, Signal, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtCore import Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
+    QDockWidget,
     QFileDialog,
+    QFrame,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QMainWindow,
     QMessageBox,
     QPushButton,
+    QToolBar,
     QVBoxLayout,
     QWidget,
 )
 
+from lazykv.core import memory
 from lazykv.core.conversation import Conversation
-from lazykv.core.engine import ModelInfo, SamplingSettings
+from lazykv.core.engine import (
+    ConversionEvent,
+    KvStatus,
+    ModelInfo,
+    ReplyResult,
+    SamplingSettings,
+    read_checked_meta,
+)
+from lazykv.core.idle import IDLE_DELAY_S, wants_idle_conversion
 from lazykv.core.model_fetch import models_dir
+from lazykv.core.settings import SETTINGS_BY_NAME, Settings
+from lazykv.qt.background import Background
 from lazykv.qt.chat_input import ChatInput
+from lazykv.qt.conversion_banner import ConversionBanner
+from lazykv.qt.memory_panel import MemoryPanel
+from lazykv.qt.model_info_dialog import ModelInfoDialog
+from lazykv.qt.settings_dialog import SettingsDialog
 from lazykv.qt.transcript import TranscriptView
-from lazykv.qt.worker import EngineWorker
+from lazykv.qt.worker import EngineConfig, EngineWorker, ReplyOptions
 
 APP_TITLE = "LazyKV Chat"
+SAMPLE_INTERVAL_MS = 1000  # memory panel: RSS and the history graph
 
 
 class UiState(enum.Enum):
@@ -37,31 +58,90 @@ class UiState(enum.Enum):
 
 
 class MainWindow(QMainWindow):
-    """Drives an EngineWorker on its own QThread through queued signals; never waits on it."""
+    """Drives an EngineWorker on its own QThread through queued signals; never waits on it.
 
-    load_requested = Signal(str, int, str)  # path, n_ctx, kv_mode
-    send_requested = Signal(object, object, object)  # messages, SamplingSettings, max_tokens
+    ``overrides`` (from the command line) take precedence over the saved settings for this
+    session only; changing that setting in the dialog drops the override.
+    """
+
+    load_requested = Signal(object)  # EngineConfig
+    send_requested = Signal(object, object, object)  # messages, SamplingSettings, ReplyOptions
+    convert_requested = Signal()
     shutdown_requested = Signal()
 
     def __init__(
         self,
-        n_ctx: int = 4096,
-        kv_mode: str = "f16",
-        sampling: SamplingSettings | None = None,
-        max_reply_tokens: int | None = None,
+        settings: Settings | None = None,
+        overrides: dict[str, Any] | None = None,
+        default_model: Path | None = None,
     ) -> None:
         super().__init__()
-        self.n_ctx = n_ctx
-        self.kv_mode = kv_mode
-        self.sampling = sampling or SamplingSettings()
-        self.max_reply_tokens = max_reply_tokens
-        self.conversation = Conversation()
-        self._model_info: ModelInfo | None = None
+        self.settings = settings if settings is not None else Settings.load()
+        self._overrides = {k: SETTINGS_BY_NAME[k].validate(v) for k, v in (overrides or {}).items()}
+        self.default_model = default_model
+        self.conversation = Conversation(self.setting("system_prompt"))
+        self.model_info: ModelInfo | None = None
+        self.kv: KvStatus | None = None
+        self.conversions: list[tuple[ConversionEvent, UiState]] = []  # every event, with the state then
         self._state = UiState.NO_MODEL
+        self._editing: int | None = None  # index of the user turn being edited
+        self._reply_markers: list[tuple[int, str]] = []  # (offset, label) inside the reply streaming
+        self._reply_text = ""
+        self._background = Background(self)
 
         self._build_ui()
         self._start_worker()
+        self._idle_timer = QTimer(self)
+        self._idle_timer.setSingleShot(True)
+        self._idle_timer.setInterval(int(IDLE_DELAY_S * 1000))
+        self._idle_timer.timeout.connect(self._convert_while_idle)
+        self._sampler = QTimer(self)
+        self._sampler.timeout.connect(self._sample_memory)
+        self._sampler.start(SAMPLE_INTERVAL_MS)
         self._set_state(UiState.NO_MODEL)
+        self._sample_memory()
+        if self.settings.problems:
+            QTimer.singleShot(0, lambda: self._show_error("Some settings were reset", "\n".join(
+                self.settings.problems)))
+
+    # -- settings ---------------------------------------------------------------------------------
+
+    def setting(self, name: str) -> Any:
+        return self._overrides[name] if name in self._overrides else self.settings[name]
+
+    def sampling(self) -> SamplingSettings:
+        seed = self.setting("seed")
+        return SamplingSettings(
+            temperature=self.setting("temperature"),
+            top_p=self.setting("top_p"),
+            top_k=self.setting("top_k"),
+            min_p=self.setting("min_p"),
+            repeat_penalty=self.setting("repeat_penalty"),
+            seed=None if seed < 0 else seed,
+        )
+
+    def reply_options(self) -> ReplyOptions:
+        return ReplyOptions(self.setting("max_reply_tokens") or None, self.setting("context_full"))
+
+    def apply_settings(self, changed: dict[str, Any]) -> None:
+        """Take new values (e.g. from the dialog), save them off the GUI thread, reload if needed."""
+        reload = False
+        for name, value in changed.items():
+            self._overrides.pop(name, None)
+            if self.settings.set(name, value) and SETTINGS_BY_NAME[name].reloads_engine:
+                reload = True
+        self.save_settings()
+        if reload and self.model_info is not None and self._state is UiState.READY:
+            self.open_model(self.model_info.path)
+
+    def save_settings(self) -> None:
+        snapshot = Settings(self.settings.path)
+        for name, value in self.settings.values().items():
+            snapshot.set(name, value)
+        self._background.run(snapshot.save, on_error=lambda err: self._show_error(
+            "Settings were not saved", f"{snapshot.path}: {err}"))
+
+    # -- public actions ---------------------------------------------------------------------------
 
     @property
     def worker(self) -> EngineWorker:
@@ -75,13 +155,90 @@ class MainWindow(QMainWindow):
         """Load ``path`` in the background; the current model, if any, stays until it has loaded."""
         self._set_state(UiState.LOADING)
         self.statusBar().showMessage(f"Loading {path.name}…")
-        self.load_requested.emit(str(path), self.n_ctx, self.kv_mode)
+        config = EngineConfig(
+            model_path=str(path),
+            n_ctx=self.setting("n_ctx"),
+            kv_mode=self.setting("kv_mode"),
+            n_threads=self.setting("n_threads"),
+            n_gpu_layers=self.setting("n_gpu_layers"),
+            flash_attn=self.setting("flash_attn"),
+        )
+        self._show_estimate(path, config)
+        self.load_requested.emit(config)
+
+    def open_configured_model(self) -> None:
+        """The model of the settings, else the default one."""
+        path = self.setting("model_path") or (str(self.default_model) if self.default_model else "")
+        if path:
+            self.open_model(Path(path))
+        else:
+            self.statusBar().showMessage("Open a model (File > Open model…) to start chatting")
+
+    def send_text(self, text: str) -> None:
+        self.input.setPlainText(text)
+        self._send()
+
+    def regenerate(self) -> None:
+        """Replace the last reply with a new one (the cache keeps the prompt up to it)."""
+        if self._state is not UiState.READY or not self._ends_with_reply():
+            return
+        self.conversation.pop()
+        self._rerender()
+        self._request_reply()
+
+    def edit_message(self, index: int) -> None:
+        """Put a user turn back into the composer; sending replaces it and everything after it."""
+        if self._state is not UiState.READY:
+            return
+        self._editing = index
+        self.input.setPlainText(self.conversation.turns()[index]["content"])
+        self.edit_label.setText(f"Editing message {index + 1}: sending replaces it and the turns after it.")
+        self.edit_bar.show()
+        self.input.setFocus()
+
+    def cancel_edit(self) -> None:
+        self._editing = None
+        self.edit_bar.hide()
+
+    def copy_last_reply(self) -> None:
+        index = self.conversation.last_index("assistant")
+        if index is not None:
+            QGuiApplication.clipboard().setText(self.conversation.turns()[index]["content"])
+            self.statusBar().showMessage("Reply copied", 3000)
+
+    def convert_now(self) -> None:
+        if self.model_info is not None and self.model_info.kv_mode == "lazy":
+            self.convert_requested.emit()
+
+    # -- UI ---------------------------------------------------------------------------------------
 
     def _build_ui(self) -> None:
         self.setWindowTitle(APP_TITLE)
-        self.resize(900, 640)
+        self.resize(1100, 700)
+        self.setAcceptDrops(True)
+
+        self.system_edit = QLineEdit(self.conversation.system_prompt)
+        self.system_edit.setPlaceholderText("System prompt of this chat (optional)")
+        self.system_edit.editingFinished.connect(self._system_prompt_edited)
+        system_row = QHBoxLayout()
+        system_row.addWidget(QLabel("System:"))
+        system_row.addWidget(self.system_edit, 1)
 
         self.transcript = TranscriptView()
+        self.transcript.edit_requested.connect(self.edit_message)
+        self.transcript.regenerate_requested.connect(self.regenerate)
+        self.banner = ConversionBanner()
+
+        self.edit_bar = QFrame()
+        self.edit_label = QLabel()
+        cancel_edit = QPushButton("Cancel edit")
+        cancel_edit.clicked.connect(self.cancel_edit)
+        edit_row = QHBoxLayout(self.edit_bar)
+        edit_row.setContentsMargins(0, 0, 0, 0)
+        edit_row.addWidget(self.edit_label, 1)
+        edit_row.addWidget(cancel_edit)
+        self.edit_bar.hide()
+
         self.input = ChatInput()
         self.input.submitted.connect(self._send)
         self.send_button = QPushButton("Send")
@@ -89,7 +246,6 @@ class MainWindow(QMainWindow):
         self.send_button.clicked.connect(self._send)
         self.stop_button = QPushButton("Stop")
         self.stop_button.clicked.connect(self._stop)
-
         buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
@@ -97,34 +253,78 @@ class MainWindow(QMainWindow):
         composer = QHBoxLayout()
         composer.addWidget(self.input, 1)
         composer.addLayout(buttons)
+
         layout = QVBoxLayout()
         layout.setContentsMargins(8, 8, 8, 4)
+        layout.addLayout(system_row)
         layout.addWidget(self.transcript, 1)
+        layout.addWidget(self.banner)
+        layout.addWidget(self.edit_bar)
         layout.addLayout(composer)
         central = QWidget()
         central.setLayout(layout)
         self.setCentralWidget(central)
 
+        self.memory_panel = MemoryPanel()
+        self.memory_dock = QDockWidget("Memory", self)
+        self.memory_dock.setObjectName("memory-dock")
+        self.memory_dock.setWidget(self.memory_panel)
+        self.memory_dock.setMinimumWidth(300)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.memory_dock)
+
         self.model_label = QLabel("No model loaded")
         self.statusBar().addPermanentWidget(self.model_label)
+        self._build_actions()
+
+    def _action(self, text: str, slot: Any, shortcut: Any = None, tip: str = "") -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(shortcut)
+        if tip:
+            action.setStatusTip(tip)
+            action.setToolTip(tip)
+        action.triggered.connect(slot)
+        return action
+
+    def _build_actions(self) -> None:
+        K = QKeySequence
+        self.open_action = self._action("&Open model…", self._choose_model, K.StandardKey.Open)
+        self.info_action = self._action("Model &information…", self._show_model_info)
+        self.new_chat_action = self._action("&New chat", self._new_chat, K.StandardKey.New)
+        self.regenerate_action = self._action("&Regenerate", self.regenerate, K("Ctrl+R"),
+                                              "Replace the last reply with a new one")
+        self.edit_last_action = self._action("&Edit last message", self._edit_last, K("Ctrl+E"),
+                                             "Edit your last message and resend it")
+        self.copy_reply_action = self._action("&Copy last reply", self.copy_last_reply, K("Ctrl+Shift+C"))
+        self.compact_action = self._action("Compact context &memory now", self.convert_now, None,
+                                           "Convert the lazy KV cache to 8-bit now")
+        self.settings_action = self._action("&Settings…", self._open_settings, K.StandardKey.Preferences)
+        quit_action = self._action("&Quit", self.close, K.StandardKey.Quit)
 
         file_menu = self.menuBar().addMenu("&File")
-        self.open_action = QAction("&Open model…", self)
-        self.open_action.setShortcut(QKeySequence.StandardKey.Open)
-        self.open_action.triggered.connect(self._choose_model)
         file_menu.addAction(self.open_action)
+        self.recent_menu = file_menu.addMenu("Open &recent")
+        self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
+        file_menu.addAction(self.info_action)
         file_menu.addSeparator()
-        quit_action = QAction("&Quit", self)
-        quit_action.setShortcut(QKeySequence.StandardKey.Quit)
-        quit_action.triggered.connect(self.close)
+        file_menu.addAction(self.settings_action)
+        file_menu.addSeparator()
         file_menu.addAction(quit_action)
-
         chat_menu = self.menuBar().addMenu("&Chat")
-        self.new_chat_action = QAction("&New chat", self)
-        self.new_chat_action.setShortcut(QKeySequence.StandardKey.New)
-        self.new_chat_action.triggered.connect(self._new_chat)
-        chat_menu.addAction(self.new_chat_action)
+        for action in (self.new_chat_action, self.regenerate_action, self.edit_last_action,
+                       self.copy_reply_action, self.compact_action):
+            chat_menu.addAction(action)
+        view_menu = self.menuBar().addMenu("&View")
+        view_menu.addAction(self.memory_dock.toggleViewAction())
 
+        toolbar = QToolBar("Main", self)
+        toolbar.setObjectName("main-toolbar")
+        toolbar.setMovable(False)
+        for action in (self.new_chat_action, self.regenerate_action, self.compact_action,
+                       self.settings_action):
+            toolbar.addAction(action)
+        toolbar.addAction(self.memory_dock.toggleViewAction())
+        self.addToolBar(toolbar)
         self.input.setFocus()
 
     def _start_worker(self) -> None:
@@ -136,33 +336,90 @@ class MainWindow(QMainWindow):
 
         self.load_requested.connect(self._worker.load_model)
         self.send_requested.connect(self._worker.send)
+        self.convert_requested.connect(self._worker.convert_now)
         self.shutdown_requested.connect(self._worker.shutdown)
         self._worker.model_loaded.connect(self._on_model_loaded)
         self._worker.load_failed.connect(self._on_load_failed)
-        self._worker.token.connect(self.transcript.append_to_reply)
+        self._worker.token.connect(self._on_token)
         self._worker.reply_finished.connect(self._on_reply_finished)
         self._worker.failed.connect(self._on_reply_failed)
+        self._worker.kv_status.connect(self._on_kv_status)
+        self._worker.conversion.connect(self._on_conversion)
         self._thread.start()
 
     def _set_state(self, state: UiState) -> None:
         self._state = state
+        ready = state is UiState.READY
         idle = state in (UiState.NO_MODEL, UiState.READY)
-        self.send_button.setEnabled(state is UiState.READY)
+        self.send_button.setEnabled(ready)
         self.stop_button.setEnabled(state is UiState.REPLYING)
         self.open_action.setEnabled(idle)
+        self.recent_menu.setEnabled(idle)
         self.new_chat_action.setEnabled(idle)
+        self.settings_action.setEnabled(idle)
+        self.system_edit.setReadOnly(not idle)
+        self.transcript.actions_enabled = ready
+        self.regenerate_action.setEnabled(ready and self._ends_with_reply())
+        self.edit_last_action.setEnabled(ready and self.conversation.last_index("user") is not None)
+        self.compact_action.setEnabled(
+            ready and self.kv is not None and self.kv.kv_mode == "lazy" and self.kv.phase == "f16"
+            and self.kv.n_cells_used > 0
+        )
+        self.info_action.setEnabled(self.model_info is not None)
+        if state is not UiState.READY:
+            self._idle_timer.stop()
+
+    def _ends_with_reply(self) -> bool:
+        n = len(self.conversation)
+        return n > 0 and self.conversation.last_index("assistant") == n - 1
 
     def _idle_state(self) -> UiState:
-        return UiState.READY if self._model_info is not None else UiState.NO_MODEL
+        return UiState.READY if self.model_info is not None else UiState.NO_MODEL
+
+    def _rerender(self) -> None:
+        self.transcript.show_messages(self.conversation.turns(), self.conversation.markers())
+
+    # -- slots: user ------------------------------------------------------------------------------
 
     @Slot()
     def _choose_model(self) -> None:
-        start = self._model_info.path.parent if self._model_info else models_dir()
+        start = self.model_info.path.parent if self.model_info else models_dir()
         path, _ = QFileDialog.getOpenFileName(
             self, "Open model", str(start), "GGUF models (*.gguf);;All files (*)"
         )
         if path:
             self.open_model(Path(path))
+
+    def _fill_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        for path in self.settings["recent_models"]:
+            action = self.recent_menu.addAction(Path(path).name)
+            action.setToolTip(path)
+            action.triggered.connect(lambda _=False, p=path: self.open_model(Path(p)))
+        if not self.settings["recent_models"]:
+            self.recent_menu.addAction("(none yet)").setEnabled(False)
+
+    @Slot()
+    def _show_model_info(self) -> None:
+        if self.model_info is not None:
+            dialog = ModelInfoDialog(self.model_info.meta, self)
+            dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+            dialog.open()
+
+    @Slot()
+    def _open_settings(self) -> None:
+        merged = Settings(self.settings.path)
+        for name in self.settings:
+            merged.set(name, self.setting(name))
+        dialog = SettingsDialog(merged, self.model_info.meta if self.model_info else None, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self.apply_settings(dialog.changed()))
+        self.settings_dialog = dialog
+        dialog.open()
+
+    @Slot()
+    def _system_prompt_edited(self) -> None:
+        self.conversation.system_prompt = self.system_edit.text()
 
     @Slot()
     def _send(self) -> None:
@@ -173,13 +430,28 @@ class MainWindow(QMainWindow):
             if self._state is UiState.NO_MODEL:
                 self.statusBar().showMessage("Open a model first (File > Open model…)", 5000)
             return
+        if self._editing is not None:
+            self.conversation.truncate(self._editing)
+            self.cancel_edit()
+            self._rerender()
+        self.conversation.system_prompt = self.system_edit.text()
         self.conversation.add("user", text)
         self.input.clear()
         self.transcript.add_message("user", text)
+        self._request_reply()
+
+    def _request_reply(self) -> None:
+        self._reply_markers, self._reply_text = [], ""
         self.transcript.begin_reply()
         self._set_state(UiState.REPLYING)
         self.statusBar().showMessage("Generating…")
-        self.send_requested.emit(self.conversation.messages(), self.sampling, self.max_reply_tokens)
+        self.send_requested.emit(self.conversation.messages(), self.sampling(), self.reply_options())
+
+    @Slot()
+    def _edit_last(self) -> None:
+        index = self.conversation.last_index("user")
+        if index is not None:
+            self.edit_message(index)
 
     @Slot()
     def _stop(self) -> None:
@@ -190,15 +462,32 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _new_chat(self) -> None:
-        self.conversation.clear()
-        self.transcript.show_messages([])
+        self.conversation = Conversation(self.settings["system_prompt"])
+        self.system_edit.setText(self.conversation.system_prompt)
+        self.cancel_edit()
+        self._rerender()
+        self._set_state(self._state)
         self.statusBar().clearMessage()
+
+    @Slot()
+    def _convert_while_idle(self) -> None:
+        wanted = wants_idle_conversion(self.kv) and self.setting("idle_conversion")
+        if self._state is UiState.READY and wanted:
+            self.statusBar().showMessage("Compacting context memory while idle…", 3000)
+            self.convert_requested.emit()
+
+    # -- slots: engine ----------------------------------------------------------------------------
 
     @Slot(object)
     def _on_model_loaded(self, info: ModelInfo) -> None:
-        self._model_info = info
+        self.model_info = info
         self.model_label.setText(model_summary(info))
+        self.memory_panel.set_model(info)
         self.setWindowTitle(f"{info.name} — {APP_TITLE}")
+        self.settings.add_recent_model(str(info.path))
+        if "model_path" not in self._overrides and info.path != self.default_model:
+            self.settings.set("model_path", str(info.path))
+        self.save_settings()
         self._set_state(UiState.READY)
         self.statusBar().showMessage(f"Loaded {info.name}", 5000)
 
@@ -207,26 +496,94 @@ class MainWindow(QMainWindow):
         self._set_state(self._idle_state())
         self._show_error("Could not load the model", message)
 
-    @Slot(str, bool)
-    def _on_reply_finished(self, text: str, cancelled: bool) -> None:
-        if text:
-            self.conversation.add("assistant", text)
-        self.transcript.end_reply("stopped" if cancelled else None)
+    @Slot(str)
+    def _on_token(self, piece: str) -> None:
+        self._reply_text += piece
+        self.transcript.append_to_reply(piece)
+
+    @Slot(object)
+    def _on_reply_finished(self, result: ReplyResult) -> None:
+        notes = []
+        if result.dropped:
+            n = sum(1 for m in result.dropped if m["role"] != "system")
+            self.conversation.forget_oldest(n)
+            notes.append(f"context full: the {n} oldest messages were dropped to make room")
+        if result.text:
+            self.conversation.add("assistant", result.text)
+            for offset, label in self._reply_markers:
+                self.conversation.add_marker(len(self.conversation) - 1, offset, label)
+        elif self._reply_markers:
+            index = len(self.conversation) - 1
+            for _, label in self._reply_markers:
+                self.conversation.add_marker(index, len(self.conversation.turns()[index]["content"]), label)
+        if result.cancelled:
+            notes.append("stopped")
+        elif result.finish_reason == "length" and not self.reply_options().max_tokens:
+            notes.append("context full: the reply was cut off")
+        self.transcript.end_reply("; ".join(notes) or None)
         self._set_state(UiState.READY)
-        if cancelled:
-            self.statusBar().showMessage("Reply stopped", 5000)
+        if notes:
+            self.statusBar().showMessage(notes[-1].capitalize(), 8000)
         else:
-            self.statusBar().clearMessage()
+            self.statusBar().showMessage(
+                f"Prompt {result.n_prompt} tokens, {result.n_reused} reused from the cache", 5000
+            )
+        self._maybe_schedule_idle_conversion()
 
     @Slot(str)
     def _on_reply_failed(self, message: str) -> None:
         """Take the turn back: drop the user's message from the transcript, return it to the input."""
-        failed = self.conversation.pop()["content"]
-        self.transcript.show_messages(self.conversation.messages())
-        typed_since = self.input.toPlainText()
-        self.input.setPlainText(f"{failed}\n{typed_since}" if typed_since else failed)
+        if len(self.conversation) > 0 and self.conversation.last_index("user") == len(self.conversation) - 1:
+            failed = self.conversation.pop()["content"]
+            typed_since = self.input.toPlainText()
+            self.input.setPlainText(f"{failed}\n{typed_since}" if typed_since else failed)
+        self._rerender()
         self._set_state(self._idle_state())
         self._show_error("The reply failed", message)
+
+    @Slot(object)
+    def _on_kv_status(self, status: KvStatus) -> None:
+        self.kv = status
+        self.memory_panel.set_status(status)
+        self._set_state(self._state)
+        self._maybe_schedule_idle_conversion()
+
+    @Slot(object)
+    def _on_conversion(self, event: ConversionEvent) -> None:
+        self.conversions.append((event, self._state))
+        self.banner.on_event(event)
+        if event.stage == "start":
+            self.memory_panel.phase_label.setText("compacting to 8-bit…")
+        if event.stage == "end":
+            label = f"8-bit KV from here, token {event.n_cells}"
+            if self._state is UiState.REPLYING:
+                self._reply_markers.append((len(self._reply_text), label))
+            elif len(self.conversation):
+                index = len(self.conversation) - 1
+                self.conversation.add_marker(index, len(self.conversation.turns()[index]["content"]), label)
+            self.transcript.mark_here(label)
+            self.statusBar().showMessage(
+                f"Context memory compacted to 8-bit in {1000 * event.duration_s:.0f} ms at token "
+                f"{event.n_cells}", 10_000)
+
+    def _maybe_schedule_idle_conversion(self) -> None:
+        if (self._state is UiState.READY and self.setting("idle_conversion")
+                and wants_idle_conversion(self.kv) and not self._idle_timer.isActive()):
+            self._idle_timer.start()
+
+    @Slot()
+    def _sample_memory(self) -> None:
+        self.memory_panel.sample(memory.process_rss())
+
+    def _show_estimate(self, path: Path, config: EngineConfig) -> None:
+        """The memory estimate of a model about to load (its header is read off the GUI thread)."""
+        title = f"{path.name}, ctx {config.n_ctx}, KV {config.kv_mode}"
+
+        def done(meta: Any) -> None:
+            self.memory_panel.set_estimate(title, memory.estimate(meta, config.n_ctx, config.kv_mode))
+
+        self._background.run(lambda: read_checked_meta(path), done,
+                             lambda err: self.memory_panel.set_estimate(title, None, str(err)))
 
     def _show_error(self, title: str, message: str) -> None:
         """Status bar plus a window-modal box that does not block the event loop."""
@@ -238,13 +595,28 @@ class MainWindow(QMainWindow):
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()
 
+    # -- drag and drop, shutdown ------------------------------------------------------------------
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if _dropped_model(event) is not None and self._state in (UiState.NO_MODEL, UiState.READY):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        path = _dropped_model(event)
+        if path is not None:
+            event.acceptProposedAction()
+            self.open_model(path)
+
     @Slot()
     def shutdown_engine(self) -> None:
         """Stop any reply, free the model on the worker thread and wait for that thread to end.
 
         The one place the GUI thread waits on the engine: at exit, for at most one token or
-        a model load in progress. Safe to call more than once.
+        a model load in progress. Pending settings writes finish too. Safe to call more than once.
         """
+        self._sampler.stop()
+        self._idle_timer.stop()
+        self._background.wait()
         if not self._thread.isRunning():
             return
         if self._state is UiState.REPLYING:
@@ -257,11 +629,17 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
 
+def _dropped_model(event: QDragEnterEvent | QDropEvent) -> Path | None:
+    urls = event.mimeData().urls() if event.mimeData().hasUrls() else []
+    paths = [Path(u.toLocalFile()) for u in urls if u.isLocalFile()]
+    return paths[0] if len(paths) == 1 and paths[0].suffix.lower() == ".gguf" else None
+
+
 def model_summary(info: ModelInfo) -> str:
-    """One status-bar line, e.g. 'SmolLM2-135M-Instruct.Q4_1 · llama · 135M params · ctx 4096 · KV f16'."""
+    """One status-bar line, e.g. 'SmolLM2-135M-Instruct.Q4_1 · llama · 135M params · ctx 4096 · KV lazy'."""
     return (
         f"{info.name} · {info.architecture} · {_human_count(info.n_params)} params · "
-        f"ctx {info.n_ctx} · KV {info.kv_mode}"
+        f"ctx {info.n_ctx} · KV {info.kv_mode} · {info.n_threads} threads"
     )
 
 

@@ -3,28 +3,58 @@
 from __future__ import annotations
 
 import threading
+import time
+from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from lazykv.core.engine import EngineError, EngineSession, SamplingSettings
+from lazykv.core.engine import (
+    ConversionEvent,
+    EngineError,
+    EngineSession,
+    ReplyResult,
+    SamplingSettings,
+)
+
+STATUS_INTERVAL_S = 0.1  # kv_status while streaming, at most this often
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str
+    n_ctx: int = 4096
+    kv_mode: str = "lazy"
+    n_threads: int = 0  # 0: one per core
+    n_gpu_layers: int = 0
+    flash_attn: bool = True
+
+
+@dataclass(frozen=True)
+class ReplyOptions:
+    max_tokens: int | None = None
+    context_full: str = "stop"
 
 
 class EngineWorker(QObject):
     """Move to a QThread, then drive it only through queued signals (and ``cancel()``).
 
     Every slot runs on the worker's thread and reports back through signals, so the GUI
-    thread never waits on the engine. One reply runs at a time; requests queue up in order.
+    thread never waits on the engine. Requests queue up and run one at a time, in order.
     """
 
     model_loaded = Signal(object)  # ModelInfo
     load_failed = Signal(str)
     token = Signal(str)
-    reply_finished = Signal(str, bool)  # full text, cancelled
+    reply_finished = Signal(object)  # ReplyResult
     failed = Signal(str)
+    kv_status = Signal(object)  # KvStatus, after loads, while streaming, after replies and conversions
+    conversion = Signal(object)  # ConversionEvent, also when a conversion happens inside a reply
+    converted = Signal(bool)  # answer to convert_now: whether anything was converted
 
     def __init__(self) -> None:
         super().__init__()
         self._session = EngineSession()
+        self._session.set_conversion_listener(self._on_conversion)
         self._cancel = threading.Event()
 
     def cancel(self) -> None:
@@ -34,31 +64,65 @@ class EngineWorker(QObject):
         """
         self._cancel.set()
 
-    @Slot(str, int, str)
-    def load_model(self, path: str, n_ctx: int, kv_mode: str) -> None:
+    @Slot(object)
+    def load_model(self, config: EngineConfig) -> None:
         try:
-            info = self._session.load(path, n_ctx=n_ctx, kv_mode=kv_mode)
+            info = self._session.load(
+                config.model_path,
+                n_ctx=config.n_ctx,
+                kv_mode=config.kv_mode,
+                n_threads=config.n_threads or None,
+                flash_attn=config.flash_attn,
+                n_gpu_layers=config.n_gpu_layers,
+            )
         except Exception as err:  # every failure must reach the view, or it waits forever
             self.load_failed.emit(_message(err))
         else:
             self.model_loaded.emit(info)
+            self._emit_status()
 
     @Slot(object, object, object)
-    def send(
-        self, messages: list[dict[str, str]], sampling: SamplingSettings, max_tokens: int | None
-    ) -> None:
+    def send(self, messages: list[dict[str, str]], sampling: SamplingSettings, options: ReplyOptions) -> None:
         """Stream a reply to ``messages``: ``token`` per piece, then ``reply_finished`` or ``failed``."""
-        pieces: list[str] = []
+        last_status = 0.0
         try:
-            for piece in self._session.stream_reply(messages, sampling, self._cancel, max_tokens=max_tokens):
-                pieces.append(piece)
+            stream = self._session.stream_reply(
+                messages, sampling, self._cancel, max_tokens=options.max_tokens,
+                context_full=options.context_full,
+            )
+            while True:
+                try:
+                    piece = next(stream)
+                except StopIteration as end:
+                    result: ReplyResult = end.value
+                    break
                 self.token.emit(piece)
+                now = time.monotonic()
+                if now - last_status >= STATUS_INTERVAL_S:
+                    last_status = now
+                    self._emit_status()
         except Exception as err:  # as in load_model
             self.failed.emit(_message(err))
         else:
-            self.reply_finished.emit("".join(pieces), self._cancel.is_set())
+            self.reply_finished.emit(result)
         finally:
             self._cancel.clear()
+            self._emit_status()
+
+    @Slot()
+    def convert_now(self) -> None:
+        """Compact a lazy cache now (idle-time conversion); progress arrives through ``conversion``."""
+        try:
+            converted = self._session.convert_kv_now()
+        except Exception as err:
+            self.failed.emit(_message(err))
+            return
+        self.converted.emit(converted)
+        self._emit_status()
+
+    @Slot()
+    def refresh_status(self) -> None:
+        self._emit_status()
 
     @Slot()
     def shutdown(self) -> None:
@@ -66,9 +130,22 @@ class EngineWorker(QObject):
         self._session.close()
         QThread.currentThread().quit()
 
+    def _emit_status(self) -> None:
+        try:
+            self.kv_status.emit(self._session.kv_status())
+        except EngineError:
+            pass  # no model loaded: nothing to show
+
+    def _on_conversion(self, event: ConversionEvent) -> None:
+        self.conversion.emit(event)
+        if event.stage == "end":
+            self._emit_status()
+
 
 def _message(err: Exception) -> str:
     """EngineError messages are written for the user; anything else is an engine bug, shown as such."""
     if isinstance(err, EngineError):
         return str(err)
+    if isinstance(err, MemoryError):
+        return "out of memory: close other programs, or choose a smaller context or the q8_0/lazy KV cache"
     return f"unexpected engine error: {type(err).__name__}: {err}"

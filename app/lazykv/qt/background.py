@@ -1,0 +1,66 @@
+"""Short blocking jobs (disk reads and writes) off the GUI thread, answered on the GUI thread."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal, Slot
+
+
+class _Carrier(QObject):
+    done = Signal(object)
+    failed = Signal(object)
+
+
+class _Job(QRunnable):
+    def __init__(self, fn: Callable[[], Any], carrier: _Carrier) -> None:
+        super().__init__()
+        self._fn, self._carrier = fn, carrier
+
+    def run(self) -> None:
+        try:
+            result = self._fn()
+        except Exception as err:  # handed to on_error on the GUI thread
+            self._carrier.failed.emit(err)
+        else:
+            self._carrier.done.emit(result)
+
+
+class Background(QObject):
+    """``run(fn, on_done, on_error)``: fn runs on a pool thread; the callbacks run on this object's thread."""
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._pool = QThreadPool(self)
+        self._pool.setMaxThreadCount(1)  # in order: a later settings save never overtakes an earlier one
+        self._carriers: set[_Carrier] = set()
+
+    def run(
+        self,
+        fn: Callable[[], Any],
+        on_done: Callable[[Any], None] | None = None,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> None:
+        carrier = _Carrier()  # lives on this thread: its signals arrive here, queued
+        self._carriers.add(carrier)
+
+        @Slot(object)
+        def finished(result: Any) -> None:
+            self._carriers.discard(carrier)
+            if on_done is not None:
+                on_done(result)
+
+        @Slot(object)
+        def errored(err: Exception) -> None:
+            self._carriers.discard(carrier)
+            if on_error is not None:
+                on_error(err)
+
+        carrier.done.connect(finished)
+        carrier.failed.connect(errored)
+        self._pool.start(_Job(fn, carrier))
+
+    def wait(self, msecs: int = 10_000) -> bool:
+        """Wait for queued jobs (at exit, so a last settings save is not lost)."""
+        return self._pool.waitForDone(msecs)

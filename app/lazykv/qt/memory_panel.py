@@ -1,0 +1,136 @@
+"""The memory panel: KV cache phase and bytes, model weights, process RSS, a history graph, the estimate."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPen
+from PySide6.QtWidgets import QFormLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout, QWidget
+
+from lazykv.core.engine import KvStatus, ModelInfo
+from lazykv.core.memory import Estimate, Fit, fmt_bytes
+
+HISTORY_SAMPLES = 120
+FIT_COLORS = {Fit.GREEN: "#1a7f37", Fit.YELLOW: "#b08800", Fit.RED: "#cf222e"}
+PHASE_TEXT = {
+    "f16": "f16 (full precision)",
+    "converting": "compacting to 8-bit…",
+    "q8_0": "q8_0 (8-bit)",
+}
+_RSS_COLOR = QColor("#0969da")
+_KV_COLOR = QColor("#8250df")
+
+
+class HistoryGraph(QWidget):
+    """Process RSS and KV bytes in use over the last HISTORY_SAMPLES samples."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.samples: deque[tuple[int, int]] = deque(maxlen=HISTORY_SAMPLES)
+        self.setMinimumHeight(90)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+
+    def add(self, rss: int, kv_used: int) -> None:
+        self.samples.append((rss, kv_used))
+        self.update()
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        area = QRectF(self.rect()).adjusted(1, 14, -1, -1)
+        p.fillRect(area, QColor("#f6f8fa"))
+        p.setPen(QPen(QColor("#d0d7de")))
+        p.drawRect(area)
+        top = max((max(s) for s in self.samples), default=0)
+        p.setPen(QPen(QColor("#57606a")))
+        font = p.font()
+        font.setPointSizeF(max(6.0, font.pointSizeF() - 2))
+        p.setFont(font)
+        p.drawText(QRectF(0, 0, self.width(), 14), Qt.AlignmentFlag.AlignLeft, f"max {fmt_bytes(top)}")
+        p.setPen(QPen(_RSS_COLOR))
+        p.drawText(QRectF(0, 0, self.width() - 60, 14), Qt.AlignmentFlag.AlignRight, "RSS")
+        p.setPen(QPen(_KV_COLOR))
+        p.drawText(QRectF(0, 0, self.width() - 4, 14), Qt.AlignmentFlag.AlignRight, "KV in use")
+        if len(self.samples) < 2 or top <= 0:
+            return
+        for column, color in ((0, _RSS_COLOR), (1, _KV_COLOR)):
+            path = QPainterPath()
+            for i, sample in enumerate(self.samples):
+                x = area.left() + area.width() * i / (HISTORY_SAMPLES - 1)
+                y = area.bottom() - area.height() * sample[column] / (1.1 * top)
+                path.moveTo(QPointF(x, y)) if i == 0 else path.lineTo(QPointF(x, y))
+            p.setPen(QPen(color, 1.6))
+            p.drawPath(path)
+
+
+class MemoryPanel(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.status: KvStatus | None = None
+        self.phase_label = QLabel("no model")
+        self.phase_label.setObjectName("kv-phase")
+        self.cells_bar = QProgressBar()
+        self.cells_bar.setTextVisible(True)
+        self.kv_label = QLabel("–")
+        self.weights_label = QLabel("–")
+        self.rss_label = QLabel("–")
+        self.conversion_label = QLabel("none yet")
+        self.graph = HistoryGraph()
+        self.estimate_label = QLabel("")
+        self.estimate_label.setWordWrap(True)
+
+        form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.addRow("KV phase", self.phase_label)
+        form.addRow("Cells", self.cells_bar)
+        form.addRow("KV cache", self.kv_label)
+        form.addRow("Compacted", self.conversion_label)
+        form.addRow("Weights", self.weights_label)
+        form.addRow("Process RSS", self.rss_label)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.graph)
+        layout.addWidget(self.estimate_label)
+        layout.addStretch()
+
+    def set_model(self, info: ModelInfo) -> None:
+        self.weights_label.setText(f"{fmt_bytes(info.file_size)} ({info.name})")
+
+    def set_status(self, status: KvStatus) -> None:
+        self.status = status
+        store = "f16 view" if status.kv_mode == "lazy" and status.phase == "f16" else status.phase
+        self.phase_label.setText(PHASE_TEXT.get(status.phase, status.phase) + _mode_note(status))
+        self.cells_bar.setRange(0, max(1, status.n_cells_capacity))
+        self.cells_bar.setValue(min(status.n_cells_used, status.n_cells_capacity))
+        self.cells_bar.setFormat(f"{status.n_cells_used} / {status.n_cells_capacity} ({store})")
+        self.kv_label.setText(f"{fmt_bytes(status.kv_bytes_used)} in use of {fmt_bytes(status.kv_bytes)}")
+        if status.n_conversions:
+            self.conversion_label.setText(
+                f"{status.n_conversions}× (last {1000 * status.last_conversion_s:.0f} ms)"
+            )
+        elif status.kv_mode != "lazy":
+            self.conversion_label.setText("not a lazy cache")
+        else:
+            self.conversion_label.setText("none yet")
+
+    def sample(self, rss: int) -> None:
+        self.rss_label.setText(fmt_bytes(rss))
+        self.graph.add(rss, self.status.kv_bytes_used if self.status else 0)
+
+    def set_estimate(self, title: str, estimate: Estimate | None, error: str = "") -> None:
+        """Show what loading a model would need, coloured against the RAM available."""
+        if estimate is None:
+            self.estimate_label.setText(f"<b>{title}</b><br>{error}" if error else "")
+            return
+        color = FIT_COLORS[estimate.fit]
+        self.estimate_label.setText(
+            f"<b>{title}</b><br><span style='color:{color}'>● {estimate.fit.value}</span>: "
+            f"{estimate.summary()}"
+        )
+
+
+def _mode_note(status: KvStatus) -> str:
+    if status.kv_mode == "lazy" and status.phase == "f16":
+        return f" — lazy: compacts at {status.n_cells_capacity} cells"
+    return ""

@@ -1,0 +1,186 @@
+"""The settings dialog, derived from the declaration in core.settings (one widget per setting)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QStandardItemModel
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from lazykv.core.memory import estimate
+from lazykv.core.model_meta import ModelMeta
+from lazykv.core.settings import SETTINGS, Setting, Settings
+from lazykv.qt.memory_panel import FIT_COLORS
+
+
+class SettingsDialog(QDialog):
+    """Edits a copy of the values; ``changed()`` lists what differs once accepted."""
+
+    def __init__(
+        self, settings: Settings, meta: ModelMeta | None = None, parent: QWidget | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.setObjectName("settings-dialog")
+        self._settings = settings
+        self._meta = meta
+        self._getters: dict[str, Callable[[], Any]] = {}
+        self.editors: dict[str, QWidget] = {}
+
+        columns = QHBoxLayout()
+        left, right = QVBoxLayout(), QVBoxLayout()
+        groups: dict[str, QFormLayout] = {}
+        for setting in SETTINGS:
+            if not setting.in_dialog:
+                continue
+            if setting.group not in groups:
+                box = QGroupBox(setting.group)
+                groups[setting.group] = QFormLayout(box)
+                (left if setting.group in ("Engine", "Chat") else right).addWidget(box)
+            editor = self._editor(setting, settings[setting.name])
+            editor.setToolTip(setting.description)
+            label = QLabel(setting.label)
+            label.setToolTip(setting.description)
+            groups[setting.group].addRow(label, editor)
+            self.editors[setting.name] = editor
+        left.addStretch()
+        self.estimate_label = QLabel()
+        self.estimate_label.setWordWrap(True)
+        self.estimate_label.setObjectName("settings-estimate")
+        right.addWidget(self.estimate_label)
+        right.addStretch()
+        columns.addLayout(left, 1)
+        columns.addLayout(right, 1)
+
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok
+            | QDialogButtonBox.StandardButton.Cancel
+            | QDialogButtonBox.StandardButton.RestoreDefaults
+        )
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(self.restore_defaults)
+        layout = QVBoxLayout(self)
+        layout.addLayout(columns)
+        layout.addWidget(buttons)
+
+        self._update_kv_choices()
+        self._update_estimate()
+        for name in ("n_ctx", "kv_mode", "flash_attn"):
+            _on_change(self.editors[name], self._on_engine_change)
+
+    def value(self, name: str) -> Any:
+        return self._getters[name]()
+
+    def changed(self) -> dict[str, Any]:
+        """Settings whose edited value differs from the current one."""
+        return {name: get() for name, get in self._getters.items() if get() != self._settings[name]}
+
+    def set_value(self, name: str, value: Any) -> None:
+        editor = self.editors[name]
+        if isinstance(editor, QCheckBox):
+            editor.setChecked(bool(value))
+        elif isinstance(editor, QSpinBox | QDoubleSpinBox):
+            editor.setValue(value)
+        elif isinstance(editor, QComboBox):
+            editor.setCurrentIndex(max(0, editor.findData(value)))
+        elif isinstance(editor, QPlainTextEdit):
+            editor.setPlainText(value)
+        elif isinstance(editor, QLineEdit):
+            editor.setText(value)
+
+    def restore_defaults(self) -> None:
+        for setting in SETTINGS:
+            if setting.in_dialog:
+                self.set_value(setting.name, setting.default)
+
+    def _editor(self, setting: Setting, value: Any) -> QWidget:
+        editor: QWidget
+        if setting.kind == "bool":
+            editor = QCheckBox()
+            self._getters[setting.name] = editor.isChecked
+        elif setting.kind == "int":
+            editor = QSpinBox()
+            editor.setRange(int(setting.minimum or 0), int(setting.maximum or 2**31 - 1))
+            editor.setSingleStep(int(setting.step or 1))
+            self._getters[setting.name] = editor.value
+        elif setting.kind == "float":
+            editor = QDoubleSpinBox()
+            editor.setRange(setting.minimum or 0.0, setting.maximum or 1e9)
+            editor.setSingleStep(setting.step or 0.1)
+            editor.setDecimals(2)
+            self._getters[setting.name] = editor.value
+        elif setting.kind == "choice":
+            editor = QComboBox()
+            for choice, label in setting.choices:
+                editor.addItem(label, choice)
+            self._getters[setting.name] = editor.currentData
+        elif setting.kind == "text":
+            editor = QPlainTextEdit()
+            editor.setFixedHeight(3 * editor.fontMetrics().lineSpacing() + 12)
+            self._getters[setting.name] = editor.toPlainText
+        else:
+            editor = QLineEdit()
+            self._getters[setting.name] = editor.text
+        self.editors[setting.name] = editor
+        self.set_value(setting.name, value)
+        return editor
+
+    def _on_engine_change(self) -> None:
+        self._update_kv_choices()
+        self._update_estimate()
+
+    def _update_kv_choices(self) -> None:
+        """KV modes this model cannot run are disabled, with the reason as their tooltip."""
+        if self._meta is None:
+            return
+        combo = self.editors["kv_mode"]
+        assert isinstance(combo, QComboBox)
+        support = self._meta.kv_support(flash_attn=self.value("flash_attn"))
+        model = combo.model()
+        assert isinstance(model, QStandardItemModel)
+        for row in range(combo.count()):
+            item = model.item(row)
+            allowed = support.allows(combo.itemData(row))
+            item.setEnabled(allowed)
+            item.setToolTip("" if allowed else f"Not possible for this model: {support.reason}")
+        if not support.allows(combo.currentData()):
+            combo.setCurrentIndex(combo.findData("f16"))
+
+    def _update_estimate(self) -> None:
+        if self._meta is None:
+            self.estimate_label.setText("")
+            return
+        est = estimate(self._meta, self.value("n_ctx"), self.value("kv_mode"))
+        color = FIT_COLORS[est.fit]
+        self.estimate_label.setText(
+            f"<b>{self._meta.name}</b> with these settings<br>"
+            f"<span style='color:{color}'>● {est.fit.value}</span>: {est.summary()}"
+        )
+        self.estimate_label.setTextFormat(Qt.TextFormat.RichText)
+
+
+def _on_change(editor: QWidget, fn: Callable[[], None]) -> None:
+    if isinstance(editor, QCheckBox):
+        editor.toggled.connect(fn)
+    elif isinstance(editor, QSpinBox | QDoubleSpinBox):
+        editor.valueChanged.connect(fn)
+    elif isinstance(editor, QComboBox):
+        editor.currentIndexChanged.connect(fn)
