@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test setup engine models app bench lint sysdeps clean-engine-build
+.PHONY: run test setup engine models app bench lint screenshots sysdeps clean-engine-build
 
 run: setup
 	$(PY) -m lazykv $(ARGS)
@@ -41,9 +41,14 @@ sysdeps:
 
 bench: setup
 	QT_QPA_PLATFORM=offscreen $(PY) -m bench
+	QT_QPA_PLATFORM=offscreen $(PY) -m bench.gui_stall
+
+# the README's pictures: the real app offscreen, written to docs/
+screenshots: setup
+	QT_QPA_PLATFORM=offscreen $(PY) tools/screenshots.py
 
 lint: app
-	$(PY) -m ruff check app tests bench native/build.py
+	$(PY) -m ruff check app tests bench tools native/build.py
 
 clean-engine-build:
 	rm -rf native/work/build

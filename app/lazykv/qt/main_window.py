@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import html
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -552,8 +553,8 @@ class MainWindow(QMainWindow):
     def _on_conversion(self, event: ConversionEvent) -> None:
         self.conversions.append((event, self._state))
         self.banner.on_event(event)
-        if event.stage == "start":
-            self.memory_panel.phase_label.setText("compacting to 8-bit…")
+        if event.stage == "start" and self.kv is not None:
+            self.memory_panel.set_status(replace(self.kv, phase="converting", n_cells_used=event.n_cells))
         if event.stage == "end":
             label = f"8-bit KV from here, token {event.n_cells}"
             if self._state is UiState.REPLYING:

@@ -1,0 +1,110 @@
+"""GUI responsiveness benchmark: the longest event-loop gap while the engine generates and converts.
+
+``python -m bench.gui_stall`` (part of ``make bench``) drives the real window offscreen with a 10 ms
+timer running (lazykv.qt.stall_meter) and writes bench/results/gui_stall.md. The baseline is the
+same timer with the engine idle, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results" / "gui_stall.md"
+N_CTX = 2048  # lazy f16 view: 1024 cells
+
+
+def main() -> int:
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ["LAZYKV_CONFIG_DIR"] = tempfile.mkdtemp(prefix="lazykv-bench-gui-")
+    from PySide6.QtWidgets import QApplication
+    from tools.screenshots import pause, wait_for
+
+    from lazykv.__main__ import default_model_path
+    from lazykv.core.settings import Settings
+    from lazykv.qt.main_window import MainWindow
+    from lazykv.qt.stall_meter import StallMeter
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    settings = Settings()
+    for name, value in {"n_ctx": N_CTX, "temperature": 0.0, "seed": 1, "max_reply_tokens": 64,
+                        "idle_conversion": False}.items():
+        settings.set(name, value)
+    window = MainWindow(settings, default_model=default_model_path())
+    window.show()
+    window.open_configured_model()
+    wait_for(window.worker.model_loaded)
+    meter = StallMeter()
+    rows: list[tuple[str, list[float], float]] = []
+
+    def measure(label: str, action: Callable[[], None], until) -> None:  # noqa: ANN001 - a Qt signal
+        meter.start()
+        t0 = time.perf_counter()
+        action()
+        wait_for(until)
+        meter.stop()
+        rows.append((label, list(meter.gaps_ms), time.perf_counter() - t0))
+
+    measure("engine idle (baseline, 2 s)", lambda: None, _timer_signal(app, 2000))
+    measure("reply, 64 tokens, f16 phase", lambda: window.send_text("Tell me about the sea."),
+            window.worker.reply_finished)
+    items = ", ".join(f"item {i}" for i in range(200))  # ~1100 tokens: crosses the 1024-cell view
+    measure("reply whose prompt crosses the breakpoint (conversion inside)",
+            lambda: window.send_text(f"Here is a list: {items}. Which item comes last?"),
+            window.worker.reply_finished)
+    window.open_configured_model()  # a fresh cache
+    wait_for(window.worker.model_loaded)
+    window.send_text("Write a long story about a lighthouse keeper. " * 40)
+    wait_for(window.worker.reply_finished)
+    measure("idle-time conversion (kv_lazy_convert)", window.convert_now, window.worker.converted)
+    conversions = [e for e, _ in window.conversions if e.stage == "end"]
+    window.close()
+    pause(100)
+    _write(rows, conversions)
+    return 0
+
+
+def _timer_signal(app, ms: int):  # noqa: ANN001, ANN202 - Qt objects
+    from PySide6.QtCore import QTimer
+
+    timer = QTimer(app)
+    timer.setSingleShot(True)
+    timer.start(ms)
+    return timer.timeout
+
+
+def _write(rows: list[tuple[str, list[float], float]], conversions: list) -> None:  # noqa: ANN001
+    base = max(rows[0][1])
+    lines = [
+        "# GUI responsiveness: longest event-loop gap",
+        "",
+        f"`python -m bench.gui_stall` on {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, SmolLM2-135M Q4_1, lazy KV cache, n_ctx {N_CTX}, 10 ms timer on the GUI "
+        "thread (offscreen). A gap is the time between two timer ticks; a GUI thread that waited on the "
+        "engine would show a gap as long as a decode step or the conversion.",
+        "",
+        "| scenario | wall s | ticks | median gap ms | p99 gap ms | max gap ms | max / idle max |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, gaps, wall in rows:
+        p99 = sorted(gaps)[max(0, int(0.99 * len(gaps)) - 1)]
+        lines.append(
+            f"| {label} | {wall:.1f} | {len(gaps)} | {statistics.median(gaps):.1f} | {p99:.1f} | "
+            f"{max(gaps):.1f} | {max(gaps) / base:.2f} |"
+        )
+    if conversions:
+        lines += ["", "Conversions in this run: " + ", ".join(
+            f"{1000 * e.duration_s:.0f} ms at token {e.n_cells}" for e in conversions) + "."]
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Render the app's main states to PNG under docs/ (``make screenshots``): real engine, real model.
+
+chatting, conversion in progress, the memory panel after the conversion, the settings dialog.
+Runs offscreen (or under Xvfb when QT_QPA_PLATFORM=xcb); settings go to a temporary config dir.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from PySide6.QtCore import QEventLoop, QObject, QTimer, Signal
+from PySide6.QtWidgets import QApplication, QWidget
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+TIMEOUT_MS = 120_000
+
+
+class OnGuiThread(QObject):
+    """Receives a worker signal queued on the GUI thread (a bare function would run on the worker's)."""
+
+    fired = Signal(object)
+
+    def __init__(self, signal) -> None:  # noqa: ANN001 - a Qt signal
+        super().__init__()
+        self._signal = signal
+        signal.connect(self._relay)
+
+    def detach(self) -> None:
+        self._signal.disconnect(self._relay)
+
+    def _relay(self, *args: object) -> None:
+        self.fired.emit(args)
+
+
+def wait_for(signal, predicate=lambda *a: True) -> tuple:  # noqa: ANN001 - a Qt signal
+    """Run the event loop until ``signal`` fires with arguments passing ``predicate``."""
+    loop, got, relay = QEventLoop(), [], OnGuiThread(signal)
+
+    def fired(args: tuple) -> None:
+        if predicate(*args) and not got:
+            got.append(args)
+            loop.quit()
+
+    relay.fired.connect(fired)
+    QTimer.singleShot(TIMEOUT_MS, loop.quit)
+    loop.exec()
+    relay.detach()
+    if not got:
+        raise TimeoutError("the app did not get there in time")
+    return got[0]
+
+
+def pause(ms: int) -> None:
+    loop = QEventLoop()
+    QTimer.singleShot(ms, loop.quit)
+    loop.exec()
+
+
+def shoot(widget: QWidget, name: str) -> None:
+    path = DOCS / name
+    widget.grab().save(str(path))
+    print(f"wrote {path}")
+
+
+def main() -> int:
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ["LAZYKV_CONFIG_DIR"] = tempfile.mkdtemp(prefix="lazykv-shots-")
+    from lazykv.__main__ import default_model_path
+    from lazykv.core.settings import Settings
+    from lazykv.qt.main_window import MainWindow
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("LazyKV Chat")
+    settings = Settings()
+    for name, value in {"n_ctx": 1024, "temperature": 0.0, "seed": 7, "max_reply_tokens": 60}.items():
+        settings.set(name, value)
+    window = MainWindow(settings, default_model=default_model_path())
+    window.resize(1180, 760)
+    window.show()
+    window.open_configured_model()
+    wait_for(window.worker.model_loaded)
+
+    window.system_edit.setText("You are a friendly assistant. Answer briefly.")
+    window.system_edit.editingFinished.emit()
+    window.send_text("What is a KV cache in a language model, in two sentences?")
+    wait_for(window.worker.reply_finished)
+    pause(300)
+    shoot(window, "screenshot-chatting.png")
+
+    # a long message crosses the 512-cell f16 view: grab the window while the banner shows progress
+    window.settings.set("max_reply_tokens", 40)
+    shots: list[bool] = []
+
+    def during(args: tuple) -> None:
+        event = args[0]
+        if event.stage == "progress" and event.fraction >= 0.4 and not shots:
+            shots.append(True)
+            shoot(window, "screenshot-converting.png")
+
+    progress = OnGuiThread(window.worker.conversion)  # after the window's own handler: the banner is set
+    progress.fired.connect(during)
+    items = ", ".join(f"item {i}" for i in range(110))
+    window.send_text(f"Here is a list: {items}. Which item comes last?")
+    wait_for(window.worker.reply_finished)
+    progress.detach()
+    pause(1200)
+    shoot(window.memory_dock, "screenshot-memory.png")
+
+    window.settings_action.trigger()
+    pause(300)
+    shoot(window.settings_dialog, "screenshot-settings.png")
+    window.settings_dialog.reject()
+    window.close()
+    pause(200)  # let the closed dialog's deferred delete run while Qt is still up
+    return 0 if shots else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
