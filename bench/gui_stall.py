@@ -79,12 +79,22 @@ def _timer_signal(app, ms: int):  # noqa: ANN001, ANN202 - Qt objects
     return timer.timeout
 
 
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _write(rows: list[tuple[str, list[float], float]], conversions: list) -> None:  # noqa: ANN001
     base = max(rows[0][1])
     lines = [
         "# GUI responsiveness: longest event-loop gap",
         "",
-        f"`python -m bench.gui_stall` on {platform.processor() or platform.machine()}, "
+        f"`python -m bench.gui_stall` on {_cpu_name()}, "
         f"{os.cpu_count()} CPUs, SmolLM2-135M Q4_1, lazy KV cache, n_ctx {N_CTX}, 10 ms timer on the GUI "
         "thread (offscreen). A gap is the time between two timer ticks; a GUI thread that waited on the "
         "engine would show a gap as long as a decode step or the conversion.",
