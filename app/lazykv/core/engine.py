@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import struct
 import threading
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
 from llama_cpp import llama_chat_format
 
 from lazykv.core.context_policy import fit_messages
@@ -128,6 +131,24 @@ class ReplyResult:
     @property
     def cancelled(self) -> bool:
         return self.finish_reason == "cancelled"
+
+
+@dataclass(frozen=True)
+class KvSnapshot:
+    """One conversation's KV cache as the engine saved it: what it is, its tokens, the state bytes."""
+
+    layout: dict[str, object]  # see EngineSession.layout()
+    tokens: list[int]
+    state: bytes  # the sequence state with its metadata (opaque to callers)
+
+
+class KvRestoreError(EngineError):
+    """A saved KV state was refused; the cache is left empty and the transcript must be re-read."""
+
+
+_TYPE_NAMES = {
+    llama_cpp.GGML_TYPE_F16: "f16", llama_cpp.GGML_TYPE_Q8_0: "q8_0", llama_cpp.GGML_TYPE_F32: "f32"
+}
 
 
 def check_model_file(path: Path) -> None:
@@ -268,6 +289,81 @@ class EngineSession:
             return False
         return llama.kv_lazy_convert()
 
+    def layout(self) -> dict[str, object]:
+        """What a saved KV state must match to restore here (the snapshot header carries the same keys)."""
+        llama, info = self._require()
+        meta = llama.state_metadata()
+        return {
+            "engine_version": llama_cpp.__version__,
+            "n_ctx": info.n_ctx,
+            "kv_mode": info.kv_mode,
+            "type_k": _TYPE_NAMES.get(meta["type_k"], str(meta["type_k"])),
+            "type_v": _TYPE_NAMES.get(meta["type_v"], str(meta["type_v"])),
+            "lazy_phase": meta["lazy_phase"],
+            "lazy_rot_k": meta["lazy_rot"][0],
+            "lazy_rot_v": meta["lazy_rot"][1],
+            "n_rot_k": meta["n_rot_k"],
+            "n_rot_v": meta["n_rot_v"],
+            "n_rot_k_swa": meta["n_rot_k_swa"],
+            "n_rot_v_swa": meta["n_rot_v_swa"],
+            "state_version": meta["seq_version"],
+        }
+
+    def capture_kv(self) -> KvSnapshot:
+        """The conversation's KV cache (sequence 0) and the tokens it holds."""
+        llama, _ = self._require()
+        state = llama.save_state(seq_id=0)
+        meta = json.dumps(state.metadata, sort_keys=True).encode("utf-8")
+        blob = struct.pack("<I", len(meta)) + meta + state.llama_state
+        tokens = llama.input_ids[: llama.n_tokens].tolist()
+        return KvSnapshot(self.layout(), tokens, blob)
+
+    def restore_kv(self, tokens: Sequence[int], state: bytes) -> None:
+        """Put a captured KV cache back; KvRestoreError (cache left empty) when it does not fit here."""
+        llama, info = self._require()
+        try:
+            (n_meta,) = struct.unpack_from("<I", state)
+            metadata = json.loads(state[4 : 4 + n_meta].decode("utf-8"))
+            native = state[4 + n_meta :]
+        except (struct.error, UnicodeDecodeError, ValueError) as err:
+            raise KvRestoreError(f"the saved KV state is damaged ({err})") from err
+        if len(tokens) > info.n_ctx:
+            raise KvRestoreError(f"{len(tokens)} saved tokens do not fit the context of {info.n_ctx}")
+        input_ids = np.zeros(info.n_ctx, dtype=np.intc)
+        input_ids[: len(tokens)] = tokens
+        saved = llama_cpp.LlamaState(
+            input_ids=input_ids,
+            scores=np.empty((0, llama.n_vocab()), np.single),
+            n_tokens=len(tokens),
+            llama_state=native,
+            llama_state_size=len(native),
+            seed=llama._seed,
+            seq_id=0,
+            metadata=metadata,
+        )
+        try:
+            llama.load_state(saved, seq_id=0)
+        except llama_cpp.StateMismatchError as err:
+            raise KvRestoreError(err.reason) from err
+
+    def rebuild_kv(self, messages: Sequence[dict[str, str]], on_progress: Callable[[int, int], None],
+                   chunk: int = 256) -> int:
+        """Read the conversation into an empty cache in chunks, reporting (done, total) tokens after each.
+
+        The fallback when a snapshot cannot be restored: afterwards the next reply only reads its
+        own turn. Returns the number of tokens read.
+        """
+        llama, info = self._require()
+        tokens, _ = self._prompt(messages, add_generation_prompt=False)
+        tokens = tokens[: max(0, info.n_ctx - 1)]
+        llama.reset()
+        llama._ctx.kv_cache_clear()
+        on_progress(0, len(tokens))
+        for start in range(0, len(tokens), chunk):
+            llama.eval(tokens[start : start + chunk])
+            on_progress(min(start + chunk, len(tokens)), len(tokens))
+        return len(tokens)
+
     def count_tokens(self, messages: Sequence[dict[str, str]]) -> int:
         return len(self._prompt(messages)[0])
 
@@ -340,10 +436,16 @@ class EngineSession:
             raise NoModelError("no model is loaded")
         return self._llama, self._info
 
-    def _prompt(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[str]]:
+    def _prompt(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    ) -> tuple[list[int], list[str]]:
         llama, _ = self._require()
         assert self._formatter is not None
-        result = self._formatter(messages=list(messages))
+        self._formatter.add_generation_prompt = add_generation_prompt
+        try:
+            result = self._formatter(messages=list(messages))
+        finally:
+            self._formatter.add_generation_prompt = True
         tokens = llama.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
         stop = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
         return tokens, stop
