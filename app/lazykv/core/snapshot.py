@@ -1,0 +1,453 @@
+"""Snapshot files: one conversation's KV-cache sequence state and the tokens it covers.
+
+Layout::
+
+    MAGIC | u32 LE header length | header (canonical JSON) | body
+
+    body, encrypted schemes:  12-byte nonce | AES-256-GCM(compressed payload) | 16-byte tag
+                              (the associated data is MAGIC | length | header, so the header is
+                              authenticated too)
+    body, ENCRYPTION_NONE:    compressed payload | sha256(MAGIC | length | header | compressed payload)
+                              (detects corruption; not tamper-proof: anyone can recompute the hash)
+
+    compressed payload = zlib(payload, level 1)
+    payload            = u32 LE n_tokens | n_tokens * i32 LE | engine state bytes
+
+The header is parsed strictly before anything else, and nothing is returned (let alone passed to
+native code) unless the tag (or the hash) checks out. Decompression is bounded, so a crafted file
+cannot exhaust memory. Files are written atomically and readable only by the owner.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import math
+import os
+import re
+import struct
+import tempfile
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+MAGIC = b"LKVSNAP\x00"
+FORMAT_VERSION = 1
+
+ENCRYPTION_KEYRING = "aes-256-gcm/keyring"
+ENCRYPTION_PASSPHRASE = "aes-256-gcm/scrypt"
+ENCRYPTION_NONE = "none"
+ENCRYPTIONS = (ENCRYPTION_KEYRING, ENCRYPTION_PASSPHRASE, ENCRYPTION_NONE)
+
+MAX_HEADER_BYTES = 64 * 1024
+MAX_PAYLOAD_BYTES = 4 * 1024**3  # default bound on the decompressed payload
+KEY_BYTES = 32
+NONCE_BYTES = 12
+TAG_BYTES = 16
+HASH_BYTES = 32
+
+_LEN = struct.Struct("<I")
+_PREFIX_BYTES = len(MAGIC) + _LEN.size
+_CHUNK = 16 * 1024 * 1024  # encryption/decryption step; the streaming GCM API has no 2 GiB limit
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX = re.compile(r"(?:[0-9a-f]{2})+")
+_MAX_TEXT = 256
+_INT32_MAX = 2**31 - 1
+_UINT32_MAX = 2**32 - 1
+
+CACHE_TYPES = ("f16", "q8_0")
+KV_MODES = ("f16", "q8_0", "lazy")
+LAZY_PHASES = ("disabled", "f16", "q8_0")
+
+
+class SnapshotError(Exception):
+    """A snapshot could not be saved or opened; the message is meant for the user."""
+
+
+class SnapshotCorruptError(SnapshotError):
+    """Truncated file, bad magic, a header that does not parse, bad compression."""
+
+
+class SnapshotAuthError(SnapshotError):
+    """Authentication failed: wrong key, or the file was modified or damaged."""
+
+
+class SnapshotVersionError(SnapshotError):
+    """The file was written in a newer format than this version understands."""
+
+
+class _Invalid(Exception):
+    """A header field is out of range (turned into SnapshotCorruptError or ValueError)."""
+
+
+@dataclass(frozen=True)
+class SnapshotHeader:
+    app_version: str
+    engine_version: str  # e.g. "0.3.36+lazykv.2b6b96c19b" (includes the patch-set label)
+    model_sha256: str  # 64 lowercase hex
+    n_ctx: int
+    type_k: str  # "f16" | "q8_0"
+    type_v: str
+    kv_mode: str  # "f16" | "q8_0" | "lazy"
+    lazy_phase: str  # "disabled" | "f16" | "q8_0"
+    n_rot_k: int
+    n_rot_v: int
+    state_version: int  # the engine's sequence-state format version
+    n_tokens: int
+    encryption: str  # one of ENCRYPTIONS
+    kdf_salt: str = ""  # hex, only for ENCRYPTION_PASSPHRASE
+    created: float = 0.0  # unix time
+    format_version: int = FORMAT_VERSION
+
+    def to_bytes(self) -> bytes:
+        """Canonical JSON: sorted keys, no spaces, UTF-8."""
+        return json.dumps(
+            asdict(self), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SnapshotHeader:
+        """Parse strictly: the exact field set, their types and ranges, or SnapshotCorruptError."""
+        try:
+            obj = json.loads(
+                data.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant
+            )
+        except (ValueError, RecursionError) as e:
+            raise SnapshotCorruptError("The snapshot file is damaged: its header does not parse.") from e
+        if not isinstance(obj, dict):
+            raise SnapshotCorruptError("The snapshot file is damaged: its header is not a JSON object.")
+        version = obj.get("format_version")
+        if _is_int(version) and version > FORMAT_VERSION:
+            raise SnapshotVersionError(
+                f"This snapshot was made by a newer LazyKV Chat (snapshot format {version}; "
+                f"this version reads format {FORMAT_VERSION}). Update LazyKV Chat to open it."
+            )
+        try:
+            _check_fields(obj)
+        except _Invalid as e:
+            raise SnapshotCorruptError(f"The snapshot file is damaged: {e}.") from None
+        return cls(**obj)
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise ValueError("duplicate key")
+    return obj
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(SnapshotHeader))
+
+
+def _check_fields(obj: dict[str, Any]) -> None:
+    """Raise _Invalid unless ``obj`` holds exactly the header fields with valid values."""
+    if set(obj) != _FIELD_NAMES:
+        missing = sorted(_FIELD_NAMES - set(obj))
+        extra = sorted(set(obj) - _FIELD_NAMES)
+        raise _Invalid(f"header fields missing {missing} or unknown {extra}")
+
+    def text(name: str) -> None:
+        value = obj[name]
+        if not isinstance(value, str) or not value or len(value) > _MAX_TEXT or not value.isprintable():
+            raise _Invalid(f"{name} is not a short printable text")
+
+    def integer(name: str, low: int, high: int) -> None:
+        value = obj[name]
+        if not _is_int(value) or not low <= value <= high:
+            raise _Invalid(f"{name} is not an integer in [{low}, {high}]")
+
+    def choice(name: str, allowed: tuple[str, ...]) -> None:
+        if obj[name] not in allowed or not isinstance(obj[name], str):
+            raise _Invalid(f"{name} is not one of {', '.join(allowed)}")
+
+    if obj["format_version"] != FORMAT_VERSION or not _is_int(obj["format_version"]):
+        raise _Invalid("unknown format version")
+    text("app_version")
+    text("engine_version")
+    if not isinstance(obj["model_sha256"], str) or not _HEX64.fullmatch(obj["model_sha256"]):
+        raise _Invalid("model_sha256 is not 64 lowercase hex digits")
+    integer("n_ctx", 1, _INT32_MAX)
+    integer("n_tokens", 0, obj["n_ctx"])
+    integer("n_rot_k", 0, 65536)
+    integer("n_rot_v", 0, 65536)
+    integer("state_version", 0, _UINT32_MAX)
+    choice("type_k", CACHE_TYPES)
+    choice("type_v", CACHE_TYPES)
+    choice("kv_mode", KV_MODES)
+    choice("lazy_phase", LAZY_PHASES)
+    choice("encryption", ENCRYPTIONS)
+    salt = obj["kdf_salt"]
+    if obj["encryption"] == ENCRYPTION_PASSPHRASE:
+        if not isinstance(salt, str) or not 32 <= len(salt) <= 128 or not _HEX.fullmatch(salt):
+            raise _Invalid("kdf_salt is not 16 to 64 bytes of lowercase hex")
+    elif salt != "":
+        raise _Invalid("kdf_salt is set without passphrase encryption")
+    created = obj["created"]
+    if (
+        isinstance(created, bool)
+        or not isinstance(created, int | float)
+        or not math.isfinite(created)
+        or created < 0
+    ):
+        raise _Invalid("created is not a time")
+
+
+# --- writing ---------------------------------------------------------------------------------------
+
+
+def write_snapshot(
+    path: Path, header: SnapshotHeader, tokens: Sequence[int], state: bytes, key: bytes | None
+) -> str:
+    """Write atomically (temp file in the same directory, fsync, rename, fsync the directory).
+
+    Returns the sha256 hex of the file's bytes. ``key`` is 32 bytes for the encrypted schemes and
+    None for ENCRYPTION_NONE (else ValueError). Any OSError removes the temp file, leaves a previous
+    file at ``path`` untouched and becomes a SnapshotError (the OSError is its ``__cause__``).
+    """
+    path = Path(path)
+    header_bytes = _checked_header_bytes(header, tokens)
+    _check_key(header.encryption, key)
+    prefix = MAGIC + _LEN.pack(len(header_bytes)) + header_bytes
+    compressed = _compress(tokens, state)
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise _save_error(e) from e
+    digest = hashlib.sha256()
+    try:
+        try:
+            _write_all(fd, prefix, digest)
+            if key is None:
+                _write_all(fd, compressed, digest)
+                _write_all(fd, hashlib.sha256(prefix + compressed).digest(), digest)
+            else:
+                _write_encrypted(fd, key, prefix, compressed, digest)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp_name, path)
+    except BaseException as e:
+        _remove_quietly(tmp_name)
+        if isinstance(e, OSError):
+            raise _save_error(e) from e
+        raise
+    try:
+        _fsync_dir(path.parent)
+    except OSError as e:
+        raise _save_error(e) from e
+    return digest.hexdigest()
+
+
+def _checked_header_bytes(header: SnapshotHeader, tokens: Sequence[int]) -> bytes:
+    try:
+        _check_fields(asdict(header))
+    except _Invalid as e:
+        raise ValueError(f"invalid snapshot header: {e}") from None
+    if len(tokens) != header.n_tokens:
+        raise ValueError(f"{len(tokens)} tokens but header.n_tokens is {header.n_tokens}")
+    header_bytes = header.to_bytes()
+    if len(header_bytes) > MAX_HEADER_BYTES:
+        raise ValueError("snapshot header too large")
+    return header_bytes
+
+
+def _check_key(encryption: str, key: bytes | None) -> None:
+    if encryption == ENCRYPTION_NONE:
+        if key is not None:
+            raise ValueError("a key was given for an unencrypted snapshot")
+    elif key is None or len(key) != KEY_BYTES:
+        raise ValueError(f"{encryption} needs a {KEY_BYTES}-byte key")
+
+
+def _compress(tokens: Sequence[int], state: bytes) -> bytes:
+    try:
+        token_bytes = struct.pack(f"<I{len(tokens)}i", len(tokens), *tokens)
+    except struct.error as e:
+        raise ValueError(f"token ids must be 32-bit integers: {e}") from None
+    compressor = zlib.compressobj(1)
+    return compressor.compress(token_bytes) + compressor.compress(state) + compressor.flush()
+
+
+def _write_encrypted(fd: int, key: bytes, prefix: bytes, compressed: bytes, digest: Any) -> None:
+    nonce = os.urandom(NONCE_BYTES)
+    encryptor = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
+    encryptor.authenticate_additional_data(prefix)
+    _write_all(fd, nonce, digest)
+    view = memoryview(compressed)
+    for start in range(0, len(view), _CHUNK):
+        _write_all(fd, encryptor.update(view[start : start + _CHUNK]), digest)
+    _write_all(fd, encryptor.finalize(), digest)
+    _write_all(fd, encryptor.tag, digest)
+
+
+def _write_all(fd: int, data: bytes, digest: Any) -> None:
+    digest.update(data)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _fsync_dir(directory: Path) -> None:
+    if not hasattr(os, "O_DIRECTORY"):  # Windows: directories cannot be opened or synced
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(name: str) -> None:
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
+
+
+def _save_error(e: OSError) -> SnapshotError:
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return SnapshotError(
+            "could not save the snapshot: disk full. Free some space and save again; "
+            "the previous snapshot was kept."
+        )
+    return SnapshotError(f"could not save the snapshot: {e.strerror or e}")
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+def read_header(path: Path) -> SnapshotHeader:
+    """Parse the magic and header only: unauthenticated, for listings and compatibility pre-checks."""
+    with _open(path) as f:
+        header, _ = _read_prefix(f)
+    return header
+
+
+def read_snapshot(
+    path: Path, key: bytes | None, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES
+) -> tuple[SnapshotHeader, list[int], bytes]:
+    """Read and authenticate; returns (header, tokens, state) only if the file checks out.
+
+    ``key`` must be given for encrypted files and None for unencrypted ones: a key with an
+    unencrypted file is refused (SnapshotAuthError), so an encrypted file cannot be swapped for a
+    forged plain one. ``max_payload_bytes`` bounds the decompressed size.
+    """
+    with _open(path) as f:
+        header, prefix = _read_prefix(f)
+        try:
+            body = f.read()
+        except OSError as e:
+            raise SnapshotError(f"could not read the snapshot {path}: {e.strerror or e}") from e
+    if header.encryption == ENCRYPTION_NONE:
+        if key is not None:
+            raise SnapshotAuthError(
+                "This snapshot is not encrypted, but an encrypted one was expected; it was not opened."
+            )
+        compressed = _check_hash(prefix, body)
+    else:
+        if key is None or len(key) != KEY_BYTES:
+            raise SnapshotAuthError("This snapshot is encrypted; it cannot be opened without its key.")
+        compressed = _decrypt(key, prefix, body)
+    payload = _decompress(compressed, max_payload_bytes)
+    tokens, state = _split_payload(payload, header.n_tokens)
+    return header, tokens, state
+
+
+def _open(path: Path) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except FileNotFoundError as e:
+        raise SnapshotError(f"snapshot file missing: {path}") from e
+    except OSError as e:
+        raise SnapshotError(f"could not open the snapshot {path}: {e.strerror or e}") from e
+
+
+def _read_exactly(f: BinaryIO, n: int, what: str) -> bytes:
+    try:
+        data = f.read(n)
+    except OSError as e:
+        raise SnapshotError(f"could not read the snapshot: {e.strerror or e}") from e
+    if len(data) != n:
+        raise SnapshotCorruptError(f"The snapshot file is damaged: it ends inside the {what}.")
+    return data
+
+
+def _read_prefix(f: BinaryIO) -> tuple[SnapshotHeader, bytes]:
+    """The parsed header and the raw bytes it came from (MAGIC | length | header)."""
+    magic = _read_exactly(f, len(MAGIC), "file signature")
+    if magic != MAGIC:
+        raise SnapshotCorruptError("This is not a LazyKV Chat snapshot file (wrong signature).")
+    length_bytes = _read_exactly(f, _LEN.size, "header length")
+    (length,) = _LEN.unpack(length_bytes)
+    if not 0 < length <= MAX_HEADER_BYTES:
+        raise SnapshotCorruptError("The snapshot file is damaged: its header length is impossible.")
+    header_bytes = _read_exactly(f, length, "header")
+    return SnapshotHeader.from_bytes(header_bytes), magic + length_bytes + header_bytes
+
+
+def _check_hash(prefix: bytes, body: bytes) -> bytes:
+    if len(body) < HASH_BYTES:
+        raise SnapshotCorruptError("The snapshot file is damaged: it is truncated.")
+    compressed, expected = body[:-HASH_BYTES], body[-HASH_BYTES:]
+    if hashlib.sha256(prefix + compressed).digest() != expected:
+        raise SnapshotCorruptError("The snapshot file is damaged: its checksum does not match.")
+    return compressed
+
+
+def _decrypt(key: bytes, prefix: bytes, body: bytes) -> bytes:
+    if len(body) < NONCE_BYTES + TAG_BYTES:
+        raise SnapshotCorruptError("The snapshot file is damaged: it is truncated.")
+    nonce, tag = body[:NONCE_BYTES], body[-TAG_BYTES:]
+    ciphertext = memoryview(body)[NONCE_BYTES:-TAG_BYTES]
+    decryptor = Cipher(algorithms.AES(key), modes.GCM(nonce)).decryptor()
+    decryptor.authenticate_additional_data(prefix)
+    plain = bytearray()
+    for start in range(0, len(ciphertext), _CHUNK):
+        plain += decryptor.update(ciphertext[start : start + _CHUNK])
+    try:
+        plain += decryptor.finalize_with_tag(tag)
+    except InvalidTag:
+        raise SnapshotAuthError(
+            "The snapshot could not be opened: wrong key, or the file was modified or damaged."
+        ) from None
+    return bytes(plain)
+
+
+def _decompress(compressed: bytes, limit: int) -> bytes:
+    decompressor = zlib.decompressobj()
+    try:
+        payload = decompressor.decompress(compressed, limit + 1)
+    except zlib.error as e:
+        raise SnapshotCorruptError("The snapshot file is damaged: its data does not decompress.") from e
+    if len(payload) > limit:
+        raise SnapshotCorruptError(f"The snapshot is larger than the {limit}-byte limit; it was not opened.")
+    if not decompressor.eof or decompressor.unused_data:
+        raise SnapshotCorruptError("The snapshot file is damaged: its compressed data is incomplete.")
+    return payload
+
+
+def _split_payload(payload: bytes, n_tokens: int) -> tuple[list[int], bytes]:
+    if len(payload) < _LEN.size:
+        raise SnapshotCorruptError("The snapshot file is damaged: its token list is missing.")
+    (count,) = _LEN.unpack_from(payload)
+    if count != n_tokens:
+        raise SnapshotCorruptError("The snapshot file is damaged: its token count does not match the header.")
+    end = _LEN.size + 4 * count
+    if len(payload) < end:
+        raise SnapshotCorruptError("The snapshot file is damaged: its token list is truncated.")
+    tokens = list(struct.unpack_from(f"<{count}i", payload, _LEN.size))
+    return tokens, payload[end:]
