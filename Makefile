@@ -42,6 +42,7 @@ sysdeps:
 bench: setup
 	QT_QPA_PLATFORM=offscreen $(PY) -m bench
 	QT_QPA_PLATFORM=offscreen $(PY) -m bench.gui_stall
+	$(PY) -m bench.resume
 
 # the README's pictures: the real app offscreen, written to docs/
 screenshots: setup

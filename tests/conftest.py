@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import keyring
 import pytest
 
 from lazykv.core import model_fetch
+from tests.support.memory_keyring import MemoryKeyring
 
 
 def _model_path(name: str) -> Path:
@@ -52,6 +54,24 @@ def _config_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
     path = tmp_path_factory.mktemp("config")
     monkeypatch.setenv("LAZYKV_CONFIG_DIR", str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def _data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own empty data dir (conversations, snapshots)."""
+    path = tmp_path_factory.mktemp("data")
+    monkeypatch.setenv("LAZYKV_DATA_DIR", str(path))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _memory_keyring() -> Iterator[MemoryKeyring]:
+    """The OS keyring is replaced by an in-memory one (a test may set another backend)."""
+    previous = keyring.get_keyring()
+    backend = MemoryKeyring()
+    keyring.set_keyring(backend)
+    yield backend
+    keyring.set_keyring(previous)
 
 
 @pytest.fixture(autouse=True)

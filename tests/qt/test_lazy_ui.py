@@ -82,7 +82,7 @@ def test_idle_conversion_is_a_setting(qtbot: QtBot, smollm2_path: Path) -> None:
     try:
         chat(qtbot, w, NEARLY_FULL)
         assert not w._idle_timer.isActive()
-        assert w.compact_action.isEnabled()
+        qtbot.waitUntil(w.compact_action.isEnabled, timeout=5000)
         ended = Relay(w.worker.conversion)
         with qtbot.waitSignal(ended.fired, timeout=10_000, check_params_cb=lambda e: e[0].stage == "end"):
             w.compact_action.trigger()

@@ -356,13 +356,18 @@ class EngineSession:
         llama, info = self._require()
         tokens, _ = self._prompt(messages, add_generation_prompt=False)
         tokens = tokens[: max(0, info.n_ctx - 1)]
-        llama.reset()
-        llama._ctx.kv_cache_clear()
+        self.clear_kv()
         on_progress(0, len(tokens))
         for start in range(0, len(tokens), chunk):
             llama.eval(tokens[start : start + chunk])
             on_progress(min(start + chunk, len(tokens)), len(tokens))
         return len(tokens)
+
+    def clear_kv(self) -> None:
+        """Empty the KV cache (a lazy cache returns to its f16 phase)."""
+        llama, _ = self._require()
+        llama.reset()
+        llama._ctx.kv_cache_clear()
 
     def count_tokens(self, messages: Sequence[dict[str, str]]) -> int:
         return len(self._prompt(messages)[0])

@@ -77,6 +77,12 @@ CONTEXT_FULL_CHOICES = (
     ("drop_oldest", "drop the oldest turns (keep the system prompt)"),
 )
 
+SNAPSHOT_CHOICES = (
+    ("keyring", "encrypted, key in the OS keyring"),
+    ("passphrase", "encrypted with a passphrase"),
+    ("none", "not encrypted"),
+)
+
 SETTINGS: tuple[Setting, ...] = (
     # model and engine
     Setting("model_path", "str", "", "Model", "GGUF model file; empty: the default model "
@@ -104,6 +110,15 @@ SETTINGS: tuple[Setting, ...] = (
             "conversation no longer fits the context.", "Chat", choices=CONTEXT_FULL_CHOICES),
     Setting("max_reply_tokens", "int", 0, "Longest reply", "Tokens per reply; 0: until the model "
             "stops or the context is full.", "Chat", minimum=0, maximum=131072),
+    # conversations
+    Setting("snapshot_encryption", "choice", "keyring", "Snapshot protection", "How saved KV snapshots "
+            "(which contain the conversation) are protected: a key kept in the OS keyring, a passphrase "
+            "asked once per session, or no encryption.", "Conversations", choices=SNAPSHOT_CHOICES),
+    Setting("snapshot_budget_mb", "int", 2048, "Snapshot disk budget (MiB)", "Snapshots beyond this "
+            "are deleted, least recently used first; transcripts are never deleted.", "Conversations",
+            minimum=16, maximum=1_000_000, step=64),
+    Setting("passphrase_salt", "str", "", "Passphrase salt", "Salt of the passphrase key (not secret).",
+            "Conversations", in_dialog=False),
     # sampling
     Setting("temperature", "float", 0.7, "Temperature", "Randomness; 0 always picks the likeliest "
             "token.", "Sampling", minimum=0.0, maximum=2.0, step=0.05),

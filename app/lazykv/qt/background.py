@@ -34,6 +34,7 @@ class Background(QObject):
         super().__init__(parent)
         self._pool = QThreadPool(self)
         self._pool.setMaxThreadCount(1)  # in order: a later settings save never overtakes an earlier one
+        self._pool.setExpiryTimeout(-1)  # always the same thread: a database connection lives on it
         self._carriers: set[_Carrier] = set()
 
     def run(
@@ -42,18 +43,22 @@ class Background(QObject):
         on_done: Callable[[Any], None] | None = None,
         on_error: Callable[[Exception], None] | None = None,
     ) -> None:
-        carrier = _Carrier()  # lives on this thread: its signals arrive here, queued
+        # lives on this thread, so its signals arrive here, queued; a child of this object, so
+        # answers still queued when the owner (e.g. a closed window) is deleted are dropped with it
+        carrier = _Carrier(self)
         self._carriers.add(carrier)
 
         @Slot(object)
         def finished(result: Any) -> None:
             self._carriers.discard(carrier)
+            carrier.deleteLater()
             if on_done is not None:
                 on_done(result)
 
         @Slot(object)
         def errored(err: Exception) -> None:
             self._carriers.discard(carrier)
+            carrier.deleteLater()
             if on_error is not None:
                 on_error(err)
 

@@ -30,7 +30,22 @@ class ConversionBanner(QFrame):
         self._hide_timer.timeout.connect(self.hide)
         self.hide()
 
+    def show_progress(self, text: str, fraction: float) -> None:
+        """Any other long engine task (e.g. re-reading a conversation)."""
+        self._hide_timer.stop()
+        self.bar.show()
+        self.bar.setValue(round(100 * fraction))
+        self.label.setText(text)
+        self.show()
+
+    def show_note(self, text: str, ms: int = 2 * SHOW_DONE_MS) -> None:
+        self.bar.hide()
+        self.label.setText(text)
+        self.show()
+        self._hide_timer.start(ms)
+
     def on_event(self, event: ConversionEvent) -> None:
+        self.bar.show()
         percent = round(100 * event.fraction)
         if event.stage == "end":
             self.bar.setValue(100)

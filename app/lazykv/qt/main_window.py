@@ -37,9 +37,12 @@ from lazykv.core.engine import (
 )
 from lazykv.core.idle import IDLE_DELAY_S, wants_idle_conversion
 from lazykv.core.model_fetch import models_dir
+from lazykv.core.persistence import OpenResult
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 from lazykv.qt.background import Background
 from lazykv.qt.chat_input import ChatInput
+from lazykv.qt.conversations import Conversations
+from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.conversion_banner import ConversionBanner
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.model_info_dialog import ModelInfoDialog
@@ -88,9 +91,11 @@ class MainWindow(QMainWindow):
         self._editing: int | None = None  # index of the user turn being edited
         self._reply_markers: list[tuple[int, str]] = []  # (offset, label) inside the reply streaming
         self._reply_text = ""
-        self._background = Background(self)
+        self.resume_note = ""
+        self.background = Background(self)
 
         self._build_ui()
+        self.conversations = Conversations(self)
         self._start_worker()
         self._idle_timer = QTimer(self)
         self._idle_timer.setSingleShot(True)
@@ -101,8 +106,10 @@ class MainWindow(QMainWindow):
         self._sampler.start(SAMPLE_INTERVAL_MS)
         self._set_state(UiState.NO_MODEL)
         self._sample_memory()
+        self.conversations.refresh()
+        self.conversations.setup_crypto()
         if self.settings.problems:
-            QTimer.singleShot(0, lambda: self._show_error("Some settings were reset", "\n".join(
+            QTimer.singleShot(0, lambda: self.show_error("Some settings were reset", "\n".join(
                 self.settings.problems)))
 
     # -- settings ---------------------------------------------------------------------------------
@@ -132,6 +139,8 @@ class MainWindow(QMainWindow):
             if self.settings.set(name, value) and SETTINGS_BY_NAME[name].reloads_engine:
                 reload = True
         self.save_settings()
+        if "snapshot_encryption" in changed:
+            self.conversations.setup_crypto()
         if reload and self.model_info is not None and self._state is UiState.READY:
             self.open_model(self.model_info.path)
 
@@ -139,7 +148,7 @@ class MainWindow(QMainWindow):
         snapshot = Settings(self.settings.path)
         for name, value in self.settings.values().items():
             snapshot.set(name, value)
-        self._background.run(snapshot.save, on_error=lambda err: self._show_error(
+        self.background.run(snapshot.save, on_error=lambda err: self.show_error(
             "Settings were not saved", f"{snapshot.path}: {err}"))
 
     # -- public actions ---------------------------------------------------------------------------
@@ -273,6 +282,13 @@ class MainWindow(QMainWindow):
         self.memory_dock.setMinimumWidth(300)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.memory_dock)
 
+        self.conversations_panel = ConversationsPanel()
+        self.conversations_dock = QDockWidget("Conversations", self)
+        self.conversations_dock.setObjectName("conversations-dock")
+        self.conversations_dock.setWidget(self.conversations_panel)
+        self.conversations_dock.setMinimumWidth(240)
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.conversations_dock)
+
         self.model_label = QLabel("No model loaded")
         self.statusBar().addPermanentWidget(self.model_label)
         self._build_actions()
@@ -291,7 +307,7 @@ class MainWindow(QMainWindow):
         K = QKeySequence
         self.open_action = self._action("&Open model…", self._choose_model, K.StandardKey.Open)
         self.info_action = self._action("Model &information…", self._show_model_info)
-        self.new_chat_action = self._action("&New chat", self._new_chat, K.StandardKey.New)
+        self.new_chat_action = self._action("&New chat", self.new_chat, K.StandardKey.New)
         self.regenerate_action = self._action("&Regenerate", self.regenerate, K("Ctrl+R"),
                                               "Replace the last reply with a new one")
         self.edit_last_action = self._action("&Edit last message", self._edit_last, K("Ctrl+E"),
@@ -315,7 +331,13 @@ class MainWindow(QMainWindow):
         for action in (self.new_chat_action, self.regenerate_action, self.edit_last_action,
                        self.copy_reply_action, self.compact_action):
             chat_menu.addAction(action)
+        self.private_action = QAction("&Private chat (save nothing)", self)
+        self.private_action.setCheckable(True)
+        self.private_action.toggled.connect(lambda on: self.conversations.set_private(on))
+        chat_menu.addSeparator()
+        chat_menu.addAction(self.private_action)
         view_menu = self.menuBar().addMenu("&View")
+        view_menu.addAction(self.conversations_dock.toggleViewAction())
         view_menu.addAction(self.memory_dock.toggleViewAction())
 
         toolbar = QToolBar("Main", self)
@@ -346,6 +368,15 @@ class MainWindow(QMainWindow):
         self._worker.failed.connect(self._on_reply_failed)
         self._worker.kv_status.connect(self._on_kv_status)
         self._worker.conversion.connect(self._on_conversion)
+        c = self.conversations
+        c.save_snapshot_requested.connect(self._worker.save_snapshot)
+        c.open_requested.connect(self._worker.open_conversation)
+        c.crypto_changed.connect(self._worker.set_crypto)
+        self._worker.snapshot_saved.connect(c.on_snapshot_saved)
+        self._worker.snapshot_failed.connect(c.on_snapshot_failed)
+        self._worker.conversation_opened.connect(c.on_opened)
+        self._worker.open_failed.connect(self._on_open_failed)
+        self._worker.rebuild_progress.connect(self._on_rebuild_progress)
         self._thread.start()
 
     def _set_state(self, state: UiState) -> None:
@@ -439,6 +470,7 @@ class MainWindow(QMainWindow):
         self.conversation.add("user", text)
         self.input.clear()
         self.transcript.add_message("user", text)
+        self.conversations.persist(snapshot=False)
         self._request_reply()
 
     def _request_reply(self) -> None:
@@ -462,7 +494,10 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Stopping…")
 
     @Slot()
-    def _new_chat(self) -> None:
+    def new_chat(self) -> None:
+        if self._state not in (UiState.NO_MODEL, UiState.READY):
+            return
+        self.conversations.current = None
         self.conversation = Conversation(self.settings["system_prompt"])
         self.system_edit.setText(self.conversation.system_prompt)
         self.cancel_edit()
@@ -484,7 +519,7 @@ class MainWindow(QMainWindow):
         self.model_info = info
         self.model_label.setText(model_summary(info))
         self.memory_panel.set_model(info)
-        self.setWindowTitle(f"{info.name} — {APP_TITLE}")
+        self.update_title()
         self.settings.add_recent_model(str(info.path))
         if "model_path" not in self._overrides and info.path != self.default_model:
             self.settings.set("model_path", str(info.path))
@@ -495,7 +530,7 @@ class MainWindow(QMainWindow):
     @Slot(str)
     def _on_load_failed(self, message: str) -> None:
         self._set_state(self._idle_state())
-        self._show_error("Could not load the model", message)
+        self.show_error("Could not load the model", message)
 
     @Slot(str)
     def _on_token(self, piece: str) -> None:
@@ -523,6 +558,7 @@ class MainWindow(QMainWindow):
             notes.append("context full: the reply was cut off")
         self.transcript.end_reply("; ".join(notes) or None)
         self._set_state(UiState.READY)
+        self.conversations.persist(snapshot=True)
         if notes:
             self.statusBar().showMessage(notes[-1].capitalize(), 8000)
         else:
@@ -540,7 +576,7 @@ class MainWindow(QMainWindow):
             self.input.setPlainText(f"{failed}\n{typed_since}" if typed_since else failed)
         self._rerender()
         self._set_state(self._idle_state())
-        self._show_error("The reply failed", message)
+        self.show_error("The reply failed", message)
 
     @Slot(object)
     def _on_kv_status(self, status: KvStatus) -> None:
@@ -583,10 +619,10 @@ class MainWindow(QMainWindow):
         def done(meta: Any) -> None:
             self.memory_panel.set_estimate(title, memory.estimate(meta, config.n_ctx, config.kv_mode))
 
-        self._background.run(lambda: read_checked_meta(path), done,
+        self.background.run(lambda: read_checked_meta(path), done,
                              lambda err: self.memory_panel.set_estimate(title, None, str(err)))
 
-    def _show_error(self, title: str, message: str) -> None:
+    def show_error(self, title: str, message: str) -> None:
         """Status bar plus a window-modal box that does not block the event loop."""
         self.statusBar().showMessage(message)
         box = QMessageBox(QMessageBox.Icon.Warning, APP_TITLE, "", QMessageBox.StandardButton.Ok, self)
@@ -595,6 +631,53 @@ class MainWindow(QMainWindow):
         box.setObjectName("error-box")
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()
+
+    # -- conversations ----------------------------------------------------------------------------
+
+    def update_title(self) -> None:
+        parts = [self.model_info.name] if self.model_info else []
+        if self.conversations.private:
+            parts.append("private")
+        self.setWindowTitle(" — ".join([*parts, APP_TITLE]))
+
+    def can_switch_conversation(self) -> bool:
+        return self._state in (UiState.NO_MODEL, UiState.READY)
+
+    def show_conversation(self, conversation: Conversation, title: str) -> None:
+        """Show a saved conversation (its KV cache is restored or rebuilt next, by the worker)."""
+        self.cancel_edit()
+        self.conversation = conversation
+        self.system_edit.setText(conversation.system_prompt)
+        self._rerender()
+        self.statusBar().showMessage(f"Opened “{title}”", 3000)
+
+    def begin_resume(self) -> None:
+        self._set_state(UiState.LOADING)
+        self.banner.show_progress("Resuming the conversation…", 0.0)
+
+    @Slot(int, int)
+    def _on_rebuild_progress(self, done: int, total: int) -> None:
+        fraction = done / total if total else 1.0
+        self.banner.show_progress(f"Re-reading the conversation… {done} of {total} tokens", fraction)
+
+    def end_resume(self, result: OpenResult) -> None:
+        self._set_state(self._idle_state())
+        if result.how == "restored":
+            text = f"Resumed from the snapshot: {result.n_tokens} tokens in {1000 * result.seconds:.0f} ms"
+        elif result.how == "rebuilt":
+            text = (f"Re-read from the transcript ({result.n_tokens} tokens in {result.seconds:.1f} s) "
+                    f"because {result.note}")
+        else:
+            text = "Empty conversation"
+        self.resume_note = text
+        self.banner.show_note(text)
+        self.statusBar().showMessage(text, 10_000)
+
+    @Slot(int, str)
+    def _on_open_failed(self, conv_id: int, message: str) -> None:
+        self._set_state(self._idle_state())
+        self.banner.hide()
+        self.show_error("The conversation could not be resumed", message)
 
     # -- drag and drop, shutdown ------------------------------------------------------------------
 
@@ -617,7 +700,8 @@ class MainWindow(QMainWindow):
         """
         self._sampler.stop()
         self._idle_timer.stop()
-        self._background.wait()
+        self.conversations.close()
+        self.background.wait()
         if not self._thread.isRunning():
             return
         if self._state is UiState.REPLYING:

@@ -15,6 +15,9 @@ from lazykv.core.engine import (
     ReplyResult,
     SamplingSettings,
 )
+from lazykv.core.persistence import Crypto, Persistence
+from lazykv.core.snapshot import SnapshotError
+from lazykv.core.store import Store, StoreError, data_dir
 
 STATUS_INTERVAL_S = 0.1  # kv_status while streaming, at most this often
 
@@ -50,12 +53,19 @@ class EngineWorker(QObject):
     kv_status = Signal(object)  # KvStatus, after loads, while streaming, after replies and conversions
     conversion = Signal(object)  # ConversionEvent, also when a conversion happens inside a reply
     converted = Signal(bool)  # answer to convert_now: whether anything was converted
+    snapshot_saved = Signal(int, object)  # conversation id, SaveResult
+    snapshot_failed = Signal(int, str)
+    rebuild_progress = Signal(int, int)  # tokens read, tokens to read
+    conversation_opened = Signal(int, object)  # conversation id, OpenResult
+    open_failed = Signal(int, str)
 
     def __init__(self) -> None:
         super().__init__()
         self._session = EngineSession()
         self._session.set_conversion_listener(self._on_conversion)
         self._cancel = threading.Event()
+        self._crypto: Crypto | None = None  # None: snapshots are not saved
+        self._persistence: Persistence | None = None
 
     def cancel(self) -> None:
         """Stop the reply that is running or queued; callable from any thread.
@@ -120,15 +130,64 @@ class EngineWorker(QObject):
         self.converted.emit(converted)
         self._emit_status()
 
+    @Slot(object)
+    def set_crypto(self, crypto: Crypto | None) -> None:
+        """How snapshots are protected from now on; None stops saving them (transcripts are saved apart)."""
+        self._crypto = crypto
+        if self._persistence is not None and crypto is not None:
+            self._persistence.crypto = crypto
+
+    @Slot(int, object)
+    def save_snapshot(self, conv_id: int, budget_bytes: int) -> None:
+        """After a completed reply: the conversation's KV cache into its snapshot file."""
+        try:
+            persistence = self._persistence_or_none()
+            if persistence is None:
+                return
+            result = persistence.save(conv_id, budget_bytes)
+        except (SnapshotError, StoreError, EngineError, OSError, KeyError) as err:
+            self.snapshot_failed.emit(conv_id, _message(err))
+        else:
+            self.snapshot_saved.emit(conv_id, result)
+
+    @Slot(int, object)
+    def open_conversation(self, conv_id: int, messages: list[dict[str, str]]) -> None:
+        """Restore the conversation's snapshot, or re-read its transcript with progress."""
+        try:
+            persistence = self._persistence_or_none(any_crypto=True)
+            assert persistence is not None
+            result = persistence.open(conv_id, messages, self.rebuild_progress.emit)
+        except Exception as err:  # as in load_model: the view must hear back
+            self.open_failed.emit(conv_id, _message(err))
+        else:
+            self.conversation_opened.emit(conv_id, result)
+        finally:
+            self._emit_status()
+
     @Slot()
     def refresh_status(self) -> None:
         self._emit_status()
 
     @Slot()
     def shutdown(self) -> None:
-        """Free the model, then end the worker's thread's event loop."""
+        """Free the model and the database connection, then end the worker's thread's event loop."""
         self._session.close()
+        if self._persistence is not None:
+            self._persistence.store.close()
         QThread.currentThread().quit()
+
+    def _persistence_or_none(self, any_crypto: bool = False) -> Persistence | None:
+        """The persistence of this thread (its own database connection), made on first use."""
+        if self._crypto is None and not any_crypto:
+            return None
+        if self._persistence is None:
+            store = Store()
+            self._persistence = Persistence(
+                store, self._session, self._crypto or Crypto("none"), data_dir() / "fingerprints.json"
+            )
+        if self._crypto is not None:
+            self._persistence.crypto = self._crypto
+        return self._persistence
 
     def _emit_status(self) -> None:
         try:
@@ -144,7 +203,7 @@ class EngineWorker(QObject):
 
 def _message(err: Exception) -> str:
     """EngineError messages are written for the user; anything else is an engine bug, shown as such."""
-    if isinstance(err, EngineError):
+    if isinstance(err, EngineError | SnapshotError | StoreError):
         return str(err)
     if isinstance(err, MemoryError):
         return "out of memory: close other programs, or choose a smaller context or the q8_0/lazy KV cache"

@@ -1,0 +1,129 @@
+"""The conversation list: search, open, new, rename, delete, export, import, private mode.
+
+The panel only shows and asks (signals); the window does the work off the GUI thread.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QHBoxLayout,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QPushButton,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from lazykv.core.store import ConversationSummary
+
+SEARCH_DELAY_MS = 250
+
+
+class ConversationsPanel(QWidget):
+    open_requested = Signal(int)
+    new_requested = Signal()
+    rename_requested = Signal(int)
+    delete_requested = Signal(int)
+    export_requested = Signal(int, str)  # id, "markdown" | "json"
+    import_requested = Signal()
+    search_changed = Signal(str)
+    private_toggled = Signal(bool)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search conversations")
+        self.search.setClearButtonEnabled(True)
+        self._search_timer = QTimer(self)
+        self._search_timer.setSingleShot(True)
+        self._search_timer.setInterval(SEARCH_DELAY_MS)
+        self._search_timer.timeout.connect(lambda: self.search_changed.emit(self.search.text()))
+        self.search.textChanged.connect(lambda _: self._search_timer.start())
+
+        self.list = QListWidget()
+        self.list.setObjectName("conversation-list")
+        self.list.setWordWrap(True)
+        self.list.itemActivated.connect(self._activated)
+        self.list.itemClicked.connect(self._activated)
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._context_menu)
+
+        self.new_button = QPushButton("New")
+        self.new_button.clicked.connect(self.new_requested.emit)
+        self.rename_button = QPushButton("Rename")
+        self.rename_button.clicked.connect(lambda: self._with_selected(self.rename_requested.emit))
+        self.delete_button = QPushButton("Delete")
+        self.delete_button.clicked.connect(lambda: self._with_selected(self.delete_requested.emit))
+        self.more_button = QToolButton()
+        self.more_button.setText("More")
+        self.more_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        more = QMenu(self.more_button)
+        more.addAction("Export as Markdown…", lambda: self._with_selected(
+            lambda cid: self.export_requested.emit(cid, "markdown")))
+        more.addAction("Export as JSON…", lambda: self._with_selected(
+            lambda cid: self.export_requested.emit(cid, "json")))
+        more.addAction("Import JSON…", self.import_requested.emit)
+        self.more_button.setMenu(more)
+        self.private_box = QCheckBox("Private (save nothing)")
+        self.private_box.setToolTip("While checked, this chat is neither written to disk nor snapshotted.")
+        self.private_box.toggled.connect(self.private_toggled.emit)
+
+        buttons = QHBoxLayout()
+        for button in (self.new_button, self.rename_button, self.delete_button, self.more_button):
+            buttons.addWidget(button)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.search)
+        layout.addWidget(self.list, 1)
+        layout.addLayout(buttons)
+        layout.addWidget(self.private_box)
+
+    def set_conversations(self, items: Sequence[ConversationSummary], current: int | None) -> None:
+        self.list.clear()
+        for summary in items:
+            when = dt.datetime.fromtimestamp(summary.updated).strftime("%Y-%m-%d %H:%M")
+            text = f"{summary.title}\n{when} · {summary.n_messages} messages"
+            if summary.snippet:
+                text += f"\n{summary.snippet}"
+            item = QListWidgetItem(text)
+            item.setData(Qt.ItemDataRole.UserRole, summary.id)
+            item.setToolTip(summary.snippet or summary.title)
+            self.list.addItem(item)
+            if summary.id == current:
+                item.setSelected(True)
+                self.list.setCurrentItem(item)
+
+    def ids(self) -> list[int]:
+        return [self.list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.list.count())]
+
+    def selected_id(self) -> int | None:
+        item = self.list.currentItem()
+        return item.data(Qt.ItemDataRole.UserRole) if item is not None else None
+
+    def _with_selected(self, fn) -> None:  # noqa: ANN001 - a callable taking the id
+        conv_id = self.selected_id()
+        if conv_id is not None:
+            fn(conv_id)
+
+    def _activated(self, item: QListWidgetItem) -> None:
+        self.open_requested.emit(item.data(Qt.ItemDataRole.UserRole))
+
+    def _context_menu(self, pos) -> None:  # noqa: ANN001 - QPoint
+        item = self.list.itemAt(pos)
+        if item is None:
+            return
+        conv_id = item.data(Qt.ItemDataRole.UserRole)
+        menu = QMenu(self)
+        menu.addAction("Open", lambda: self.open_requested.emit(conv_id))
+        menu.addAction("Rename…", lambda: self.rename_requested.emit(conv_id))
+        menu.addAction("Delete", lambda: self.delete_requested.emit(conv_id))
+        menu.addAction("Export as Markdown…", lambda: self.export_requested.emit(conv_id, "markdown"))
+        menu.addAction("Export as JSON…", lambda: self.export_requested.emit(conv_id, "json"))
+        menu.exec(self.list.viewport().mapToGlobal(pos))
