@@ -7,6 +7,7 @@ before the snapshot, so a crash never loses a word that was on screen.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -113,8 +114,12 @@ class Conversations(QObject):
         if self.private or len(conversation) == 0:
             return
         turns, system = conversation.turns(), conversation.system_prompt
-        settings = {"model_path": str(self.window.model_info.path) if self.window.model_info else "",
-                    "kv_mode": self.window.setting("kv_mode"), "n_ctx": self.window.setting("n_ctx")}
+        settings = {
+            "model_path": str(self.window.model_info.path) if self.window.model_info else "",
+            "kv_mode": self.window.setting("kv_mode"),
+            "n_ctx": self.window.setting("n_ctx"),
+            "sampling": dataclasses.asdict(self.window.sampling()),
+        }
         conv_id = self.current
 
         def job(store: Store) -> int:
