@@ -45,7 +45,7 @@ bench: setup
 	QT_QPA_PLATFORM=offscreen $(PY) -m bench
 	QT_QPA_PLATFORM=offscreen $(PY) -m bench.gui_stall
 	$(PY) -m bench.resume
-	QT_QPA_PLATFORM=offscreen $(PY) -m bench.startup
+	$(MAKE) dist && QT_QPA_PLATFORM=offscreen $(PY) -m bench.startup
 
 # the Linux bundle: dist/LazyKV-Chat-<version>-linux-<arch>.tar.gz (installers/README.md)
 dist: setup $(VENV)/.dist-installed

@@ -37,12 +37,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv", choices=("f16", "q8_0", "lazy"),
         help="KV cache: f16, q8_0, or lazy q8_0 (f16 until half full, then q8_0; the default setting)"
     )
+    parser.add_argument(
+        "--self-test", action="store_true",
+        help="check this installation offscreen (engine, Qt, model, lazy cache, snapshots), report, exit",
+    )
     parser.add_argument("--version", action="version", version=f"{APP_NAME} {__version__}")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.self_test:
+        from lazykv import selftest
+
+        return selftest.run(args.model or default_model_path(), args.ctx or selftest.N_CTX)
     try:
         check_engine()
     except EngineMissingError as err:
