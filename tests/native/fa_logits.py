@@ -1,4 +1,4 @@
-"""python fa_logits.py MODEL OUT.npy: logits of a q8_0-cache context, for comparing FA paths end to end.
+"""python fa_logits.py MODEL OUT.npy [f16|q8_0]: logits of a context, for comparing FA paths end to end.
 
 Run in a child process so that the environment (GGML_CPU_FA_Q8_REF, read once per process) picks the CPU
 flash attention path. Prefills N_PROMPT tokens in n_ubatch chunks (the tiled prefill kernel), then decodes
@@ -16,6 +16,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llama_cpp  # noqa: E402
+from llama_cpp._logger import set_verbose  # noqa: E402
 from rawctx import RawContext, RawModel  # noqa: E402
 
 N_CTX = 1024
@@ -51,9 +52,11 @@ def decode_chunk(ctx: RawContext, tokens: list[int], pos0: int, n_out: int) -> n
     return np.stack([np.ctypeslib.as_array(r, shape=(n_vocab,)).copy() for r in rows])
 
 
-def main(model_path: str, out: str) -> None:
+def main(model_path: str, out: str, kv: str = "q8_0") -> None:
+    set_verbose(False)
     model = RawModel(Path(model_path))
-    ctx = RawContext(model, llama_cpp.GGML_TYPE_Q8_0, n_ctx=N_CTX)
+    kv_type = llama_cpp.GGML_TYPE_F16 if kv == "f16" else llama_cpp.GGML_TYPE_Q8_0
+    ctx = RawContext(model, kv_type, n_ctx=N_CTX)
     tokens = prompt_tokens(model, N_PROMPT + N_DECODE)
     decode_chunk(ctx, tokens[:512], 0, 1)
     rows = [decode_chunk(ctx, tokens[512:N_PROMPT], 512, N_OUT)]
@@ -62,4 +65,4 @@ def main(model_path: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])
