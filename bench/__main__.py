@@ -18,6 +18,7 @@ from bench.lockstep import run_pass
 from bench.machine import WAIT_BUDGET, OtherLoad, describe, load_average, wait_for_quiet
 from bench.report import Results, StepTiming, write
 from bench.settings import MODEL_LABELS, SECTIONS, ModelSpec, Settings, make_settings
+from bench.sweep import SWEEP_MODELS, run_sweep
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPORT_NAME = "lazy_kv.md"
@@ -113,6 +114,8 @@ def run_model(spec: ModelSpec, settings: Settings, results: Results, clock: Cloc
         results.conversion.append(
             clock.run(f"{label} conversion", lambda: run_conversion(spec, settings, tokens))
         )
+    if "sweep" in settings.sections and spec.key in SWEEP_MODELS:
+        results.sweep.append(clock.run(f"{label} depth sweep", lambda: run_sweep(spec, settings)))
 
 
 def make_plots(results: Results, out: Path) -> None:
@@ -128,6 +131,10 @@ def make_plots(results: Results, out: Path) -> None:
     if results.conversion:
         plots.plot_conversion(results.conversion, out / "conversion_rss.png")
         results.plots["conversion"] = ["conversion_rss.png"]
+    for w in results.sweep:
+        name = "fa_sweep.png" if w.model.key == "smollm2" else f"fa_sweep_{w.model.key}.png"
+        plots.plot_sweep(w, out / name)
+        results.plots.setdefault("sweep", []).append(name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,9 @@ import numpy as np  # noqa: E402
 from bench.conversion import ConversionResult  # noqa: E402
 from bench.quality import COMPARED, QualityResult  # noqa: E402
 from bench.speed import SpeedResult  # noqa: E402
+from bench.sweep import SWEEP_KINDS, SweepResult  # noqa: E402
 
-COLORS = {"f16": "tab:blue", "q8_0": "tab:orange", "lazy": "tab:green"}
+COLORS = {"f16": "tab:blue", "q8_0": "tab:orange", "lazy": "tab:green", "q8_0-ref": "tab:red"}
 MB = 1024**2
 
 
@@ -129,6 +130,35 @@ def plot_conversion(results: list[ConversionResult], path: Path) -> None:
         ax.set_title(f"{result.model.label}: pause {1000 * run.wall_s:.0f} ms (median run)")
         ax.legend(loc="best")
         ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_sweep(result: SweepResult, path: Path, target: float = 0.95) -> None:
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7.5), sharex=True)
+    depths = result.depths
+    for col, (what, rate) in enumerate((("prefill", result.prefill_tok_s), ("decode", result.decode_tok_s))):
+        ax_abs, ax_rel = axes[0][col], axes[1][col]
+        for kind in SWEEP_KINDS:
+            values = [rate(kind, i) for i in range(len(depths))]
+            style = {"color": COLORS[kind], "label": kind, "linestyle": ":" if kind == "lazy" else "-"}
+            ax_abs.plot(depths, values, "o", **style)
+            if kind != "f16":
+                ax_rel.plot(depths, [v / rate("f16", i) for i, v in enumerate(values)], "o", **style)
+        ax_rel.axhline(target, color="k", linestyle="--", linewidth=1, label=f"target {target:.2f}")
+        ax_abs.set_title(
+            f"{what} ({result.n_batch}-token chunk)" if what == "prefill" else "decode (1 token)"
+        )
+        ax_abs.set_ylabel(f"{what} tok/s")
+        ax_rel.set_ylabel("tok/s / f16 tok/s")
+        ax_rel.set_xlabel("depth (cached tokens)")
+        ax_abs.set_ylim(bottom=0)
+        ax_rel.set_ylim(0, max(1.2, ax_rel.get_ylim()[1]))
+        for ax in (ax_abs, ax_rel):
+            ax.grid(alpha=0.3)
+            ax.legend(loc="best", fontsize="small")
+    fig.suptitle(f"{result.model.label}, n_ctx {result.model.n_ctx}: CPU flash attention by depth")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

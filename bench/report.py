@@ -11,11 +11,13 @@ from bench.machine import CONTENTION_CORES, RETRIES, Machine
 from bench.quality import COMPARED, QualityResult
 from bench.settings import Settings
 from bench.speed import SpeedResult
+from bench.sweep import SweepResult
 
 MIB = 1024**2
 DECODE_TARGET = 0.97
 KLD_TOLERANCE = 1.10
 PAUSE_TARGET = 2.0
+SWEEP_TARGET = 0.95
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Results:
     quality: list[QualityResult] = field(default_factory=list)
     speed: list[SpeedResult] = field(default_factory=list)
     conversion: list[ConversionResult] = field(default_factory=list)
+    sweep: list[SweepResult] = field(default_factory=list)
     passes: list[PassResult] = field(default_factory=list)
     timings: list[StepTiming] = field(default_factory=list)
     load_start: str = ""
@@ -129,6 +132,24 @@ def conversion_targets(c: ConversionResult) -> list[Target]:
     ]
 
 
+def sweep_targets(w: SweepResult) -> list[Target]:
+    rows = []
+    for what, rate in (("prefill", w.prefill_tok_s), ("decode", w.decode_tok_s)):
+        for i, depth in enumerate(w.depths):
+            ratio = rate("q8_0", i) / rate("f16", i)
+            rows.append(
+                Target(
+                    w.model.label,
+                    "sweep",
+                    f"{what} at depth {depth}: q8_0 / f16",
+                    f"{ratio:.3f}",
+                    f">= {SWEEP_TARGET:.2f}",
+                    ratio >= SWEEP_TARGET,
+                )
+            )
+    return rows
+
+
 def all_targets(r: Results) -> list[Target]:
     found: list[Target] = []
     for q in r.quality:
@@ -137,6 +158,8 @@ def all_targets(r: Results) -> list[Target]:
         found += speed_targets(s)
     for c in r.conversion:
         found += conversion_targets(c)
+    for w in r.sweep:
+        found += sweep_targets(w)
     return found
 
 
@@ -418,6 +441,70 @@ def conversion_section(results: list[ConversionResult], plots: list[str], passes
     )
 
 
+def sweep_rows(w: SweepResult) -> list[list[str]]:
+    rows = []
+    for what, rate in (("prefill", w.prefill_tok_s), ("decode", w.decode_tok_s)):
+        for i, depth in enumerate(w.depths):
+            f16 = rate("f16", i)
+            lazy_phase = (
+                w.kinds["lazy"].prefill_phase[i] if what == "prefill" else w.kinds["lazy"].decode_phase[i]
+            )
+            rows.append(
+                [
+                    what,
+                    str(depth),
+                    *(f"{rate(kind, i):.1f}" for kind in ("f16", "q8_0-ref", "q8_0", "lazy")),
+                    lazy_phase,
+                    f"{rate('q8_0-ref', i) / f16:.3f}",
+                    f"**{rate('q8_0', i) / f16:.3f}**",
+                    f"{rate('lazy', i) / f16:.3f}",
+                ]
+            )
+    return rows
+
+
+def sweep_section(results: list[SweepResult], plots: list[str]) -> str:
+    parts = []
+    for w in results:
+        body = table(
+            [
+                "phase",
+                "depth",
+                "f16 tok/s",
+                "q8_0-ref tok/s",
+                "q8_0 tok/s",
+                "lazy tok/s",
+                "lazy is",
+                "q8_0-ref / f16",
+                "q8_0 / f16",
+                "lazy / f16",
+            ],
+            sweep_rows(w),
+        )
+        busy = sum(k.contended for k in w.kinds.values())
+        retried = sum(k.retries for k in w.kinds.values())
+        took = ", ".join(f"{kind} {s:.0f} s" for kind, s in w.seconds.items())
+        n_pre, n_dec = len(w.kinds["f16"].prefill_s[0]), len(w.kinds["f16"].decode_s[0])
+        parts.append(
+            f"### {w.model.label}, n_ctx {w.model.n_ctx}\n\n{body}\n\n"
+            f"- prefill: the {w.n_batch}-token chunk starting at the depth, median of {n_pre}; decode: "
+            f"1 / median time of {n_dec} single-token evals ({w.n_decode} x repetitions) at the depth.\n"
+            f"- {retried} timings repeated because other processes used the CPU, {busy} still contended; "
+            f"child processes took {took}."
+        )
+    return (
+        "## 4. Depth sweep: CPU flash attention over q8_0\n\n"
+        "q8_0-ref: a q8_0 cache on the reference CPU flash attention path (`GGML_CPU_FA_Q8_REF=1`, what the "
+        "engine did before patch 0007: the vec-only kernel, which dequantizes V per query); q8_0: the tiled "
+        "prefill and split-KV decode paths of patch 0007. "
+        "Each cache kind runs in its own process, fills its cache once and times on the way; the lazy cache "
+        "is converted (untimed) before the first chunk that does not fit its f16 view.\n\n"
+        + "\n\n".join(parts)
+        + "\n\n"
+        + images(plots)
+    )
+
+
 def timings_section(r: Results) -> str:
     rows = [
         [t.what, f"{t.seconds:.0f}", f"{t.waited_s:.0f}", f"{t.other_cores:.2f}", t.load] for t in r.timings
@@ -458,6 +545,8 @@ def render(r: Results) -> str:
         parts.append(speed_section(r.speed, r.plots.get("speed", [])))
     if r.conversion:
         parts.append(conversion_section(r.conversion, r.plots.get("conversion", []), r.passes))
+    if r.sweep:
+        parts.append(sweep_section(r.sweep, r.plots.get("sweep", [])))
     parts.append(timings_section(r))
     return "\n\n".join(parts) + "\n"
 

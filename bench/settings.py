@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SECTIONS = ("quality", "speed", "conversion")
+SECTIONS = ("quality", "speed", "conversion", "sweep")
 
 
 @dataclass(frozen=True)
