@@ -18,8 +18,9 @@ step() { echo "dist-check: $*"; }
 fail() { echo "dist-check: FAILED: $*" >&2; exit 1; }
 # the bundle must stand alone: no venv on PATH, no PYTHONPATH, a neutral working dir; the user's
 # cache stays visible for the default model (XDG dirs for the app's data point into TMP)
+# (OMP_WAIT_POLICY=PASSIVE: engine threads sleep instead of spinning when the cores are shared)
 clean_env() {
-    env -i HOME="$HOME" PATH=/usr/bin:/bin LANG=C.UTF-8 QT_QPA_PLATFORM=offscreen \
+    env -i HOME="$HOME" PATH=/usr/bin:/bin LANG=C.UTF-8 QT_QPA_PLATFORM=offscreen OMP_WAIT_POLICY=PASSIVE \
         ${XDG_CACHE_HOME:+XDG_CACHE_HOME="$XDG_CACHE_HOME"} \
         XDG_CONFIG_HOME="$TMP/xdg/config" XDG_DATA_HOME="$TMP/xdg/data" "$@"
 }
