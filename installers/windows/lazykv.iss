@@ -15,7 +15,8 @@
 #endif
 #define AppName "LazyKV Chat"
 #define AppExe "lazykv.exe"
-#define Root "..\.."  ; the source tree, from installers\windows
+; the source tree, seen from installers\windows
+#define Root "..\.."
 #define Bundle Root + "\build\windows\bundle\LazyKV-Chat"
 
 [Setup]
