@@ -8,13 +8,14 @@ same timer with the engine idle, measured in the same run.
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from bench.machine import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gui_stall.md"
 N_CTX = 2048  # lazy f16 view: 1024 cells
@@ -79,22 +80,12 @@ def _timer_signal(app, ms: int):  # noqa: ANN001, ANN202 - Qt objects
     return timer.timeout
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _write(rows: list[tuple[str, list[float], float]], conversions: list) -> None:  # noqa: ANN001
     base = max(rows[0][1])
     lines = [
         "# GUI responsiveness: longest event-loop gap",
         "",
-        f"`python -m bench.gui_stall` on {_cpu_name()}, "
+        f"`python -m bench.gui_stall` on {cpu_model()}, "
         f"{os.cpu_count()} CPUs, SmolLM2-135M Q4_1, lazy KV cache, n_ctx {N_CTX}, 10 ms timer on the GUI "
         "thread (offscreen). A gap is the time between two timer ticks; a GUI thread that waited on the "
         "engine would show a gap as long as a decode step or the conversion.",
