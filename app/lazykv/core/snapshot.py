@@ -10,7 +10,7 @@ Layout::
     body, ENCRYPTION_NONE:    compressed payload | sha256(MAGIC | length | header | compressed payload)
                               (detects corruption; not tamper-proof: anyone can recompute the hash)
 
-    compressed payload = zlib(payload, level 1)
+    compressed payload = zlib(payload, COMPRESS_LEVEL)
     payload            = u32 LE n_tokens | n_tokens * i32 LE | engine state bytes
 
 The header is parsed strictly before anything else, and nothing is returned (let alone passed to
@@ -45,6 +45,10 @@ ENCRYPTION_PASSPHRASE = "aes-256-gcm/scrypt"
 ENCRYPTION_NONE = "none"
 ENCRYPTIONS = (ENCRYPTION_KEYRING, ENCRYPTION_PASSPHRASE, ENCRYPTION_NONE)
 
+# the payload is a zlib stream; a KV cache's f16/q8_0 cells barely compress (~7% at level 1 for
+# SmolLM2) while inflating 20 MiB took 200+ ms of a resume and deflating 1.2 s of a save, so the
+# stream uses stored blocks: the format keeps zlib, the cost of a resume stays near a file read
+COMPRESS_LEVEL = 0
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 4 * 1024**3  # default bound on the decompressed payload
 KEY_BYTES = 32
@@ -278,7 +282,7 @@ def _compress(tokens: Sequence[int], state: bytes) -> bytes:
         token_bytes = struct.pack(f"<I{len(tokens)}i", len(tokens), *tokens)
     except struct.error as e:
         raise ValueError(f"token ids must be 32-bit integers: {e}") from None
-    compressor = zlib.compressobj(1)
+    compressor = zlib.compressobj(COMPRESS_LEVEL)
     return compressor.compress(token_bytes) + compressor.compress(state) + compressor.flush()
 
 
