@@ -203,6 +203,7 @@ class EngineSession:
         self._formatter: llama_chat_format.Jinja2ChatFormatter | None = None
         self._on_conversion: Callable[[ConversionEvent], None] | None = None
         self._conversion_cells = 0
+        self._last_prompt: tuple[object, tuple[list[int], list[str]]] | None = None
 
     def load(
         self,
@@ -250,7 +251,7 @@ class EngineSession:
         )
         self.close()
         self._llama, self._info = llama, info
-        self._formatter = _chat_formatter(llama)
+        self._formatter, self._last_prompt = _chat_formatter(llama), None
         if kv_mode == "lazy":
             llama.set_kv_lazy_progress_callback(self._conversion_progress)
         return info
@@ -434,7 +435,7 @@ class EngineSession:
             if self._info is not None and self._info.kv_mode == "lazy":
                 self._llama.set_kv_lazy_progress_callback(None)
             self._llama.close()
-        self._llama, self._info, self._formatter = None, None, None
+        self._llama, self._info, self._formatter, self._last_prompt = None, None, None, None
 
     def _require(self) -> tuple[llama_cpp.Llama, ModelInfo]:
         if self._llama is None or self._info is None:
@@ -444,6 +445,11 @@ class EngineSession:
     def _prompt(
         self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
     ) -> tuple[list[int], list[str]]:
+        """The prompt's tokens and stop strings; the last one is kept, as fitting a reply to the context
+        counts the very messages the reply then sends."""
+        key = (tuple((m["role"], m["content"]) for m in messages), add_generation_prompt)
+        if self._last_prompt is not None and self._last_prompt[0] == key:
+            return self._last_prompt[1]
         llama, _ = self._require()
         assert self._formatter is not None
         self._formatter.add_generation_prompt = add_generation_prompt
@@ -453,6 +459,7 @@ class EngineSession:
             self._formatter.add_generation_prompt = True
         tokens = llama.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
         stop = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
+        self._last_prompt = (key, (tokens, stop))
         return tokens, stop
 
     def _conversion_progress(self, lazy: llama_cpp.KvLazyInfo) -> None:

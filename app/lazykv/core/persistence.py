@@ -125,7 +125,7 @@ class Persistence:
             kdf_salt=self.crypto.salt.hex() if self.crypto.scheme == ENCRYPTION_PASSPHRASE else "",
             created=time.time(),
         )
-        pending = self.store.snapshot_path("0" * 64).with_name(f"pending-{uuid.uuid4().hex}.lkv")
+        pending = self.store.snapshots_dir / f"pending-{uuid.uuid4().hex}.lkv"
         pending.parent.mkdir(parents=True, exist_ok=True)
         sha = write_snapshot(pending, header, kv.tokens, kv.state, self.crypto.key_for_writing())
         final = self.store.snapshot_path(sha)

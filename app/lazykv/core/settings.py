@@ -191,6 +191,12 @@ class Settings:
     def values(self) -> dict[str, Any]:
         return {name: _copy(v) for name, v in self._values.items()}
 
+    def copy(self, overrides: dict[str, Any] | None = None) -> Settings:
+        """A separate Settings on the same path (e.g. to save on another thread), ``overrides`` applied."""
+        other = Settings(self.path)
+        other._values = {**self.values(), **{k: _copy(v) for k, v in (overrides or {}).items()}}
+        return other
+
     def add_recent_model(self, path: str) -> None:
         recent = [p for p in self._values["recent_models"] if p != path]
         self._values["recent_models"] = [path, *recent][:MAX_RECENT_MODELS]

@@ -145,9 +145,7 @@ class MainWindow(QMainWindow):
             self.open_model(self.model_info.path)
 
     def save_settings(self) -> None:
-        snapshot = Settings(self.settings.path)
-        for name, value in self.settings.values().items():
-            snapshot.set(name, value)
+        snapshot = self.settings.copy()
         self.background.run(snapshot.save, on_error=lambda err: self.show_error(
             "Settings were not saved", f"{snapshot.path}: {err}"))
 
@@ -440,10 +438,8 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _open_settings(self) -> None:
-        merged = Settings(self.settings.path)
-        for name in self.settings:
-            merged.set(name, self.setting(name))
-        dialog = SettingsDialog(merged, self.model_info.meta if self.model_info else None, self)
+        meta = self.model_info.meta if self.model_info else None
+        dialog = SettingsDialog(self.settings.copy(self._overrides), meta, self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self.apply_settings(dialog.changed()))
         self.settings_dialog = dialog

@@ -59,7 +59,10 @@ class HistoryGraph(QWidget):
             for i, sample in enumerate(self.samples):
                 x = area.left() + area.width() * i / (HISTORY_SAMPLES - 1)
                 y = area.bottom() - area.height() * sample[column] / (1.1 * top)
-                path.moveTo(QPointF(x, y)) if i == 0 else path.lineTo(QPointF(x, y))
+                if i == 0:
+                    path.moveTo(QPointF(x, y))
+                else:
+                    path.lineTo(QPointF(x, y))
             p.setPen(QPen(color, 1.6))
             p.drawPath(path)
 
