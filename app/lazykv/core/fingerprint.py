@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from lazykv.core.files import write_text_atomic
 
 CHUNK = 4 * 1024 * 1024
 
@@ -43,10 +43,6 @@ def _read_cache(cache_file: Path) -> dict[str, str]:
 def _write_cache(cache_file: Path, cache: dict[str, str]) -> None:
     """Best effort: a cache that cannot be written only costs a re-hash next time."""
     try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=".fingerprints-")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(cache, f)
-        os.replace(tmp, cache_file)
+        write_text_atomic(cache_file, json.dumps(cache))
     except OSError:
         pass

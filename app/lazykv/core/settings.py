@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import platformdirs
+
+from lazykv.core.files import write_text_atomic
 
 APP_DIR_NAME = "lazykv"
 SCHEMA_VERSION = 2
@@ -203,18 +204,8 @@ class Settings:
 
     def save(self) -> None:
         """Write to a temp file in the same dir, fsync, rename: a crash keeps the old or the new file."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         data = json.dumps({"schema_version": SCHEMA_VERSION, "settings": self._values}, indent=2)
-        fd, tmp = tempfile.mkstemp(prefix=".settings-", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(data + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text_atomic(self.path, data + "\n")
 
     def _read(self) -> None:
         try:

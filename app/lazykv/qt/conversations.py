@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QLineEdit, QMessageBox, QPushButton
 
 from lazykv.core.conversation import Conversation
+from lazykv.core.files import write_text_atomic
 from lazykv.core.keys import KeyringUnavailableError, load_or_create_key, new_salt
 from lazykv.core.memory import fmt_bytes
 from lazykv.core.persistence import Crypto, OpenResult, SaveResult
@@ -224,7 +225,7 @@ class Conversations(QObject):
                 text = store.export_markdown(conv_id)
             else:
                 text = json.dumps(store.export_json(conv_id), indent=2, ensure_ascii=False)
-            path.write_text(text + "\n", encoding="utf-8")
+            write_text_atomic(path, text + "\n")
             return path
 
         def done(written: Path) -> None:
