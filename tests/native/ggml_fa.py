@@ -1,4 +1,5 @@
-"""ggml's FLASH_ATTN_EXT on the engine's own CPU backend, through ctypes.
+"""ggml's FLASH_ATTN_EXT (and the Hadamard-hinted MUL_MAT of the K/V rotation) on the engine's own CPU
+backend, through ctypes.
 
 Builds the graph the way upstream's test-backend-ops does (K and V as views of a larger buffer, like a KV
 cache; inputs uniform in [-1, 1]; an F16 mask with values in [-1, 1]) and computes it with the CPU backend,
@@ -19,6 +20,7 @@ GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
 GGML_TYPE_Q8_0 = 8
 GGML_PREC_F32 = 10
+GGML_HINT_SRC0_IS_HADAMARD = 1
 TYPE_NAMES = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16, "q8_0": GGML_TYPE_Q8_0}
 
 # upstream tests/test-backend-ops.cpp, test_flash_attn_ext::max_nmse_err()
@@ -46,6 +48,8 @@ def _load() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         (base, "ggml_nbytes"): ([p], sz),
         (base, "ggml_flash_attn_ext"): ([p, p, p, p, p, ctypes.c_float, ctypes.c_float, ctypes.c_float], p),
         (base, "ggml_flash_attn_ext_set_prec"): ([p, ctypes.c_int], None),
+        (base, "ggml_mul_mat"): ([p, p, p], p),
+        (base, "ggml_mul_mat_set_hint"): ([p, ctypes.c_int], None),
         (base, "ggml_new_graph"): ([p], p),
         (base, "ggml_build_forward_expand"): ([p, p], None),
         (base, "ggml_quantize_chunk"): ([ctypes.c_int, p, p, i64, i64, i64, p], sz),
@@ -162,3 +166,40 @@ def nmse(ref: np.ndarray, out: np.ndarray) -> float:
     """test-backend-ops' NMSE: sum((ref - out)^2) / sum(ref^2)."""
     ref64, out64 = ref.astype(np.float64), out.astype(np.float64)
     return float(np.sum((ref64 - out64) ** 2) / np.sum(ref64**2))
+
+
+def sylvester_hadamard(n: int) -> np.ndarray:
+    """The n x n Sylvester Hadamard matrix times 1/sqrt(n) (n a power of two), float32."""
+    h = np.ones((1, 1), dtype=np.float32)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h / np.sqrt(np.float32(n))).astype(np.float32)
+
+
+def hadamard_rotate(x: np.ndarray, src_type: str, n_threads: int, use_ref: bool) -> np.ndarray:
+    """ggml_mul_mat(H, x) with GGML_HINT_SRC0_IS_HADAMARD, as the KV cache rotates Q, K and V: the CPU
+    backend runs its FWHT (or, with use_ref, the dense product with H). x: [rows, n] float32, stored as
+    `src_type` (f32 or f16); returns [rows, n] float32."""
+    rows, n = x.shape
+    overhead = 8 * _BASE.ggml_tensor_overhead() + _BASE.ggml_graph_overhead() + (1 << 16)
+    size = 4 * n * n + 3 * 4 * rows * n + overhead
+    ctx = _BASE.ggml_init(_InitParams(size, None, False))
+    assert ctx, "ggml_init failed"
+    backend = _CPU.ggml_backend_cpu_init()
+    try:
+        rot = _BASE.ggml_new_tensor_4d(ctx, GGML_TYPE_F32, n, n, 1, 1)
+        _fill(rot, "f32", sylvester_hadamard(n))
+        src = _BASE.ggml_new_tensor_4d(ctx, TYPE_NAMES[src_type], n, rows, 1, 1)
+        _fill(src, src_type, x)
+        out = _BASE.ggml_mul_mat(ctx, rot, src)
+        _BASE.ggml_mul_mat_set_hint(out, GGML_HINT_SRC0_IS_HADAMARD)
+        graph = _BASE.ggml_new_graph(ctx)
+        _BASE.ggml_build_forward_expand(graph, out)
+        _CPU.ggml_backend_cpu_set_n_threads(backend, n_threads)
+        _CPU.ggml_backend_cpu_set_use_ref(backend, use_ref)
+        assert _BASE.ggml_backend_graph_compute(backend, graph) == 0
+        raw = (ctypes.c_float * (rows * n)).from_address(_BASE.ggml_get_data(out))
+        return np.array(raw, dtype=np.float32).reshape(rows, n)
+    finally:
+        _BASE.ggml_backend_free(backend)
+        _BASE.ggml_free(ctx)
