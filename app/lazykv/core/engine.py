@@ -319,12 +319,16 @@ class EngineSession:
         tokens = llama.input_ids[: llama.n_tokens].tolist()
         return KvSnapshot(self.layout(), tokens, blob)
 
-    def restore_kv(self, tokens: Sequence[int], state: bytes) -> None:
-        """Put a captured KV cache back; KvRestoreError (cache left empty) when it does not fit here."""
+    def restore_kv(self, tokens: Sequence[int], state: bytes | memoryview) -> None:
+        """Put a captured KV cache back; KvRestoreError (cache left empty) when it does not fit here.
+
+        A writable ``state`` (a memoryview of a bytearray, as read_snapshot returns) is read by the
+        engine in place; bytes are copied once."""
         llama, info = self._require()
+        state = memoryview(state)
         try:
             (n_meta,) = struct.unpack_from("<I", state)
-            metadata = json.loads(state[4 : 4 + n_meta].decode("utf-8"))
+            metadata = json.loads(bytes(state[4 : 4 + n_meta]).decode("utf-8"))
             native = state[4 + n_meta :]
         except (struct.error, UnicodeDecodeError, ValueError) as err:
             raise KvRestoreError(f"the saved KV state is damaged ({err})") from err
