@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import shlex
 import sys
 import time
@@ -22,6 +24,7 @@ from bench.sweep import SWEEP_MODELS, run_sweep
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPORT_NAME = "lazy_kv.md"
+RAW_NAME = "raw.json"  # every timing of the run, for a second look at the noise
 T = TypeVar("T")
 STEP_WAIT_S = 300.0  # longest wait for quiet before a step (within the run's wait budget)
 
@@ -151,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     make_plots(results, args.out)
     write(results, args.out / REPORT_NAME)
+    raw = json.dumps(dataclasses.asdict(results), default=str)
+    (args.out / RAW_NAME).write_text(raw + "\n", encoding="utf-8")
     print(f"[{results.total_s:6.0f} s] wrote {args.out / REPORT_NAME}", flush=True)
     return 0
 

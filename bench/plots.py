@@ -145,7 +145,7 @@ def plot_sweep(result: SweepResult, path: Path, target: float = 0.95) -> None:
             style = {"color": COLORS[kind], "label": kind, "linestyle": ":" if kind == "lazy" else "-"}
             ax_abs.plot(depths, values, "o", **style)
             if kind != "f16":
-                ax_rel.plot(depths, [v / rate("f16", i) for i, v in enumerate(values)], "o", **style)
+                ax_rel.plot(depths, [result.ratio(what, kind, i) for i in range(len(depths))], "o", **style)
         ax_rel.axhline(target, color="k", linestyle="--", linewidth=1, label=f"target {target:.2f}")
         ax_abs.set_title(
             f"{what} ({result.n_batch}-token chunk)" if what == "prefill" else "decode (1 token)"

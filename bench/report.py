@@ -134,9 +134,9 @@ def conversion_targets(c: ConversionResult) -> list[Target]:
 
 def sweep_targets(w: SweepResult) -> list[Target]:
     rows = []
-    for what, rate in (("prefill", w.prefill_tok_s), ("decode", w.decode_tok_s)):
+    for what in ("prefill", "decode"):
         for i, depth in enumerate(w.depths):
-            ratio = rate("q8_0", i) / rate("f16", i)
+            ratio = w.ratio(what, "q8_0", i)
             rows.append(
                 Target(
                     w.model.label,
@@ -445,7 +445,6 @@ def sweep_rows(w: SweepResult) -> list[list[str]]:
     rows = []
     for what, rate in (("prefill", w.prefill_tok_s), ("decode", w.decode_tok_s)):
         for i, depth in enumerate(w.depths):
-            f16 = rate("f16", i)
             lazy_phase = (
                 w.kinds["lazy"].prefill_phase[i] if what == "prefill" else w.kinds["lazy"].decode_phase[i]
             )
@@ -455,9 +454,9 @@ def sweep_rows(w: SweepResult) -> list[list[str]]:
                     str(depth),
                     *(f"{rate(kind, i):.1f}" for kind in ("f16", "q8_0-ref", "q8_0", "lazy")),
                     lazy_phase,
-                    f"{rate('q8_0-ref', i) / f16:.3f}",
-                    f"**{rate('q8_0', i) / f16:.3f}**",
-                    f"{rate('lazy', i) / f16:.3f}",
+                    f"{w.ratio(what, 'q8_0-ref', i):.3f}",
+                    f"**{w.ratio(what, 'q8_0', i):.3f}**",
+                    f"{w.ratio(what, 'lazy', i):.3f}",
                 ]
             )
     return rows
@@ -484,21 +483,25 @@ def sweep_section(results: list[SweepResult], plots: list[str]) -> str:
         busy = sum(k.contended for k in w.kinds.values())
         retried = sum(k.retries for k in w.kinds.values())
         took = ", ".join(f"{kind} {s:.0f} s" for kind, s in w.seconds.items())
-        n_pre, n_dec = len(w.kinds["f16"].prefill_s[0]), len(w.kinds["f16"].decode_s[0])
+        n_rounds, n_ref = len(w.kinds["f16"].prefill_s[0]), len(w.kinds["q8_0-ref"].prefill_s[0])
         parts.append(
             f"### {w.model.label}, n_ctx {w.model.n_ctx}\n\n{body}\n\n"
-            f"- prefill: the {w.n_batch}-token chunk starting at the depth, median of {n_pre}; decode: "
-            f"1 / median time of {n_dec} single-token evals ({w.n_decode} x repetitions) at the depth.\n"
+            f"- {n_rounds} rounds per depth (q8_0-ref: the first {n_ref}), each timing f16 and q8_0 next to "
+            f"each other in alternating order, then lazy, then q8_0-ref; prefill: the "
+            f"{w.n_batch}-token chunk starting at the depth, n_batch / median seconds; decode: 1 / "
+            f"median over rounds of the round's median seconds per token ({w.n_decode} single-token evals); "
+            f"ratios: median over rounds of the kind's speed / f16's speed in the same round.\n"
             f"- {retried} timings repeated because other processes used the CPU, {busy} still contended; "
-            f"child processes took {took}."
+            f"children worked {took}."
         )
     return (
         "## 4. Depth sweep: CPU flash attention over q8_0\n\n"
         "q8_0-ref: a q8_0 cache on the reference CPU flash attention path (`GGML_CPU_FA_Q8_REF=1`, what the "
         "engine did before patch 0007: the vec-only kernel, which dequantizes V per query); q8_0: the tiled "
         "prefill and split-KV decode paths of patch 0007. "
-        "Each cache kind runs in its own process, fills its cache once and times on the way; the lazy cache "
-        "is converted (untimed) before the first chunk that does not fit its f16 view.\n\n"
+        "Each cache kind runs in its own process for the whole sweep and the kinds are timed interleaved, "
+        "so drift of the shared machine hits all of them alike; the lazy cache is converted (untimed) "
+        "before the first chunk that does not fit its f16 view.\n\n"
         + "\n\n".join(parts)
         + "\n\n"
         + images(plots)

@@ -1,11 +1,15 @@
 """Section 4, sweep: prefill and decode tok/s by depth for f16, q8_0 on the reference CPU flash attention
 path, q8_0 on the new paths (patch 0007) and lazy.
 
-One context per cache kind, each in a child process (`python -m bench.sweep --child ...`): the engine reads
-GGML_CPU_FA_Q8_REF once per process, and that variable is what selects the reference path for
-"q8_0-ref". Each child fills its cache once, chunk by chunk, and times at each depth on the way: single-token
-decodes at the depth, then the n_batch prefill chunk that starts there (both repeated, back at the depth in
-between). The lazy cache is converted (untimed) before the first chunk that does not fit its f16 view; the
+One context per cache kind, each in its own child process (`python -m bench.sweep --child KIND ...`): the
+engine reads GGML_CPU_FA_Q8_REF once per process, and that variable is what selects the reference path for
+"q8_0-ref". The four children live for the whole sweep and take one command at a time (JSON lines on
+stdin/stdout), so the kinds are measured *interleaved*: at each depth every child fills its cache to the
+depth (untimed), then ROUNDS rounds of decodes and ROUNDS rounds of the n_batch prefill chunk that starts
+at the depth; in each round f16 and q8_0 run next to each other, in alternating order, then lazy, then
+(first rounds only) the slow q8_0-ref. Drift of a shared machine then
+hits the compared kinds alike, and each ratio to f16 is the median of per-round ratios (paired samples).
+The lazy cache is converted (untimed) before the first chunk that does not fit its f16 view; the
 conversion pause is section 3's subject.
 """
 
@@ -19,8 +23,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
+from typing import IO, Any
 
 from llama_cpp import Llama
 
@@ -31,22 +36,21 @@ from bench.settings import ModelSpec, Settings, make_settings
 from bench.speed import time_decode
 
 SWEEP_KINDS = ("f16", "q8_0-ref", "q8_0", "lazy")
-# f16 and q8_0 back to back (their ratio is the target), the slow q8_0-ref last
-RUN_ORDER = ("f16", "q8_0", "lazy", "q8_0-ref")
 SWEEP_MODELS = ("smollm2",)  # the issue's model; Gemma-3's shapes are covered by tests/native/test_fa_q8.py
 DEPTHS = (0, 1024, 2048, 4096, 8192)
-PREFILL_REPS = 3
-DECODE_REPS = 3
+ROUNDS = 7
+REF_ROUNDS = 3
+QUICK_ROUNDS = 2
 REF_ENV = "GGML_CPU_FA_Q8_REF"
 
 
 @dataclass
 class KindSweep:
-    """One cache kind's timings, by depth (the index into SweepResult.depths)."""
+    """One cache kind's timings, by depth (the index into SweepResult.depths), one entry per round."""
 
     kind: str
-    prefill_s: list[list[float]] = field(default_factory=list)  # seconds per repetition of the chunk
-    decode_s: list[list[float]] = field(default_factory=list)  # seconds per timed token, all repetitions
+    prefill_s: list[list[float]] = field(default_factory=list)  # seconds of the chunk, per round
+    decode_s: list[list[float]] = field(default_factory=list)  # median seconds per token, per round
     decode_phase: list[str] = field(default_factory=list)  # cache phase during the decodes
     prefill_phase: list[str] = field(default_factory=list)  # cache phase during the chunk
     retries: int = 0
@@ -60,15 +64,23 @@ class SweepResult:
     n_decode: int
     depths: list[int]
     kinds: dict[str, KindSweep]
-    seconds: dict[str, float]  # wall time of each child
+    seconds: dict[str, float]  # seconds each child spent working (fill and timings)
 
     def prefill_tok_s(self, kind: str, i: int) -> float:
         """n_batch / the median time of the chunk at depth index i."""
         return self.n_batch / statistics.median(self.kinds[kind].prefill_s[i])
 
     def decode_tok_s(self, kind: str, i: int) -> float:
-        """1 / the median time of all timed tokens at depth index i."""
+        """1 / the median over rounds of the round's median time per token at depth index i."""
         return 1.0 / statistics.median(self.kinds[kind].decode_s[i])
+
+    def ratio(self, what: str, kind: str, i: int, base: str = "f16") -> float:
+        """Median over rounds of kind's speed / base's speed in the same round (`what`: prefill/decode;
+        q8_0-ref has fewer rounds: its first ones)."""
+        own = getattr(self.kinds[kind], f"{what}_s")[i]
+        other = getattr(self.kinds[base], f"{what}_s")[i]
+        n = min(len(own), len(other))
+        return statistics.median(b / a for a, b in zip(own[:n], other[:n], strict=True))
 
 
 def sweep_depths(n_ctx: int, n_batch: int) -> list[int]:
@@ -76,21 +88,15 @@ def sweep_depths(n_ctx: int, n_batch: int) -> list[int]:
     return sorted({min(d, n_ctx - n_batch) for d in DEPTHS})
 
 
-def fill(llm: Llama, tokens: list[int], upto: int, n_batch: int) -> None:
-    """Decode tokens[llm.n_tokens:upto] in n_batch chunks (untimed)."""
-    while llm.n_tokens < upto:
-        llm.eval(tokens[llm.n_tokens : min(llm.n_tokens + n_batch, upto)])
+def round_order(round_no: int) -> list[str]:
+    """The kinds timed in a round: f16 and q8_0 (whose ratio is the target) always next to each other,
+    their order swapped every round; then lazy; then q8_0-ref in the first REF_ROUNDS rounds only (it is
+    the slow baseline, no target)."""
+    pair = ["f16", "q8_0"] if round_no % 2 == 0 else ["q8_0", "f16"]
+    return [*pair, "lazy", *(["q8_0-ref"] if round_no < REF_ROUNDS else [])]
 
 
-def repeat(
-    timer: Callable[[Llama, list[int]], float | list[float]], llm: Llama, tokens: list[int], reps: int
-) -> list[float]:
-    """All seconds `timer` measured over `reps` calls."""
-    seconds: list[float] = []
-    for _ in range(reps):
-        got = timer(llm, tokens)
-        seconds += got if isinstance(got, list) else [got]
-    return seconds
+# --- the child: one context, one command at a time ----------------------------------------------------
 
 
 def time_chunk(llm: Llama, chunk: list[int]) -> float:
@@ -106,74 +112,62 @@ def phase(llm: Llama, kind: str) -> str:
     return llm.kv_lazy_info().phase if kind == "lazy" else kind.removesuffix("-ref")
 
 
-def n_cells_f16(llm: Llama) -> int:
-    return llm.kv_lazy_info().n_cells_f16
+class Child:
+    """The child's state: the context of one cache kind, filled with the corpus up to the current depth."""
+
+    def __init__(self, spec: ModelSpec, settings: Settings, kind: str) -> None:
+        vocab = open_vocab(spec.key)
+        try:
+            self.tokens = build_tokens(vocab, spec.n_ctx)
+        finally:
+            vocab.close()
+        self.kind, self.settings = kind, settings
+        self.llm = open_context(spec.key, "q8_0" if kind == "q8_0-ref" else kind, spec.n_ctx, settings)
+
+    def fill(self, depth: int) -> dict[str, Any]:
+        """Decode the corpus up to `depth` in n_batch chunks (untimed)."""
+        llm, n_batch = self.llm, self.settings.n_batch
+        while llm.n_tokens < depth:
+            llm.eval(self.tokens[llm.n_tokens : min(llm.n_tokens + n_batch, depth)])
+        return {"phase": phase(llm, self.kind)}
+
+    def decode(self) -> dict[str, Any]:
+        """The median seconds per token of n_decode single-token evals at the depth."""
+        depth = self.llm.n_tokens
+        tokens = self.tokens[depth : depth + self.settings.decode_tokens]
+        seconds, retries, busy = run_uncontended(partial(time_decode, self.llm, tokens))
+        return {"seconds": statistics.median(seconds), "retries": retries, "contended": busy,
+                "phase": phase(self.llm, self.kind)}
+
+    def prefill(self) -> dict[str, Any]:
+        """Seconds of the n_batch chunk that starts at the depth (then back at the depth)."""
+        depth = self.llm.n_tokens
+        chunk = self.tokens[depth : depth + self.settings.n_batch]
+        info = self.llm.kv_lazy_info() if self.kind == "lazy" else None
+        if info is not None and info.phase == "f16" and depth + len(chunk) > info.n_cells_f16:
+            self.llm.kv_lazy_convert()  # untimed: section 3 measures the pause
+        seconds, retries, busy = run_uncontended(partial(time_chunk, self.llm, chunk))
+        return {"seconds": seconds, "retries": retries, "contended": busy,
+                "phase": phase(self.llm, self.kind)}
 
 
-def measure_kind(spec: ModelSpec, settings: Settings, kind: str) -> KindSweep:
-    """The child's work: fill one context of `kind` and time at each sweep depth."""
-    vocab = open_vocab(spec.key)
-    try:
-        tokens = build_tokens(vocab, spec.n_ctx)
-    finally:
-        vocab.close()
-    llm = open_context(spec.key, "q8_0" if kind == "q8_0-ref" else kind, spec.n_ctx, settings)
-    out = KindSweep(kind)
-    try:
-        for depth in sweep_depths(spec.n_ctx, settings.n_batch):
-            fill(llm, tokens, depth, settings.n_batch)
-            decode_tokens = tokens[depth : depth + settings.decode_tokens]
-            decode, retries, busy = run_uncontended(
-                partial(repeat, time_decode, llm, decode_tokens, DECODE_REPS)
-            )
-            out.retries, out.contended = out.retries + retries, out.contended + busy
-            out.decode_phase.append(phase(llm, kind))
-            chunk = tokens[depth : depth + settings.n_batch]
-            if kind == "lazy" and phase(llm, kind) == "f16" and depth + len(chunk) > n_cells_f16(llm):
-                llm.kv_lazy_convert()
-            prefill, retries, busy = run_uncontended(partial(repeat, time_chunk, llm, chunk, PREFILL_REPS))
-            out.retries, out.contended = out.retries + retries, out.contended + busy
-            out.decode_s.append(decode)
-            out.prefill_s.append(prefill)
-            out.prefill_phase.append(phase(llm, kind))
-            pre, dec = settings.n_batch / statistics.median(prefill), 1 / statistics.median(decode)
-            print(f"         {kind} at {depth}: prefill {pre:.1f}, decode {dec:.1f} tok/s", file=sys.stderr)
-    finally:
-        llm.close()
-    return out
-
-
-def run_sweep(spec: ModelSpec, settings: Settings) -> SweepResult:
-    """Each kind in a child process, in RUN_ORDER; the children share this run's wait budget."""
-    kinds, seconds = {}, {}
-    for kind in RUN_ORDER:
-        env = {k: v for k, v in os.environ.items() if k != REF_ENV}
-        if kind == "q8_0-ref":
-            env[REF_ENV] = "1"
-        cmd = [
-            sys.executable,
-            "-m",
-            "bench.sweep",
-            "--child",
-            kind,
-            "--model",
-            spec.key,
-            "--n-ctx",
-            str(spec.n_ctx),
-            "--wait-budget",
-            str(WAIT_BUDGET.remaining),
-        ]
-        if settings.quick:
-            cmd.append("--quick")
+def serve(child: Child, commands: IO[str], replies: IO[str]) -> None:
+    """Answer commands ({"op": ..., "budget": seconds, ...}) until "quit" or end of input."""
+    ops: dict[str, Callable[..., dict[str, Any]]] = {
+        "fill": child.fill, "decode": child.decode, "prefill": child.prefill
+    }
+    for line in commands:
+        command = json.loads(line)
+        op = command.pop("op")
+        if op == "quit":
+            break
+        WAIT_BUDGET.remaining, WAIT_BUDGET.spent = command.pop("budget"), 0.0
         started = time.perf_counter()
-        done = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True)
-        seconds[kind] = time.perf_counter() - started
-        reply = json.loads(done.stdout)
-        WAIT_BUDGET.spend(reply.pop("waited_s"))
-        kinds[kind] = KindSweep(**reply)
-    depths = sweep_depths(spec.n_ctx, settings.n_batch)
-    ordered = {kind: kinds[kind] for kind in SWEEP_KINDS}
-    return SweepResult(spec, settings.n_batch, settings.decode_tokens, depths, ordered, seconds)
+        reply = ops[op](**command)
+        reply |= {"waited_s": WAIT_BUDGET.spent, "busy_s": time.perf_counter() - started - WAIT_BUDGET.spent}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+    child.llm.close()
 
 
 def child_main(argv: list[str]) -> int:
@@ -181,14 +175,105 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--child", choices=SWEEP_KINDS, required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--n-ctx", type=int, required=True)
-    parser.add_argument("--wait-budget", type=float, default=0.0)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
+    # the protocol keeps the original stdout; anything the engine prints goes to stderr
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     settings = make_settings(args.quick, (args.model,), ("sweep",), args.n_ctx, args.n_ctx)
-    WAIT_BUDGET.remaining = args.wait_budget
-    result = measure_kind(settings.models[0], settings, args.child)
-    print(json.dumps(asdict(result) | {"waited_s": WAIT_BUDGET.spent}))
+    child = Child(settings.models[0], settings, args.child)
+    replies.write(json.dumps({"ready": True}) + "\n")
+    replies.flush()
+    serve(child, sys.stdin, replies)
     return 0
+
+
+# --- the parent: interleave the children ----------------------------------------------------------------
+
+
+class ChildProcess:
+    def __init__(self, spec: ModelSpec, settings: Settings, kind: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k != REF_ENV}
+        if kind == "q8_0-ref":
+            env[REF_ENV] = "1"
+        cmd = [sys.executable, "-m", "bench.sweep", "--child", kind, "--model", spec.key,
+               "--n-ctx", str(spec.n_ctx)]
+        if settings.quick:
+            cmd.append("--quick")
+        self.kind = kind
+        self.busy_s = 0.0
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._read()  # "ready": the model is loaded before anything is timed
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"sweep child {self.kind} exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def ask(self, op: str, **args: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": op, "budget": WAIT_BUDGET.remaining} | args) + "\n")
+        self.proc.stdin.flush()
+        reply = self._read()
+        WAIT_BUDGET.spend(reply.pop("waited_s"))
+        self.busy_s += reply.pop("busy_s")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        if self.proc.wait(timeout=60) != 0:
+            raise RuntimeError(f"sweep child {self.kind} exited with {self.proc.returncode}")
+
+
+def record(out: KindSweep, reply: dict[str, Any], series: list[float], phases: list[str]) -> None:
+    out.retries += reply["retries"]
+    out.contended += int(reply["contended"])
+    series.append(reply["seconds"])
+    if len(series) == 1:
+        phases.append(reply["phase"])
+
+
+def run_sweep(spec: ModelSpec, settings: Settings) -> SweepResult:
+    """Start the four children, then per depth: fill each, decode rounds, prefill rounds."""
+    rounds = QUICK_ROUNDS if settings.quick else ROUNDS
+    depths = sweep_depths(spec.n_ctx, settings.n_batch)
+    children: dict[str, ChildProcess] = {}
+    try:
+        for kind in SWEEP_KINDS:  # one at a time: two model loads at once would contend
+            children[kind] = ChildProcess(spec, settings, kind)
+        kinds = {kind: KindSweep(kind) for kind in SWEEP_KINDS}
+        for depth in depths:
+            for child in children.values():
+                child.ask("fill", depth=depth)
+            for kind in SWEEP_KINDS:
+                kinds[kind].decode_s.append([])
+                kinds[kind].prefill_s.append([])
+            for what in ("decode", "prefill"):
+                for round_no in range(rounds):
+                    for kind in round_order(round_no):
+                        out = kinds[kind]
+                        series = getattr(out, f"{what}_s")[-1]
+                        record(out, children[kind].ask(what), series, getattr(out, f"{what}_phase"))
+            report_depth(kinds, depth, settings.n_batch)
+    finally:
+        for child in children.values():
+            child.close()
+    seconds = {kind: child.busy_s for kind, child in children.items()}
+    return SweepResult(spec, settings.n_batch, settings.decode_tokens, depths, kinds, seconds)
+
+
+def report_depth(kinds: dict[str, KindSweep], depth: int, n_batch: int) -> None:
+    for kind, out in kinds.items():
+        pre = n_batch / statistics.median(out.prefill_s[-1])
+        dec = 1 / statistics.median(out.decode_s[-1])
+        print(f"         {kind} at {depth}: prefill {pre:.1f}, decode {dec:.1f} tok/s", file=sys.stderr)
 
 
 if __name__ == "__main__":
