@@ -1,14 +1,16 @@
 """Section 4, sweep: prefill and decode tok/s by depth for f16, q8_0 on the reference CPU flash attention
-path, q8_0 on the new paths (patch 0007) and lazy.
+path, q8_0 on the new paths (patches 0007, 0008) and lazy.
 
-One context per cache kind, each in its own child process (`python -m bench.sweep --child KIND ...`): the
-engine reads GGML_CPU_FA_Q8_REF once per process, and that variable is what selects the reference path for
-"q8_0-ref". The four children live for the whole sweep and take one command at a time (JSON lines on
-stdin/stdout), so the kinds are measured *interleaved*: at each depth every child fills its cache to the
+Two child processes (`python -m bench.sweep --child KINDS ...`) live for the whole sweep: one hosts the
+f16, q8_0 and lazy contexts, the other q8_0-ref (the engine reads GGML_CPU_FA_Q8_REF once per process, and
+that variable is what selects the reference path). They take one command at a time (JSON lines on
+stdin/stdout), so nothing is timed while anything else runs. At each depth every context is filled to the
 depth (untimed), then ROUNDS rounds of decodes and ROUNDS rounds of the n_batch prefill chunk that starts
 at the depth; in each round f16 and q8_0 run next to each other, in alternating order, then lazy, then
-(first rounds only) the slow q8_0-ref. Drift of a shared machine then
-hits the compared kinds alike, and each ratio to f16 is the median of per-round ratios (paired samples).
+(first rounds only) the slow q8_0-ref. Drift of a shared machine then hits the compared kinds alike, and
+each ratio to f16 is the median of per-round ratios (paired samples); keeping the compared kinds in one
+process keeps process-level differences (buffer placement, thread placement: up to ±10 % between two
+processes running the same code here) out of their ratios.
 The lazy cache is converted (untimed) before the first chunk that does not fit its f16 view; the
 conversion pause is section 3's subject.
 """
@@ -36,6 +38,7 @@ from bench.settings import ModelSpec, Settings, make_settings
 from bench.speed import time_decode
 
 SWEEP_KINDS = ("f16", "q8_0-ref", "q8_0", "lazy")
+PROCESS_GROUPS = (("f16", "q8_0", "lazy"), ("q8_0-ref",))  # the kinds each child process hosts
 SWEEP_MODELS = ("smollm2",)  # the issue's model; Gemma-3's shapes are covered by tests/native/test_fa_q8.py
 DEPTHS = (0, 1024, 2048, 4096, 8192)
 ROUNDS = 7
@@ -115,13 +118,8 @@ def phase(llm: Llama, kind: str) -> str:
 class Child:
     """The child's state: the context of one cache kind, filled with the corpus up to the current depth."""
 
-    def __init__(self, spec: ModelSpec, settings: Settings, kind: str) -> None:
-        vocab = open_vocab(spec.key)
-        try:
-            self.tokens = build_tokens(vocab, spec.n_ctx)
-        finally:
-            vocab.close()
-        self.kind, self.settings = kind, settings
+    def __init__(self, spec: ModelSpec, settings: Settings, kind: str, tokens: list[int]) -> None:
+        self.kind, self.settings, self.tokens = kind, settings, tokens
         self.llm = open_context(spec.key, "q8_0" if kind == "q8_0-ref" else kind, spec.n_ctx, settings)
 
     def fill(self, depth: int) -> dict[str, Any]:
@@ -151,40 +149,51 @@ class Child:
                 "phase": phase(self.llm, self.kind)}
 
 
-def serve(child: Child, commands: IO[str], replies: IO[str]) -> None:
-    """Answer commands ({"op": ..., "budget": seconds, ...}) until "quit" or end of input."""
-    ops: dict[str, Callable[..., dict[str, Any]]] = {
-        "fill": child.fill, "decode": child.decode, "prefill": child.prefill
-    }
+def serve(children: dict[str, Child], commands: IO[str], replies: IO[str]) -> None:
+    """Answer commands ({"op": ..., "kind": ..., "budget": seconds, ...}) until "quit" or end of input."""
     for line in commands:
         command = json.loads(line)
         op = command.pop("op")
         if op == "quit":
             break
+        child = children[command.pop("kind")]
+        ops: dict[str, Callable[..., dict[str, Any]]] = {
+            "fill": child.fill, "decode": child.decode, "prefill": child.prefill
+        }
         WAIT_BUDGET.remaining, WAIT_BUDGET.spent = command.pop("budget"), 0.0
         started = time.perf_counter()
         reply = ops[op](**command)
         reply |= {"waited_s": WAIT_BUDGET.spent, "busy_s": time.perf_counter() - started - WAIT_BUDGET.spent}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
-    child.llm.close()
+    for child in children.values():
+        child.llm.close()
 
 
 def child_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sweep")
-    parser.add_argument("--child", choices=SWEEP_KINDS, required=True)
+    parser.add_argument("--child", required=True, help="the cache kinds this process hosts, comma-separated")
     parser.add_argument("--model", required=True)
     parser.add_argument("--n-ctx", type=int, required=True)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
+    kinds = args.child.split(",")
+    if not set(kinds) <= set(SWEEP_KINDS):
+        parser.error(f"--child: kinds are {', '.join(SWEEP_KINDS)}")
     # the protocol keeps the original stdout; anything the engine prints goes to stderr
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     settings = make_settings(args.quick, (args.model,), ("sweep",), args.n_ctx, args.n_ctx)
-    child = Child(settings.models[0], settings, args.child)
+    spec = settings.models[0]
+    vocab = open_vocab(spec.key)
+    try:
+        tokens = build_tokens(vocab, spec.n_ctx)
+    finally:
+        vocab.close()
+    children = {kind: Child(spec, settings, kind, tokens) for kind in kinds}
     replies.write(json.dumps({"ready": True}) + "\n")
     replies.flush()
-    serve(child, sys.stdin, replies)
+    serve(children, sys.stdin, replies)
     return 0
 
 
@@ -192,16 +201,22 @@ def child_main(argv: list[str]) -> int:
 
 
 class ChildProcess:
-    def __init__(self, spec: ModelSpec, settings: Settings, kind: str) -> None:
+    """A child hosting the contexts of `kinds`: one for q8_0-ref, whose variable is read once per process,
+    and one for the three compared kinds, so that no process-level difference (where the allocator put the
+    buffers, how the threads were placed) enters their ratios."""
+
+    def __init__(self, spec: ModelSpec, settings: Settings, kinds: tuple[str, ...]) -> None:
         env = {k: v for k, v in os.environ.items() if k != REF_ENV}
-        if kind == "q8_0-ref":
+        if "q8_0-ref" in kinds:
+            if len(kinds) > 1:
+                raise ValueError("q8_0-ref needs a process of its own")
             env[REF_ENV] = "1"
-        cmd = [sys.executable, "-m", "bench.sweep", "--child", kind, "--model", spec.key,
+        cmd = [sys.executable, "-m", "bench.sweep", "--child", ",".join(kinds), "--model", spec.key,
                "--n-ctx", str(spec.n_ctx)]
         if settings.quick:
             cmd.append("--quick")
-        self.kind = kind
-        self.busy_s = 0.0
+        self.kinds = kinds
+        self.busy_s = dict.fromkeys(kinds, 0.0)
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._read()  # "ready": the model is loaded before anything is timed
 
@@ -209,16 +224,17 @@ class ChildProcess:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"sweep child {self.kind} exited with {self.proc.wait()}")
+            raise RuntimeError(f"sweep child {','.join(self.kinds)} exited with {self.proc.wait()}")
         return json.loads(line)
 
-    def ask(self, op: str, **args: Any) -> dict[str, Any]:
+    def ask(self, op: str, kind: str, **args: Any) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"op": op, "budget": WAIT_BUDGET.remaining} | args) + "\n")
+        command = {"op": op, "kind": kind, "budget": WAIT_BUDGET.remaining} | args
+        self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()
         reply = self._read()
         WAIT_BUDGET.spend(reply.pop("waited_s"))
-        self.busy_s += reply.pop("busy_s")
+        self.busy_s[kind] += reply.pop("busy_s")
         return reply
 
     def close(self) -> None:
@@ -229,7 +245,7 @@ class ChildProcess:
             except BrokenPipeError:
                 pass
         if self.proc.wait(timeout=60) != 0:
-            raise RuntimeError(f"sweep child {self.kind} exited with {self.proc.returncode}")
+            raise RuntimeError(f"sweep child {','.join(self.kinds)} exited with {self.proc.returncode}")
 
 
 def record(out: KindSweep, reply: dict[str, Any], series: list[float], phases: list[str]) -> None:
@@ -244,29 +260,29 @@ def run_sweep(spec: ModelSpec, settings: Settings) -> SweepResult:
     """Start the four children, then per depth: fill each, decode rounds, prefill rounds."""
     rounds = QUICK_ROUNDS if settings.quick else ROUNDS
     depths = sweep_depths(spec.n_ctx, settings.n_batch)
-    children: dict[str, ChildProcess] = {}
+    processes: list[ChildProcess] = []
     try:
-        for kind in SWEEP_KINDS:  # one at a time: two model loads at once would contend
-            children[kind] = ChildProcess(spec, settings, kind)
-        kinds = {kind: KindSweep(kind) for kind in SWEEP_KINDS}
+        for kinds in PROCESS_GROUPS:  # one at a time: two model loads at once would contend
+            processes.append(ChildProcess(spec, settings, kinds))
+        host = {kind: proc for proc in processes for kind in proc.kinds}
+        out = {kind: KindSweep(kind) for kind in SWEEP_KINDS}
         for depth in depths:
-            for child in children.values():
-                child.ask("fill", depth=depth)
             for kind in SWEEP_KINDS:
-                kinds[kind].decode_s.append([])
-                kinds[kind].prefill_s.append([])
+                host[kind].ask("fill", kind, depth=depth)
+                out[kind].decode_s.append([])
+                out[kind].prefill_s.append([])
             for what in ("decode", "prefill"):
                 for round_no in range(rounds):
                     for kind in round_order(round_no):
-                        out = kinds[kind]
-                        series = getattr(out, f"{what}_s")[-1]
-                        record(out, children[kind].ask(what), series, getattr(out, f"{what}_phase"))
-            report_depth(kinds, depth, settings.n_batch)
+                        series = getattr(out[kind], f"{what}_s")[-1]
+                        reply = host[kind].ask(what, kind)
+                        record(out[kind], reply, series, getattr(out[kind], f"{what}_phase"))
+            report_depth(out, depth, settings.n_batch)
     finally:
-        for child in children.values():
-            child.close()
-    seconds = {kind: child.busy_s for kind, child in children.items()}
-    return SweepResult(spec, settings.n_batch, settings.decode_tokens, depths, kinds, seconds)
+        for proc in processes:
+            proc.close()
+    seconds = {kind: proc.busy_s[kind] for proc in processes for kind in proc.kinds}
+    return SweepResult(spec, settings.n_batch, settings.decode_tokens, depths, out, seconds)
 
 
 def report_depth(kinds: dict[str, KindSweep], depth: int, n_batch: int) -> None:

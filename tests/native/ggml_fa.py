@@ -137,7 +137,6 @@ def flash_attn(case: FaCase, n_threads: int, use_ref: bool) -> np.ndarray:
     )
     ctx = _BASE.ggml_init(_InitParams(size, None, False))
     assert ctx, "ggml_init failed"
-    backend = _CPU.ggml_backend_cpu_init()
     try:
         q = _BASE.ggml_new_tensor_4d(ctx, GGML_TYPE_F32, case.head, case.n_q, case.n_head, 1)
         _fill(q, "f32", rng.uniform(-1, 1, (case.n_head, case.n_q, case.head)))
@@ -149,17 +148,24 @@ def flash_attn(case: FaCase, n_threads: int, use_ref: bool) -> np.ndarray:
             _fill(m, "f16", causal_mask(case, rng))
         out = _BASE.ggml_flash_attn_ext(ctx, q, k, v, m, 1.0 / math.sqrt(case.head), 0.0, 0.0)
         _BASE.ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32)
+        return _compute(ctx, out, n_threads, use_ref, (case.n_q, case.n_head, case.head))
+    finally:
+        _BASE.ggml_free(ctx)
+
+
+def _compute(ctx: int, out: int, n_threads: int, use_ref: bool, shape: tuple[int, ...]) -> np.ndarray:
+    """Compute the graph of `out` (an F32 tensor of `shape`) on a fresh CPU backend; a copy of the result."""
+    backend = _CPU.ggml_backend_cpu_init()
+    try:
         graph = _BASE.ggml_new_graph(ctx)
         _BASE.ggml_build_forward_expand(graph, out)
         _CPU.ggml_backend_cpu_set_n_threads(backend, n_threads)
         _CPU.ggml_backend_cpu_set_use_ref(backend, use_ref)
         assert _BASE.ggml_backend_graph_compute(backend, graph) == 0
-        n = case.n_q * case.n_head * case.head
-        raw = (ctypes.c_float * n).from_address(_BASE.ggml_get_data(out))
-        return np.array(raw, dtype=np.float32).reshape(case.n_q, case.n_head, case.head)
+        raw = (ctypes.c_float * math.prod(shape)).from_address(_BASE.ggml_get_data(out))
+        return np.array(raw, dtype=np.float32).reshape(shape)
     finally:
         _BASE.ggml_backend_free(backend)
-        _BASE.ggml_free(ctx)
 
 
 def nmse(ref: np.ndarray, out: np.ndarray) -> float:
@@ -185,7 +191,6 @@ def hadamard_rotate(x: np.ndarray, src_type: str, n_threads: int, use_ref: bool)
     size = 4 * n * n + 3 * 4 * rows * n + overhead
     ctx = _BASE.ggml_init(_InitParams(size, None, False))
     assert ctx, "ggml_init failed"
-    backend = _CPU.ggml_backend_cpu_init()
     try:
         rot = _BASE.ggml_new_tensor_4d(ctx, GGML_TYPE_F32, n, n, 1, 1)
         _fill(rot, "f32", sylvester_hadamard(n))
@@ -193,13 +198,6 @@ def hadamard_rotate(x: np.ndarray, src_type: str, n_threads: int, use_ref: bool)
         _fill(src, src_type, x)
         out = _BASE.ggml_mul_mat(ctx, rot, src)
         _BASE.ggml_mul_mat_set_hint(out, GGML_HINT_SRC0_IS_HADAMARD)
-        graph = _BASE.ggml_new_graph(ctx)
-        _BASE.ggml_build_forward_expand(graph, out)
-        _CPU.ggml_backend_cpu_set_n_threads(backend, n_threads)
-        _CPU.ggml_backend_cpu_set_use_ref(backend, use_ref)
-        assert _BASE.ggml_backend_graph_compute(backend, graph) == 0
-        raw = (ctypes.c_float * (rows * n)).from_address(_BASE.ggml_get_data(out))
-        return np.array(raw, dtype=np.float32).reshape(rows, n)
+        return _compute(ctx, out, n_threads, use_ref, (rows, n))
     finally:
-        _BASE.ggml_backend_free(backend)
         _BASE.ggml_free(ctx)
