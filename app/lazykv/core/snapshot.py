@@ -229,7 +229,7 @@ def write_snapshot(
     header_bytes = _checked_header_bytes(header, tokens)
     _check_key(header.encryption, key)
     prefix = MAGIC + _LEN.pack(len(header_bytes)) + header_bytes
-    compressed = _compress(tokens, state)
+    compressed = _compress(tokens, state)  # pieces of one zlib stream, written one after the other
     try:
         fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
@@ -239,8 +239,11 @@ def write_snapshot(
         try:
             _write_all(fd, prefix, digest)
             if key is None:
-                _write_all(fd, compressed, digest)
-                _write_all(fd, hashlib.sha256(prefix + compressed).digest(), digest)
+                checksum = hashlib.sha256(prefix)
+                for piece in compressed:
+                    _write_all(fd, piece, digest)
+                    checksum.update(piece)
+                _write_all(fd, checksum.digest(), digest)
             else:
                 _write_encrypted(fd, key, prefix, compressed, digest)
             os.fsync(fd)
@@ -280,23 +283,26 @@ def _check_key(encryption: str, key: bytes | None) -> None:
         raise ValueError(f"{encryption} needs a {KEY_BYTES}-byte key")
 
 
-def _compress(tokens: Sequence[int], state: bytes) -> bytes:
+def _compress(tokens: Sequence[int], state: bytes) -> list[bytes]:
+    """The zlib stream of (token count, tokens, state), as the pieces the compressor returned: joining
+    them would copy the whole state once more."""
     try:
         token_bytes = struct.pack(f"<I{len(tokens)}i", len(tokens), *tokens)
     except struct.error as e:
         raise ValueError(f"token ids must be 32-bit integers: {e}") from None
     compressor = zlib.compressobj(COMPRESS_LEVEL)
-    return compressor.compress(token_bytes) + compressor.compress(state) + compressor.flush()
+    return [compressor.compress(token_bytes), compressor.compress(state), compressor.flush()]
 
 
-def _write_encrypted(fd: int, key: bytes, prefix: bytes, compressed: bytes, digest: Any) -> None:
+def _write_encrypted(fd: int, key: bytes, prefix: bytes, compressed: list[bytes], digest: Any) -> None:
     nonce = os.urandom(NONCE_BYTES)
     encryptor = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
     encryptor.authenticate_additional_data(prefix)
     _write_all(fd, nonce, digest)
-    view = memoryview(compressed)
-    for start in range(0, len(view), _CHUNK):
-        _write_all(fd, encryptor.update(view[start : start + _CHUNK]), digest)
+    for piece in compressed:
+        view = memoryview(piece)
+        for start in range(0, len(view), _CHUNK):
+            _write_all(fd, encryptor.update(view[start : start + _CHUNK]), digest)
     _write_all(fd, encryptor.finalize(), digest)
     _write_all(fd, encryptor.tag, digest)
 
