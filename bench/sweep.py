@@ -149,6 +149,15 @@ class Child:
                 "phase": phase(self.llm, self.kind)}
 
 
+def corpus_tokens(spec: ModelSpec) -> list[int]:
+    """The bench corpus, n_ctx tokens of it."""
+    vocab = open_vocab(spec.key)
+    try:
+        return build_tokens(vocab, spec.n_ctx)
+    finally:
+        vocab.close()
+
+
 def serve(children: dict[str, Child], commands: IO[str], replies: IO[str]) -> None:
     """Answer commands ({"op": ..., "kind": ..., "budget": seconds, ...}) until "quit" or end of input."""
     for line in commands:
@@ -185,11 +194,7 @@ def child_main(argv: list[str]) -> int:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     settings = make_settings(args.quick, (args.model,), ("sweep",), args.n_ctx, args.n_ctx)
     spec = settings.models[0]
-    vocab = open_vocab(spec.key)
-    try:
-        tokens = build_tokens(vocab, spec.n_ctx)
-    finally:
-        vocab.close()
+    tokens = corpus_tokens(spec)
     children = {kind: Child(spec, settings, kind, tokens) for kind in kinds}
     replies.write(json.dumps({"ready": True}) + "\n")
     replies.flush()
