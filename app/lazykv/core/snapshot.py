@@ -376,7 +376,6 @@ def read_snapshot(
         compressed = _decrypt(key, prefix, body)
         del body  # the ciphertext: free it before the payload is allocated
     payload = _decompress(compressed, max_payload_bytes)
-    del compressed
     tokens, state = _split_payload(payload, header.n_tokens)
     return header, tokens, state
 
