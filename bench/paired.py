@@ -5,8 +5,8 @@
 Both contexts live in this process (so no process-level difference enters the ratio), are filled to the
 depth, then each round times the sweep's measurement (the n_batch chunk at the depth, or the median of
 n_decode single-token evals) on both, back to back, their order swapped every round. Prints the median
-q8_0 / f16 speed ratio over the rounds and its quartiles. A check for a sweep cell whose few rounds could
-not settle it; the sweep itself (section 4) is the report.
+q8_0 / f16 speed ratio over the rounds, its quartiles and its 95 % confidence interval. A check for one
+sweep cell; the sweep itself (section 4) is the report.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import statistics
 import sys
 
 from bench.settings import make_settings
-from bench.sweep import Child, corpus_tokens
+from bench.sweep import Child, corpus_tokens, median_ci
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,9 +44,12 @@ def main(argv: list[str] | None = None) -> int:
             child.llm.close()
     ratios = [f / q for f, q in zip(seconds["f16"], seconds["q8_0"], strict=True)]
     low, _, high = statistics.quantiles(ratios, n=4)
+    ci = median_ci(ratios)
     print(
         f"{spec.label}, n_ctx {spec.n_ctx}, {args.what} at depth {args.depth}, {args.rounds} paired rounds: "
-        f"q8_0 / f16 median {statistics.median(ratios):.3f} (quartiles {low:.3f}-{high:.3f})"
+        f"q8_0 / f16 median {statistics.median(ratios):.3f} (quartiles {low:.3f}-{high:.3f}"
+        + ("" if ci is None else f", 95 % confidence interval of the median {ci[0]:.3f}-{ci[1]:.3f}")
+        + ")"
     )
     return 0
 

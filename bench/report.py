@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from bench.conversion import ConversionResult
@@ -142,7 +143,7 @@ def sweep_targets(w: SweepResult) -> list[Target]:
                     w.model.label,
                     "sweep",
                     f"{what} at depth {depth}: q8_0 / f16",
-                    f"{ratio:.3f}",
+                    f"{ratio:.3f}{ci_text(w.ratio_ci(what, 'q8_0', i))}",
                     f">= {SWEEP_TARGET:.2f}",
                     ratio >= SWEEP_TARGET,
                 )
@@ -441,6 +442,14 @@ def conversion_section(results: list[ConversionResult], plots: list[str], passes
     )
 
 
+def rounds_of(w: SweepResult, kind: str, what: str) -> int:
+    return len(getattr(w.kinds[kind], f"{what}_s")[0])
+
+
+def ci_text(ci: tuple[float, float] | None) -> str:
+    return "" if ci is None else f" ({ci[0]:.3f}-{ci[1]:.3f})"
+
+
 def sweep_rows(w: SweepResult) -> list[list[str]]:
     rows = []
     for what, rate in (("prefill", w.prefill_tok_s), ("decode", w.decode_tok_s)):
@@ -455,7 +464,7 @@ def sweep_rows(w: SweepResult) -> list[list[str]]:
                     *(f"{rate(kind, i):.1f}" for kind in ("f16", "q8_0-ref", "q8_0", "lazy")),
                     lazy_phase,
                     f"{w.ratio(what, 'q8_0-ref', i):.3f}",
-                    f"**{w.ratio(what, 'q8_0', i):.3f}**",
+                    f"**{w.ratio(what, 'q8_0', i):.3f}**{ci_text(w.ratio_ci(what, 'q8_0', i))}",
                     f"{w.ratio(what, 'lazy', i):.3f}",
                 ]
             )
@@ -483,14 +492,17 @@ def sweep_section(results: list[SweepResult], plots: list[str]) -> str:
         busy = sum(k.contended for k in w.kinds.values())
         retried = sum(k.retries for k in w.kinds.values())
         took = ", ".join(f"{kind} {s:.0f} s" for kind, s in w.seconds.items())
-        n_rounds, n_ref = len(w.kinds["f16"].prefill_s[0]), len(w.kinds["q8_0-ref"].prefill_s[0])
+        n = partial(rounds_of, w)
         parts.append(
             f"### {w.model.label}, n_ctx {w.model.n_ctx}\n\n{body}\n\n"
-            f"- {n_rounds} rounds per depth (q8_0-ref: the first {n_ref}), each timing f16 and q8_0 next to "
-            f"each other in alternating order, then lazy, then q8_0-ref; prefill: the "
-            f"{w.n_batch}-token chunk starting at the depth, n_batch / median seconds; decode: 1 / "
-            f"median over rounds of the round's median seconds per token ({w.n_decode} single-token evals); "
-            f"ratios: median over rounds of the kind's speed / f16's speed in the same round.\n"
+            f"- Rounds per depth: prefill {n('f16', 'prefill')}, decode {n('f16', 'decode')} (lazy: the "
+            f"first {n('lazy', 'prefill')} / {n('lazy', 'decode')}, q8_0-ref: the first "
+            f"{n('q8_0-ref', 'prefill')}); each round times f16 and q8_0 next to each other in alternating "
+            f"order, then lazy, then q8_0-ref; prefill: the {w.n_batch}-token chunk starting at the depth, "
+            f"n_batch / median seconds; decode: 1 / median over rounds of the round's median seconds per "
+            f"token ({w.n_decode} single-token evals); ratios: median over rounds of the kind's speed / "
+            f"f16's speed in the same round, for q8_0 with its 95 % confidence interval (order statistics "
+            f"of the per-round ratios; the spread of a single paired ratio here is about ±10 %).\n"
             f"- {retried} timings repeated because other processes used the CPU, {busy} still contended; "
             f"children worked {took}."
         )

@@ -5,12 +5,18 @@ Two child processes (`python -m bench.sweep --child KINDS ...`) live for the who
 f16, q8_0 and lazy contexts, the other q8_0-ref (the engine reads GGML_CPU_FA_Q8_REF once per process, and
 that variable is what selects the reference path). They take one command at a time (JSON lines on
 stdin/stdout), so nothing is timed while anything else runs. At each depth every context is filled to the
-depth (untimed), then ROUNDS rounds of decodes and ROUNDS rounds of the n_batch prefill chunk that starts
-at the depth; in each round f16 and q8_0 run next to each other, in alternating order, then lazy, then
-(first rounds only) the slow q8_0-ref. Drift of a shared machine then hits the compared kinds alike, and
-each ratio to f16 is the median of per-round ratios (paired samples); keeping the compared kinds in one
-process keeps process-level differences (buffer placement, thread placement: up to ±10 % between two
+depth (untimed), then DECODE_ROUNDS rounds of decodes and PREFILL_ROUNDS rounds of the n_batch prefill chunk
+that starts at the depth; in each round f16 and q8_0 run next to each other, in alternating order, then
+(first LAZY_ROUNDS rounds) lazy, then (first REF_ROUNDS rounds) the slow q8_0-ref. Drift of a shared
+machine then hits the compared kinds alike, and each ratio to f16 is the median of per-round ratios
+(paired samples), reported with a distribution-free 95 % confidence interval; keeping the compared kinds in
+one process keeps process-level differences (buffer placement, thread placement: up to ±10 % between two
 processes running the same code here) out of their ratios.
+
+Why so many rounds: on this 2-vCPU virtual machine one 512-token chunk on 2 threads varies by ±15 % from
+one run to the next (the same chunk on 1 thread: ±4 %), while q8_0 and f16 differ by a few percent at
+shallow depth, where the weights' matrix products dominate; a paired ratio's spread is about ±10 %, so
+the median of 7 rounds moved by ±5 % between sweeps. 25 prefill rounds narrow that to about ±2.5 %.
 The lazy cache is converted (untimed) before the first chunk that does not fit its f16 view; the
 conversion pause is section 3's subject.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -41,7 +48,9 @@ SWEEP_KINDS = ("f16", "q8_0-ref", "q8_0", "lazy")
 PROCESS_GROUPS = (("f16", "q8_0", "lazy"), ("q8_0-ref",))  # the kinds each child process hosts
 SWEEP_MODELS = ("smollm2",)  # the issue's model; Gemma-3's shapes are covered by tests/native/test_fa_q8.py
 DEPTHS = (0, 1024, 2048, 4096, 8192)
-ROUNDS = 7
+PREFILL_ROUNDS = 25
+DECODE_ROUNDS = 13  # a decode timing is the median of n_decode tokens already: less spread
+LAZY_ROUNDS = 9  # lazy / f16 has no target here (section 2 has lazy's): fewer rounds
 REF_ROUNDS = 3
 QUICK_ROUNDS = 2
 REF_ENV = "GGML_CPU_FA_Q8_REF"
@@ -80,10 +89,33 @@ class SweepResult:
     def ratio(self, what: str, kind: str, i: int, base: str = "f16") -> float:
         """Median over rounds of kind's speed / base's speed in the same round (`what`: prefill/decode;
         q8_0-ref has fewer rounds: its first ones)."""
+        return statistics.median(self._ratios(what, kind, i, base))
+
+    def ratio_ci(self, what: str, kind: str, i: int, base: str = "f16") -> tuple[float, float] | None:
+        """A distribution-free 95 % confidence interval of that median (None: too few rounds for one)."""
+        return median_ci(self._ratios(what, kind, i, base))
+
+    def _ratios(self, what: str, kind: str, i: int, base: str) -> list[float]:
         own = getattr(self.kinds[kind], f"{what}_s")[i]
         other = getattr(self.kinds[base], f"{what}_s")[i]
         n = min(len(own), len(other))
-        return statistics.median(b / a for a, b in zip(own[:n], other[:n], strict=True))
+        return [b / a for a, b in zip(own[:n], other[:n], strict=True)]
+
+
+def median_ci(samples: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """The order-statistic confidence interval of a median: (x_(k), x_(n+1-k)) for the largest k whose
+    two-sided binomial(n, 1/2) tail stays within 1 - level; None when even (min, max) covers less."""
+    n = len(samples)
+    tail, k = 0.0, 0
+    while True:
+        tail += math.comb(n, k) / 2**n  # P(fewer than k + 1 samples below the median)
+        if 2 * tail > 1 - level:
+            break
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(samples)
+    return ordered[k - 1], ordered[n - k]
 
 
 def sweep_depths(n_ctx: int, n_batch: int) -> list[int]:
@@ -93,10 +125,11 @@ def sweep_depths(n_ctx: int, n_batch: int) -> list[int]:
 
 def round_order(round_no: int) -> list[str]:
     """The kinds timed in a round: f16 and q8_0 (whose ratio is the target) always next to each other,
-    their order swapped every round; then lazy; then q8_0-ref in the first REF_ROUNDS rounds only (it is
-    the slow baseline, no target)."""
+    their order swapped every round; then lazy in the first LAZY_ROUNDS rounds; then q8_0-ref in the first
+    REF_ROUNDS rounds (it is the slow baseline, no target)."""
     pair = ["f16", "q8_0"] if round_no % 2 == 0 else ["q8_0", "f16"]
-    return [*pair, "lazy", *(["q8_0-ref"] if round_no < REF_ROUNDS else [])]
+    lazy = ["lazy"] if round_no < LAZY_ROUNDS else []
+    return [*pair, *lazy, *(["q8_0-ref"] if round_no < REF_ROUNDS else [])]
 
 
 # --- the child: one context, one command at a time ----------------------------------------------------
@@ -263,7 +296,7 @@ def record(out: KindSweep, reply: dict[str, Any], series: list[float], phases: l
 
 def run_sweep(spec: ModelSpec, settings: Settings) -> SweepResult:
     """Start the four children, then per depth: fill each, decode rounds, prefill rounds."""
-    rounds = QUICK_ROUNDS if settings.quick else ROUNDS
+    rounds = {"decode": DECODE_ROUNDS, "prefill": PREFILL_ROUNDS}
     depths = sweep_depths(spec.n_ctx, settings.n_batch)
     processes: list[ChildProcess] = []
     try:
@@ -277,7 +310,7 @@ def run_sweep(spec: ModelSpec, settings: Settings) -> SweepResult:
                 out[kind].decode_s.append([])
                 out[kind].prefill_s.append([])
             for what in ("decode", "prefill"):
-                for round_no in range(rounds):
+                for round_no in range(QUICK_ROUNDS if settings.quick else rounds[what]):
                     for kind in round_order(round_no):
                         series = getattr(out[kind], f"{what}_s")[-1]
                         reply = host[kind].ask(what, kind)
