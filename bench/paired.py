@@ -16,7 +16,7 @@ import statistics
 import sys
 
 from bench.settings import make_settings
-from bench.sweep import Child, corpus_tokens, median_ci
+from bench.sweep import Child, corpus_tokens, median_ci, round_order
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             child.fill(args.depth)
         seconds: dict[str, list[float]] = {kind: [] for kind in contexts}
         for round_no in range(args.rounds):
-            for kind in ("f16", "q8_0") if round_no % 2 == 0 else ("q8_0", "f16"):
+            for kind in round_order(round_no)[:2]:  # the sweep's f16 / q8_0 pair, order alternating
                 seconds[kind].append(getattr(contexts[kind], args.what)()["seconds"])
     finally:
         for child in contexts.values():

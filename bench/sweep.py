@@ -88,7 +88,7 @@ class SweepResult:
 
     def ratio(self, what: str, kind: str, i: int, base: str = "f16") -> float:
         """Median over rounds of kind's speed / base's speed in the same round (`what`: prefill/decode;
-        q8_0-ref has fewer rounds: its first ones)."""
+        lazy and q8_0-ref have fewer rounds: their first ones)."""
         return statistics.median(self._ratios(what, kind, i, base))
 
     def ratio_ci(self, what: str, kind: str, i: int, base: str = "f16") -> tuple[float, float] | None:
