@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lazykv.core.engine import (
+    CancelledError,
     ConversionEvent,
     EngineError,
     EngineSession,
@@ -21,6 +22,7 @@ from lazykv.core.engine import (
     check_model_file,
 )
 from lazykv.core.errors import ContextFullError
+from lazykv.core.kinds import KvMode
 
 N_CTX = 1024
 GREEDY = SamplingSettings(temperature=0.0, seed=1)
@@ -31,7 +33,7 @@ LONG_ASK = [{"role": "user", "content": "Write a very long story about a dragon 
 @pytest.fixture(scope="module")
 def session(smollm2_path: Path) -> Iterator[EngineSession]:
     s = EngineSession()
-    s.load(smollm2_path, n_ctx=N_CTX)
+    s.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.F16)
     yield s
     s.close()
 
@@ -174,7 +176,7 @@ def test_cancelled_reply_says_so(session: EngineSession) -> None:
 def test_drop_oldest_policy_drops_turns_and_says_which(smollm2_path: Path) -> None:
     s = EngineSession()
     try:
-        s.load(smollm2_path, n_ctx=256)
+        s.load(smollm2_path, n_ctx=256, kv_mode=KvMode.F16)
         long_turns = []
         for i in range(6):
             long_turns += [{"role": "user", "content": f"Question {i}: " + "tell me more " * 12},
@@ -235,3 +237,60 @@ def test_lazy_cache_status_and_idle_conversion_with_progress(smollm2_path: Path)
 def test_q8_0_without_flash_attention_is_refused_with_the_reason(smollm2_path: Path) -> None:
     with pytest.raises(KvModeError, match="needs flash attention"):
         EngineSession().load(smollm2_path, n_ctx=256, kv_mode="lazy", flash_attn=False)
+
+
+class CancelAfterPolls(threading.Event):
+    """A cancel token that turns itself on at its ``n``-th look once armed: the context's abort callback
+    looks once per graph node, so this cancels in the middle of a decode, deterministically."""
+
+    def __init__(self, n: int, armed: bool = True) -> None:
+        super().__init__()
+        self.polls, self._n, self.armed = 0, n, armed
+
+    def is_set(self) -> bool:
+        if self.armed:
+            self.polls += 1
+        return self.polls >= self._n or super().is_set()
+
+
+LONG_PROMPT = [{"role": "user", "content": "Summarise this: " + "the sea is calm tonight " * 150}]
+
+
+def test_cancel_stops_a_prompt_while_it_is_being_read(session: EngineSession) -> None:
+    """The prompt (over 700 tokens: two batches) is aborted inside its first batch's graph."""
+    session.clear_kv()
+    cancel = CancelAfterPolls(50)
+    pieces, result = run(session.stream_reply(LONG_PROMPT, GREEDY, cancel, max_tokens=8))
+    assert result.cancelled and pieces == [] and result.n_prompt > 700
+    assert session.kv_status().n_cells_used < result.n_prompt  # stopped before the prompt was read
+    assert cancel.polls >= 50
+    _, reference = run(session.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=12))
+    session.clear_kv()
+    _, fresh = run(session.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=12))
+    assert reference.text == fresh.text and not reference.cancelled  # nothing of the aborted read lingers
+
+
+def test_rebuild_can_be_cancelled_and_keeps_what_it_read(session: EngineSession) -> None:
+    progress: list[tuple[int, int]] = []
+    cancel = CancelAfterPolls(50, armed=False)
+
+    def on_progress(done: int, total: int) -> None:
+        progress.append((done, total))
+        cancel.armed = done >= 256  # abort inside the third chunk's graph
+
+    with session.cancellable(cancel), pytest.raises(CancelledError):
+        session.rebuild_kv(LONG_PROMPT, on_progress, chunk=128)
+    done, total = progress[-1]
+    assert done == 256 < total
+    assert session.kv_status().n_cells_used == done  # the chunks read stay cached, the aborted one does not
+    _, reply = run(session.stream_reply(LONG_PROMPT, GREEDY, threading.Event(), max_tokens=4))
+    assert reply.n_reused >= done - 1 and not reply.cancelled
+
+
+def test_a_request_cancelled_before_it_starts_reads_nothing(session: EngineSession) -> None:
+    session.clear_kv()
+    cancel = threading.Event()
+    cancel.set()
+    _, result = run(session.stream_reply(HELLO, GREEDY, cancel, max_tokens=8))
+    assert result.cancelled and session.kv_status().n_cells_used == 0
+

@@ -89,3 +89,30 @@ def test_version_1_files_are_migrated(tmp_path: Path) -> None:
     settings = Settings.load(path)
     assert settings["kv_mode"] == "q8_0" and settings["recent_models"] == ["/m.gguf"]
     assert settings.problems == []
+
+
+def test_a_newer_file_is_never_saved_over(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    newer = json.dumps({"schema_version": SCHEMA_VERSION + 1, "settings": {"n_ctx": 2048, "future": 1}})
+    path.write_text(newer)
+    settings = Settings.load(path)
+    assert "changes made now are not saved" in settings.problems[0]
+    settings.set("n_ctx", 8192)
+    settings.save()
+    settings.copy().save()  # as the window saves: a copy, on its background thread
+    assert path.read_text() == newer
+
+
+def test_every_setting_kind_has_a_validator() -> None:
+    from lazykv.core.kinds import SettingKind
+    from lazykv.core.settings import _VALIDATORS
+
+    assert set(_VALIDATORS) == set(SettingKind)
+    assert {s.kind for s in SETTINGS} <= set(SettingKind)
+
+
+def test_the_idle_description_states_the_idle_constants() -> None:
+    from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL
+
+    text = SETTINGS_BY_NAME["idle_conversion"].description
+    assert f"{IDLE_FILL:.0%}" in text and f"{IDLE_DELAY_S:g} s" in text

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lazykv.core.errors import ContextFullError
+from lazykv.core.kinds import ContextFullPolicy
 
-POLICIES = ("stop", "drop_oldest")
 MIN_REPLY_ROOM = 16  # a prompt leaving less room than this for the reply counts as full
 DEFAULT_REPLY_ROOM = 512
 
@@ -41,14 +41,17 @@ def fit_messages(
     ``stop`` sends everything or refuses; ``drop_oldest`` removes the oldest turns (a user
     message with the replies that follow it), never the system prompt or the last message.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"unknown context-full policy {policy!r} (known: {', '.join(POLICIES)})")
+    try:
+        policy = ContextFullPolicy(policy)
+    except ValueError:
+        known = ", ".join(ContextFullPolicy)
+        raise ValueError(f"unknown context-full policy {policy!r} (known: {known})") from None
     kept = [dict(m) for m in messages]
     n_prompt = count_tokens(kept)
     if n_prompt + MIN_REPLY_ROOM <= n_ctx:
-        if policy == "stop" or n_prompt + reply_room(n_ctx, max_tokens) <= n_ctx:
+        if policy is ContextFullPolicy.STOP or n_prompt + reply_room(n_ctx, max_tokens) <= n_ctx:
             return Fitted(kept, [], n_prompt)
-    if policy == "stop":
+    if policy is ContextFullPolicy.STOP:
         raise ContextFullError(
             f"The conversation ({n_prompt} tokens) no longer fits the context of {n_ctx} tokens. "
             "Start a new chat, raise the context length, or let older turns be dropped "

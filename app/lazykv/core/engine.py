@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import random
 import struct
 import threading
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import llama_cpp
@@ -17,10 +19,17 @@ from llama_cpp import llama_chat_format
 
 from lazykv.core.context_policy import fit_messages
 from lazykv.core.errors import EngineError
+from lazykv.core.kinds import (
+    DEFAULT_KV_MODE,
+    ContextFullPolicy,
+    ConversionStage,
+    FinishReason,
+    KvMode,
+    KvPhase,
+)
 from lazykv.core.model_meta import GGUFError, KvSupport, ModelMeta, read_model_meta
 
 GGUF_MAGIC = b"GGUF"
-KV_MODES = ("f16", "q8_0", "lazy")
 
 
 class ModelFileError(EngineError):
@@ -45,6 +54,10 @@ class KvModeError(EngineError):
 
 class NoModelError(EngineError):
     """A reply was requested before a model was loaded."""
+
+
+class CancelledError(EngineError):
+    """The request was cancelled before it finished (what it did so far is kept, see each method)."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +85,7 @@ class ModelInfo:
     n_ctx_train: int
     file_size: int
     n_ctx: int
-    kv_mode: str
+    kv_mode: KvMode
     n_threads: int
     meta: ModelMeta
 
@@ -86,8 +99,8 @@ class ModelInfo:
 class KvStatus:
     """The KV cache right now, as the memory panel shows it."""
 
-    kv_mode: str  # f16 | q8_0 | lazy
-    phase: str  # how the cells are stored now: f16 | converting | q8_0
+    kv_mode: KvMode
+    phase: KvPhase  # how the cells are stored now
     n_cells_used: int
     n_cells_capacity: int  # cells the current storage holds (the f16 view while lazy is in f16)
     n_cells_total: int  # cells of the cache (as q8_0 for a lazy cache)
@@ -109,7 +122,7 @@ class KvStatus:
 class ConversionEvent:
     """A lazy cache compacting to q8_0: ``start``, ``progress`` after each tensor, ``end``."""
 
-    stage: str
+    stage: ConversionStage
     done: int
     total: int
     n_cells: int  # cells (token positions) in use when it started
@@ -123,14 +136,14 @@ class ConversionEvent:
 @dataclass(frozen=True)
 class ReplyResult:
     text: str
-    finish_reason: str  # stop | length | cancelled
+    finish_reason: FinishReason
     n_prompt: int  # tokens of the prompt sent
     n_reused: int  # of those, tokens already in the KV cache (common prefix)
     dropped: list[dict[str, str]] = field(default_factory=list)  # turns left out to fit
 
     @property
     def cancelled(self) -> bool:
-        return self.finish_reason == "cancelled"
+        return self.finish_reason is FinishReason.CANCELLED
 
 
 @dataclass(frozen=True)
@@ -176,15 +189,39 @@ def read_checked_meta(path: Path) -> ModelMeta:
         raise ModelFileError(str(err)) from err
 
 
-def _kv_cache_params(kv_mode: str, flash_attn: bool) -> dict[str, object]:
-    if kv_mode not in KV_MODES:
-        raise EngineError(f"unknown KV cache mode {kv_mode!r} (known: {', '.join(KV_MODES)})")
+def _kv_mode(kv_mode: str) -> KvMode:
+    try:
+        return KvMode(kv_mode)
+    except ValueError:
+        known = ", ".join(KvMode)
+        raise EngineError(f"unknown KV cache mode {kv_mode!r} (known: {known})") from None
+
+
+def _kv_cache_params(kv_mode: KvMode, flash_attn: bool) -> dict[str, object]:
     params: dict[str, object] = {"flash_attn": flash_attn}
-    if kv_mode in ("q8_0", "lazy"):
+    if kv_mode in (KvMode.Q8_0, KvMode.LAZY):
         params.update(type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0)
-    if kv_mode == "lazy":
+    if kv_mode is KvMode.LAZY:
         params["kv_lazy_quant"] = True
     return params
+
+
+class _AbortWatch:
+    """The context's abort callback: a decode in progress stops between graph nodes once the watched
+    token is set (llama_decode then returns 2 and keeps the micro-batches it finished)."""
+
+    def __init__(self, ctx: llama_cpp.llama_context_p, token: Callable[[], threading.Event | None]) -> None:
+        self._ctx = ctx
+        self._token = token
+        self._callback = llama_cpp.ggml_abort_callback(self._aborted)  # kept alive while installed
+        llama_cpp.llama_set_abort_callback(ctx, self._callback, None)
+
+    def _aborted(self, _data: ctypes.c_void_p) -> bool:
+        token = self._token()
+        return token is not None and token.is_set()
+
+    def remove(self) -> None:
+        llama_cpp.llama_set_abort_callback(self._ctx, llama_cpp.ggml_abort_callback(), None)
 
 
 def default_threads() -> int:
@@ -204,12 +241,14 @@ class EngineSession:
         self._on_conversion: Callable[[ConversionEvent], None] | None = None
         self._conversion_cells = 0
         self._last_prompt: tuple[object, tuple[list[int], list[str]]] | None = None
+        self._abort: _AbortWatch | None = None
+        self._cancel: threading.Event | None = None  # the token of the request running (see cancellable)
 
     def load(
         self,
         model_path: Path | str,
         n_ctx: int = 4096,
-        kv_mode: str = "f16",
+        kv_mode: str = DEFAULT_KV_MODE,
         n_threads: int | None = None,
         *,
         flash_attn: bool = True,
@@ -221,6 +260,7 @@ class EngineSession:
         """
         path = Path(model_path)
         meta = read_checked_meta(path)
+        kv_mode = _kv_mode(kv_mode)
         kv_params = _kv_cache_params(kv_mode, flash_attn)
         support: KvSupport = meta.kv_support(flash_attn)
         if not support.allows(kv_mode):
@@ -252,9 +292,20 @@ class EngineSession:
         self.close()
         self._llama, self._info = llama, info
         self._formatter, self._last_prompt = _chat_formatter(llama), None
-        if kv_mode == "lazy":
+        self._abort = _AbortWatch(llama.ctx, lambda: self._cancel)
+        if kv_mode is KvMode.LAZY:
             llama.set_kv_lazy_progress_callback(self._conversion_progress)
         return info
+
+    @contextmanager
+    def cancellable(self, cancel: threading.Event) -> Iterator[None]:
+        """While inside, setting ``cancel`` (from any thread) stops a decode between graph nodes:
+        a prompt being read, a transcript being re-read. Nests: the outer token is watched again after."""
+        previous, self._cancel = self._cancel, cancel
+        try:
+            yield
+        finally:
+            self._cancel = previous
 
     def model_info(self) -> ModelInfo:
         if self._info is None:
@@ -269,12 +320,13 @@ class EngineSession:
         llama, info = self._require()
         lazy = llama.kv_lazy_info()
         if lazy.phase == "disabled":
-            storage = "f16" if info.kv_mode == "f16" else "q8_0"
+            storage = KvPhase.F16 if info.kv_mode is KvMode.F16 else KvPhase.Q8_0
             return KvStatus(info.kv_mode, storage, llama.n_tokens, info.n_ctx, info.n_ctx, lazy.kv_bytes)
-        capacity = lazy.n_cells_f16 if lazy.phase == "f16" else lazy.n_cells_total
+        phase = KvPhase(lazy.phase)
+        capacity = lazy.n_cells_f16 if phase is KvPhase.F16 else lazy.n_cells_total
         return KvStatus(
             kv_mode=info.kv_mode,
-            phase=lazy.phase,
+            phase=phase,
             n_cells_used=lazy.n_cells_used,
             n_cells_capacity=capacity,
             n_cells_total=lazy.n_cells_total,
@@ -286,7 +338,7 @@ class EngineSession:
     def convert_kv_now(self) -> bool:
         """Compact a lazy cache to q8_0 now (e.g. while the user reads); False if there was nothing to do."""
         llama, info = self._require()
-        if info.kv_mode != "lazy":
+        if info.kv_mode is not KvMode.LAZY:
             return False
         return llama.kv_lazy_convert()
 
@@ -356,7 +408,9 @@ class EngineSession:
         """Read the conversation into an empty cache in chunks, reporting (done, total) tokens after each.
 
         The fallback when a snapshot cannot be restored: afterwards the next reply only reads its
-        own turn. Returns the number of tokens read.
+        own turn. Returns the number of tokens read. Inside ``cancellable(token)``, setting the token
+        raises CancelledError within one graph node; the chunks read stay cached (the next reply
+        reuses them and reads the rest).
         """
         llama, info = self._require()
         tokens, _ = self._prompt(messages, add_generation_prompt=False)
@@ -364,9 +418,20 @@ class EngineSession:
         self.clear_kv()
         on_progress(0, len(tokens))
         for start in range(0, len(tokens), chunk):
-            llama.eval(tokens[start : start + chunk])
+            self._eval_or_cancel(llama, tokens[start : start + chunk])
             on_progress(min(start + chunk, len(tokens)), len(tokens))
         return len(tokens)
+
+    def _eval_or_cancel(self, llama: llama_cpp.Llama, tokens: Sequence[int]) -> None:
+        stopped = "stopped before the conversation was read to the end"
+        if self._cancel is not None and self._cancel.is_set():
+            raise CancelledError(stopped)
+        try:
+            llama.eval(tokens)
+        except RuntimeError as err:  # llama_decode returned 2: aborted
+            if self._cancel is not None and self._cancel.is_set():
+                raise CancelledError(stopped) from err
+            raise
 
     def clear_kv(self) -> None:
         """Empty the KV cache (a lazy cache returns to its f16 phase)."""
@@ -383,25 +448,43 @@ class EngineSession:
         sampling: SamplingSettings,
         cancel: threading.Event,
         max_tokens: int | None = None,
-        context_full: str = "stop",
+        context_full: str = ContextFullPolicy.STOP,
     ) -> Generator[str, None, ReplyResult]:
         """Yield the assistant's reply to ``messages`` piece by piece; return a ReplyResult.
 
         The prompt is the model's own chat template applied to ``messages``, cut to fit the
         context under the ``context_full`` policy (see context_policy). The KV cache keeps
         the common prefix with the previous prompt, so an edited or regenerated turn only
-        re-reads what changed. ``cancel`` is checked after every streamed piece: llama.cpp
+        re-reads what changed. ``cancel`` stops the prompt's reading through the context's abort
+        callback (within one graph node) and generation after every streamed piece: llama.cpp
         streams one token per piece, so generation stops within one token (a few more only
-        while it holds back an incomplete UTF-8 character or a partial stop string).
+        while it holds back an incomplete UTF-8 character or a partial stop string). A reply
+        cancelled before its first piece returns empty, ``cancelled``.
         ``max_tokens=None`` lets the reply run to the end of the model's turn or of the context.
         """
         llama, info = self._require()
         fitted = fit_messages(messages, self.count_tokens, info.n_ctx, context_full, max_tokens)
         tokens, stop = self._prompt(fitted.messages)
         n_reused = _common_prefix(llama.input_ids[: llama.n_tokens].tolist(), tokens)
+        result = ReplyResult("", FinishReason.CANCELLED, len(tokens), n_reused, fitted.dropped)
+        if cancel.is_set():
+            return result
+        with self.cancellable(cancel):
+            text, finish_reason = yield from self._stream(llama, tokens, stop, sampling, cancel, max_tokens)
+        return replace(result, text=text, finish_reason=finish_reason)
+
+    def _stream(
+        self,
+        llama: llama_cpp.Llama,
+        tokens: list[int],
+        stop: list[str],
+        sampling: SamplingSettings,
+        cancel: threading.Event,
+        max_tokens: int | None,
+    ) -> Generator[str, None, tuple[str, FinishReason]]:
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(32)
         pieces: list[str] = []
-        finish_reason = "stop"
+        finish_reason = FinishReason.STOP
         try:
             chunks = llama.create_completion(
                 prompt=tokens,
@@ -418,7 +501,7 @@ class EngineSession:
             try:
                 for chunk in chunks:
                     if cancel.is_set():
-                        finish_reason = "cancelled"
+                        finish_reason = FinishReason.CANCELLED
                         break
                     choice = chunk["choices"][0]
                     piece = choice.get("text")
@@ -426,20 +509,27 @@ class EngineSession:
                         pieces.append(piece)
                         yield piece
                     if choice.get("finish_reason"):
-                        finish_reason = choice["finish_reason"]
+                        finish_reason = FinishReason(choice["finish_reason"])
             finally:
                 chunks.close()
         except ValueError as err:  # e.g. the conversation no longer fits the context
             raise EngineError(str(err)) from err
-        return ReplyResult("".join(pieces), finish_reason, len(tokens), n_reused, fitted.dropped)
+        except RuntimeError:  # llama_decode returned 2: the prompt's reading was aborted
+            if not cancel.is_set():
+                raise
+            finish_reason = FinishReason.CANCELLED
+        return "".join(pieces), finish_reason
 
     def close(self) -> None:
         """Free the model and its context now rather than at garbage collection."""
         if self._llama is not None:
-            if self._info is not None and self._info.kv_mode == "lazy":
+            if self._info is not None and self._info.kv_mode is KvMode.LAZY:
                 self._llama.set_kv_lazy_progress_callback(None)
+            if self._abort is not None:
+                self._abort.remove()
             self._llama.close()
         self._llama, self._info, self._formatter, self._last_prompt = None, None, None, None
+        self._abort = None
 
     def _require(self) -> tuple[llama_cpp.Llama, ModelInfo]:
         if self._llama is None or self._info is None:
@@ -467,19 +557,19 @@ class EngineSession:
         return tokens, stop
 
     def _conversion_progress(self, lazy: llama_cpp.KvLazyInfo) -> None:
-        if lazy.phase == "converting" and lazy.progress_done == 0:
+        if lazy.phase == KvPhase.CONVERTING and lazy.progress_done == 0:
             self._conversion_cells = lazy.n_cells_used
-            stage = "start"
-        elif lazy.phase == "converting":
-            stage = "progress"
+            stage = ConversionStage.START
+        elif lazy.phase == KvPhase.CONVERTING:
+            stage = ConversionStage.PROGRESS
         else:
-            stage = "end"
+            stage = ConversionStage.END
         event = ConversionEvent(
             stage=stage,
             done=lazy.progress_done,
             total=lazy.progress_total,
             n_cells=self._conversion_cells,
-            duration_s=lazy.last_conversion_s if stage == "end" else 0.0,
+            duration_s=lazy.last_conversion_s if stage is ConversionStage.END else 0.0,
         )
         if self._on_conversion is not None:
             self._on_conversion(event)

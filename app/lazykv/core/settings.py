@@ -15,6 +15,8 @@ from typing import Any
 import platformdirs
 
 from lazykv.core.files import write_text_atomic
+from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL
+from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, KvMode, SettingKind
 
 APP_DIR_NAME = "lazykv"
 SCHEMA_VERSION = 2
@@ -24,10 +26,10 @@ MAX_RECENT_MODELS = 8
 
 @dataclass(frozen=True)
 class Setting:
-    """One option: ``kind`` is bool, int, float, str, text (multi-line), choice or path_list."""
+    """One option, of one of the SettingKinds (each has its validator here and its editor in the dialog)."""
 
     name: str
-    kind: str
+    kind: SettingKind
     default: Any
     label: str
     description: str
@@ -41,41 +43,64 @@ class Setting:
 
     def validate(self, value: Any) -> Any:
         """Return ``value`` as this setting's type, or raise ValueError saying why not."""
-        if self.kind == "bool":
-            if not isinstance(value, bool):
-                raise ValueError(f"{self.name}: expected true/false, got {value!r}")
-            return value
-        if self.kind in ("int", "float"):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{self.name}: expected a number, got {value!r}")
-            if self.kind == "int" and value != int(value):
-                raise ValueError(f"{self.name}: expected a whole number, got {value!r}")
-            value = int(value) if self.kind == "int" else float(value)
-            if self.minimum is not None and value < self.minimum:
-                raise ValueError(f"{self.name}: {value} is below the minimum {self.minimum:g}")
-            if self.maximum is not None and value > self.maximum:
-                raise ValueError(f"{self.name}: {value} is above the maximum {self.maximum:g}")
-            return value
-        if self.kind in ("str", "text"):
-            if not isinstance(value, str):
-                raise ValueError(f"{self.name}: expected text, got {value!r}")
-            return value
-        if self.kind == "choice":
-            if value not in {v for v, _ in self.choices}:
-                known = ", ".join(v for v, _ in self.choices)
-                raise ValueError(f"{self.name}: {value!r} is not one of {known}")
-            return value
-        if self.kind == "path_list":
-            if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
-                raise ValueError(f"{self.name}: expected a list of paths, got {value!r}")
-            return list(value)
-        raise ValueError(f"{self.name}: unknown setting kind {self.kind!r}")
+        return _VALIDATORS[self.kind](self, value)
 
 
-KV_MODE_CHOICES = (("lazy", "lazy q8_0 (f16 until half full)"), ("q8_0", "q8_0"), ("f16", "f16"))
+def _bool(setting: Setting, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{setting.name}: expected true/false, got {value!r}")
+    return value
+
+
+def _number(setting: Setting, value: Any) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{setting.name}: expected a number, got {value!r}")
+    if setting.kind is SettingKind.INT and value != int(value):
+        raise ValueError(f"{setting.name}: expected a whole number, got {value!r}")
+    value = int(value) if setting.kind is SettingKind.INT else float(value)
+    if setting.minimum is not None and value < setting.minimum:
+        raise ValueError(f"{setting.name}: {value} is below the minimum {setting.minimum:g}")
+    if setting.maximum is not None and value > setting.maximum:
+        raise ValueError(f"{setting.name}: {value} is above the maximum {setting.maximum:g}")
+    return value
+
+
+def _text(setting: Setting, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{setting.name}: expected text, got {value!r}")
+    return value
+
+
+def _choice(setting: Setting, value: Any) -> str:
+    if value not in {v for v, _ in setting.choices}:
+        known = ", ".join(v for v, _ in setting.choices)
+        raise ValueError(f"{setting.name}: {value!r} is not one of {known}")
+    return value
+
+
+def _path_list(setting: Setting, value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise ValueError(f"{setting.name}: expected a list of paths, got {value!r}")
+    return list(value)
+
+
+_VALIDATORS: dict[SettingKind, Callable[[Setting, Any], Any]] = {
+    SettingKind.BOOL: _bool,
+    SettingKind.INT: _number,
+    SettingKind.FLOAT: _number,
+    SettingKind.STR: _text,
+    SettingKind.TEXT: _text,
+    SettingKind.CHOICE: _choice,
+    SettingKind.PATH_LIST: _path_list,
+}
+
+
+KV_MODE_CHOICES = (
+    (KvMode.LAZY, "lazy q8_0 (f16 until half full)"), (KvMode.Q8_0, "q8_0"), (KvMode.F16, "f16")
+)
 CONTEXT_FULL_CHOICES = (
-    ("stop", "stop and tell me"),
-    ("drop_oldest", "drop the oldest turns (keep the system prompt)"),
+    (ContextFullPolicy.STOP, "stop and tell me"),
+    (ContextFullPolicy.DROP_OLDEST, "drop the oldest turns (keep the system prompt)"),
 )
 
 SNAPSHOT_CHOICES = (
@@ -86,52 +111,54 @@ SNAPSHOT_CHOICES = (
 
 SETTINGS: tuple[Setting, ...] = (
     # model and engine
-    Setting("model_path", "str", "", "Model", "GGUF model file; empty: the default model "
+    Setting("model_path", SettingKind.STR, "", "Model", "GGUF model file; empty: the default model "
             "(SmolLM2-135M-Instruct).", "Model", reloads_engine=True, in_dialog=False),
-    Setting("recent_models", "path_list", [], "Recent models", "Models opened recently, newest first.",
-            "Model", in_dialog=False),
-    Setting("kv_mode", "choice", "lazy", "KV cache", "How the context memory is stored: lazy q8_0 keeps "
-            "full f16 precision until the f16 view is full, then compacts to 8-bit in place.", "Engine",
-            choices=KV_MODE_CHOICES, reloads_engine=True),
-    Setting("n_ctx", "int", 4096, "Context length", "Tokens the model can see at once.", "Engine",
+    Setting("recent_models", SettingKind.PATH_LIST, [], "Recent models",
+            "Models opened recently, newest first.", "Model", in_dialog=False),
+    Setting("kv_mode", SettingKind.CHOICE, DEFAULT_KV_MODE, "KV cache", "How the context memory is stored: "
+            "lazy q8_0 keeps full f16 precision until the f16 view is full, then compacts to 8-bit in place.",
+            "Engine", choices=KV_MODE_CHOICES, reloads_engine=True),
+    Setting("n_ctx", SettingKind.INT, 4096, "Context length", "Tokens the model can see at once.", "Engine",
             minimum=256, maximum=131072, step=256, reloads_engine=True),
-    Setting("n_threads", "int", 0, "Threads", "CPU threads for the engine; 0: one per core.", "Engine",
-            minimum=0, maximum=256, reloads_engine=True),
-    Setting("n_gpu_layers", "int", 0, "GPU layers", "Layers offloaded to the GPU (GPU builds only; "
+    Setting("n_threads", SettingKind.INT, 0, "Threads", "CPU threads for the engine; 0: one per core.",
+            "Engine", minimum=0, maximum=256, reloads_engine=True),
+    Setting("n_gpu_layers", SettingKind.INT, 0, "GPU layers", "Layers offloaded to the GPU (GPU builds only; "
             "this build runs on the CPU).", "Engine", minimum=0, maximum=1000, reloads_engine=True),
-    Setting("flash_attn", "bool", True, "Flash attention", "Needed by the q8_0 and lazy KV caches.",
+    Setting("flash_attn", SettingKind.BOOL, True, "Flash attention", "Needed by the q8_0 and lazy KV caches.",
             "Engine", reloads_engine=True),
-    Setting("idle_conversion", "bool", True, "Compact while idle", "Lazy cache: when the f16 view is "
-            "at least 90% full and the engine has been idle for 2 s, compact it then, so the pause "
-            "does not land inside a reply.", "Engine"),
+    Setting("idle_conversion", SettingKind.BOOL, True, "Compact while idle", "Lazy cache: when the f16 view "
+            f"is at least {IDLE_FILL:.0%} full and the engine has been idle for {IDLE_DELAY_S:g} s, compact "
+            "it then, so the pause does not land inside a reply.", "Engine"),
     # conversation
-    Setting("system_prompt", "text", "", "System prompt", "Default system prompt of new chats.",
+    Setting("system_prompt", SettingKind.TEXT, "", "System prompt", "Default system prompt of new chats.",
             "Chat"),
-    Setting("context_full", "choice", "stop", "When the context is full", "What to do when the "
-            "conversation no longer fits the context.", "Chat", choices=CONTEXT_FULL_CHOICES),
-    Setting("max_reply_tokens", "int", 0, "Longest reply", "Tokens per reply; 0: until the model "
+    Setting("context_full", SettingKind.CHOICE, ContextFullPolicy.STOP, "When the context is full",
+            "What to do when the conversation no longer fits the context.", "Chat",
+            choices=CONTEXT_FULL_CHOICES),
+    Setting("max_reply_tokens", SettingKind.INT, 0, "Longest reply", "Tokens per reply; 0: until the model "
             "stops or the context is full.", "Chat", minimum=0, maximum=131072),
     # conversations
-    Setting("snapshot_encryption", "choice", "keyring", "Snapshot protection", "How saved KV snapshots "
-            "(which contain the conversation) are protected: a key kept in the OS keyring, a passphrase "
-            "asked once per session, or no encryption.", "Conversations", choices=SNAPSHOT_CHOICES),
-    Setting("snapshot_budget_mb", "int", 2048, "Snapshot disk budget (MiB)", "Snapshots beyond this "
-            "are deleted, least recently used first; transcripts are never deleted.", "Conversations",
+    Setting("snapshot_encryption", SettingKind.CHOICE, "keyring", "Snapshot protection", "How saved KV "
+            "snapshots (which contain the conversation) are protected: a key kept in the OS keyring, a "
+            "passphrase asked once per session, or no encryption.", "Conversations",
+            choices=SNAPSHOT_CHOICES),
+    Setting("snapshot_budget_mb", SettingKind.INT, 2048, "Snapshot disk budget (MiB)", "Snapshots beyond "
+            "this are deleted, least recently used first; transcripts are never deleted.", "Conversations",
             minimum=16, maximum=1_000_000, step=64),
-    Setting("passphrase_salt", "str", "", "Passphrase salt", "Salt of the passphrase key (not secret).",
-            "Conversations", in_dialog=False),
+    Setting("passphrase_salt", SettingKind.STR, "", "Passphrase salt",
+            "Salt of the passphrase key (not secret).", "Conversations", in_dialog=False),
     # sampling
-    Setting("temperature", "float", 0.7, "Temperature", "Randomness; 0 always picks the likeliest "
+    Setting("temperature", SettingKind.FLOAT, 0.7, "Temperature", "Randomness; 0 always picks the likeliest "
             "token.", "Sampling", minimum=0.0, maximum=2.0, step=0.05),
-    Setting("top_p", "float", 0.95, "Top-p", "Sample from the likeliest tokens covering this "
+    Setting("top_p", SettingKind.FLOAT, 0.95, "Top-p", "Sample from the likeliest tokens covering this "
             "probability.", "Sampling", minimum=0.0, maximum=1.0, step=0.01),
-    Setting("top_k", "int", 40, "Top-k", "Sample from this many likeliest tokens; 0: all.", "Sampling",
-            minimum=0, maximum=1000),
-    Setting("min_p", "float", 0.05, "Min-p", "Drop tokens less likely than this fraction of the "
+    Setting("top_k", SettingKind.INT, 40, "Top-k", "Sample from this many likeliest tokens; 0: all.",
+            "Sampling", minimum=0, maximum=1000),
+    Setting("min_p", SettingKind.FLOAT, 0.05, "Min-p", "Drop tokens less likely than this fraction of the "
             "likeliest.", "Sampling", minimum=0.0, maximum=1.0, step=0.01),
-    Setting("repeat_penalty", "float", 1.1, "Repeat penalty", "Above 1 discourages repetition.",
+    Setting("repeat_penalty", SettingKind.FLOAT, 1.1, "Repeat penalty", "Above 1 discourages repetition.",
             "Sampling", minimum=0.5, maximum=2.0, step=0.05),
-    Setting("seed", "int", -1, "Seed", "Random seed of every reply; -1: a new one each time.",
+    Setting("seed", SettingKind.INT, -1, "Seed", "Random seed of every reply; -1: a new one each time.",
             "Sampling", minimum=-1, maximum=2**31 - 1),
 )
 
@@ -168,6 +195,7 @@ class Settings:
         self.path = path or config_dir() / SETTINGS_FILE
         self._values: dict[str, Any] = {s.name: _copy(s.default) for s in SETTINGS}
         self.problems: list[str] = []
+        self.newer_file = False  # the file is a newer app's: it is kept as it is, never saved over
 
     @classmethod
     def load(cls, path: Path | None = None) -> Settings:
@@ -195,6 +223,7 @@ class Settings:
     def copy(self, overrides: dict[str, Any] | None = None) -> Settings:
         """A separate Settings on the same path (e.g. to save on another thread), ``overrides`` applied."""
         other = Settings(self.path)
+        other.newer_file = self.newer_file
         other._values = {**self.values(), **{k: _copy(v) for k, v in (overrides or {}).items()}}
         return other
 
@@ -203,7 +232,11 @@ class Settings:
         self._values["recent_models"] = [path, *recent][:MAX_RECENT_MODELS]
 
     def save(self) -> None:
-        """Write to a temp file in the same dir, fsync, rename: a crash keeps the old or the new file."""
+        """Write to a temp file in the same dir, fsync, rename: a crash keeps the old or the new file.
+
+        A file written by a newer LazyKV Chat is left as it is (this session's changes are not saved)."""
+        if self.newer_file:
+            return
         data = json.dumps({"schema_version": SCHEMA_VERSION, "settings": self._values}, indent=2)
         write_text_atomic(self.path, data + "\n")
 
@@ -220,8 +253,10 @@ class Settings:
             return
         version, values = raw.get("schema_version"), raw["settings"]
         if not isinstance(version, int) or version > SCHEMA_VERSION:
+            self.newer_file = isinstance(version, int)
             self.problems.append(
-                f"{self.path} was written by a newer LazyKV Chat (schema {version}); using the defaults"
+                f"{self.path} was written by a newer LazyKV Chat (schema {version}); using the defaults "
+                "for this session, and the file is kept as it is (changes made now are not saved)"
             )
             return
         while version < SCHEMA_VERSION:
