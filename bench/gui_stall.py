@@ -40,9 +40,11 @@ def main() -> int:
     window = MainWindow(settings, default_model=default_model_path())
     window.show()
     window.open_configured_model()
-    wait_for(window.worker.model_loaded)
+    wait_for(window.model_loaded)
     meter = StallMeter()
     rows: list[tuple[str, list[float], float]] = []
+    conversions: list = []
+    window.conversion_shown.connect(lambda e: conversions.append(e) if e.stage == "end" else None)
 
     def measure(label: str, action: Callable[[], None], until) -> None:  # noqa: ANN001 - a Qt signal
         meter.start()
@@ -54,17 +56,16 @@ def main() -> int:
 
     measure("engine idle (baseline, 2 s)", lambda: None, _timer_signal(app, 2000))
     measure("reply, 64 tokens, f16 phase", lambda: window.send_text("Tell me about the sea."),
-            window.worker.reply_finished)
+            window.reply_finished)
     items = ", ".join(f"item {i}" for i in range(200))  # ~1100 tokens: crosses the 1024-cell view
     measure("reply whose prompt crosses the breakpoint (conversion inside)",
             lambda: window.send_text(f"Here is a list: {items}. Which item comes last?"),
-            window.worker.reply_finished)
+            window.reply_finished)
     window.open_configured_model()  # a fresh cache
-    wait_for(window.worker.model_loaded)
+    wait_for(window.model_loaded)
     window.send_text("Write a long story about a lighthouse keeper. " * 40)
-    wait_for(window.worker.reply_finished)
-    measure("idle-time conversion (kv_lazy_convert)", window.convert_now, window.worker.converted)
-    conversions = [e for e, _ in window.conversions if e.stage == "end"]
+    wait_for(window.reply_finished)
+    measure("idle-time conversion (kv_lazy_convert)", window.convert_now, window.converted)
     window.close()
     pause(100)
     _write(rows, conversions)

@@ -10,9 +10,13 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QEventLoop, QObject, QTimer, Signal
 from PySide6.QtWidgets import QApplication, QWidget
+
+if TYPE_CHECKING:
+    from lazykv.core.engine import ConversionEvent
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 TIMEOUT_MS = 120_000
@@ -81,12 +85,12 @@ def main() -> int:
     window.resize(1180, 760)
     window.show()
     window.open_configured_model()
-    wait_for(window.worker.model_loaded)
+    wait_for(window.model_loaded)
 
     window.system_edit.setText("You are a friendly assistant. Answer briefly.")
     window.system_edit.editingFinished.emit()
     window.send_text("What is a KV cache in a language model, in two sentences?")
-    wait_for(window.worker.reply_finished)
+    wait_for(window.reply_finished)
     pause(300)
     shoot(window, "screenshot-chatting.png")
 
@@ -94,18 +98,16 @@ def main() -> int:
     window.settings.set("max_reply_tokens", 40)
     shots: list[bool] = []
 
-    def during(args: tuple) -> None:
-        event = args[0]
+    def during(event: ConversionEvent) -> None:
         if event.stage == "progress" and event.fraction >= 0.4 and not shots:
             shots.append(True)
             shoot(window, "screenshot-converting.png")
 
-    progress = OnGuiThread(window.worker.conversion)  # after the window's own handler: the banner is set
-    progress.fired.connect(during)
+    window.conversion_shown.connect(during)  # after the window's own handler: the banner is set
     items = ", ".join(f"item {i}" for i in range(110))
     window.send_text(f"Here is a list: {items}. Which item comes last?")
-    wait_for(window.worker.reply_finished)
-    progress.detach()
+    wait_for(window.reply_finished)
+    window.conversion_shown.disconnect(during)
     pause(1200)
     shoot(window.memory_dock, "screenshot-memory.png")
 

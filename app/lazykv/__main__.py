@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 from lazykv import __version__
 from lazykv.core import model_fetch
 from lazykv.core.engine_check import EngineMissingError, check_engine
+from lazykv.core.kinds import KvMode
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 
 APP_NAME = "LazyKV Chat"
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ctx", type=int, metavar="N", help="context size in tokens (default: the setting, 4096)"
     )
     parser.add_argument(
-        "--kv", choices=("f16", "q8_0", "lazy"),
+        "--kv", choices=tuple(KvMode),
         help="KV cache: f16, q8_0, or lazy q8_0 (f16 until half full, then q8_0; the default setting)"
     )
     parser.add_argument(
@@ -58,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # imported only now: both import llama_cpp, which check_engine has vouched for
     from lazykv.core import engine
+    from lazykv.core.store import data_dir
     from lazykv.qt.main_window import MainWindow
+    from lazykv.qt.single_instance import SingleInstance
 
     overrides: dict[str, object] = {}
     if args.ctx is not None:
@@ -81,12 +84,31 @@ def main(argv: list[str] | None = None) -> int:
         settings.set("model_path", "")
 
     app = _application()
+    instance = SingleInstance(data_dir(), app)
+    if not instance.claim():
+        print(f"lazykv: {APP_NAME} is already running; its window was brought forward", file=sys.stderr)
+        return 0
     window = MainWindow(settings, overrides, default_model=default_model_path())
+    instance.activated.connect(lambda: _bring_forward(window))
     app.aboutToQuit.connect(window.shutdown_engine)
     _quit_on_sigint(window)
     window.show()
     window.open_configured_model()
-    return app.exec()
+    code = app.exec()
+    clean = window.shutdown_engine()
+    instance.release()
+    if not clean:  # the engine thread is still inside native code: do not wait on it any longer
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _bring_forward(window: QWidget) -> None:
+    """Another start of the app asked for this window."""
+    print("lazykv: started again: bringing the window forward", file=sys.stderr)
+    window.showNormal()
+    window.raise_()
+    window.activateWindow()
 
 
 def _application() -> QApplication:

@@ -1,8 +1,11 @@
-"""Saved conversations in the window: the list, saving after each reply, resuming, the snapshot key.
+"""Saved conversations in the window: the chat on screen, saving after each turn, resuming, the list.
 
-Database work runs on the window's background thread (its own connection); snapshots are
-saved and restored by the engine worker (it holds the KV cache). The transcript is written
-before the snapshot, so a crash never loses a word that was on screen.
+``Conversations`` is the one owner of the chat on screen (its transcript, where it is saved,
+whether it is private). Database work runs on the window's background thread (its own
+connection, one job at a time, in order); snapshots are saved and restored by the engine
+worker (it holds the KV cache). The transcript is written before the snapshot, so a crash
+never loses a word that was on screen. Views refresh only for their own changes: a saved turn
+updates its row of the list in place.
 """
 
 from __future__ import annotations
@@ -11,21 +14,33 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
-from PySide6.QtWidgets import QFileDialog, QInputDialog, QLineEdit, QMessageBox, QPushButton
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QInputDialog,
+    QLineEdit,
+    QMessageBox,
+    QPushButton,
+    QStatusBar,
+    QWidget,
+)
 
 from lazykv.core.conversation import Conversation
+from lazykv.core.engine import ModelInfo, SamplingSettings
 from lazykv.core.files import write_text_atomic
 from lazykv.core.keys import KeyringUnavailableError, load_or_create_key, new_salt
+from lazykv.core.kinds import ExportFormat
 from lazykv.core.memory import fmt_bytes
 from lazykv.core.persistence import Crypto, OpenResult, SaveResult
+from lazykv.core.settings import Settings
 from lazykv.core.snapshot import ENCRYPTION_KEYRING, ENCRYPTION_NONE, ENCRYPTION_PASSPHRASE
-from lazykv.core.store import ConversationRecord, Store
-
-if TYPE_CHECKING:
-    from lazykv.qt.main_window import MainWindow
+from lazykv.core.store import ConversationRecord, ConversationSummary, Store
+from lazykv.qt.background import Background
+from lazykv.qt.conversations_panel import ConversationsPanel
+from lazykv.qt.operations import EngineClient
+from lazykv.qt.worker import Failure, OpenConversation, SaveSnapshot, SetCrypto
 
 UNDO_MS = 10_000
 TITLE_CHARS = 60
@@ -37,26 +52,79 @@ def title_from(turns: list[dict[str, str]]) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
 
 
+class ConversationsHost(Protocol):
+    """What Conversations needs from its window (the window satisfies it; no import of it here)."""
+
+    conversations_panel: ConversationsPanel
+    background: Background
+    engine: EngineClient
+    model_info: ModelInfo | None
+    settings: Settings
+
+    def statusBar(self) -> QStatusBar: ...  # noqa: N802 - Qt's name
+    def show_error(self, title: str, message: str, details: str = "") -> None: ...
+    def setting(self, name: str) -> Any: ...
+    def sampling(self) -> SamplingSettings: ...
+    def can_switch_conversation(self) -> bool: ...
+    def stop_reply(self) -> None: ...
+    def show_chat(self, title: str | None) -> None: ...
+    def begin_resume(self) -> None: ...
+    def resume_progress(self, done: int, total: int) -> None: ...
+    def end_resume(self, result: OpenResult | None, failure: Failure | None = None) -> None: ...
+    def apply_settings(self, changed: dict[str, Any]) -> None: ...
+    def save_settings(self) -> None: ...
+
+
+class SavedAs:
+    """Where a chat is saved. Only database jobs set ``id`` (they run one at a time, in order), so a
+    second save queued behind a slow first one finds the conversation the first one created."""
+
+    def __init__(self, conv_id: int | None = None) -> None:
+        self.id = conv_id
+
+
+@dataclasses.dataclass(eq=False)
+class Chat:
+    """The conversation on screen and where it is saved."""
+
+    conversation: Conversation
+    saved: SavedAs = dataclasses.field(default_factory=SavedAs)
+    first_saved: int = 0  # turns before this are never written (typed while Private was on)
+    unsaved_private_turns: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Persisted:
+    conv_id: int
+    created: bool
+    summary: ConversationSummary | None
+
+
 class Conversations(QObject):
-    """Owns the window's conversation id, the GUI-side database connection and the snapshot crypto."""
+    """Owns the chat on screen, the GUI-side database connection and the snapshot crypto."""
 
-    save_snapshot_requested = Signal(int, object)  # conversation id, budget bytes (may exceed int32)
-    open_requested = Signal(int, object)  # conversation id, messages
+    private_changed = Signal(bool)
     crypto_changed = Signal(object)  # Crypto | None
+    saved = Signal(int)  # conversation id: its transcript was written
+    snapshot_saved = Signal(int, object)  # conversation id, SaveResult
+    opened = Signal(int, object)  # conversation id, OpenResult (after the window has shown it)
 
-    def __init__(self, window: MainWindow) -> None:
-        super().__init__(window)
-        self.window = window
-        self.current: int | None = None
+    def __init__(self, host: ConversationsHost, dialog_parent: QWidget, system_prompt: str,
+                 undo_ms: int = UNDO_MS) -> None:
+        super().__init__(dialog_parent)
+        self.host = host
+        self._dialogs = dialog_parent
+        self.chat = Chat(Conversation(system_prompt))
         self.private = False
         self.crypto: Crypto | None = None
         self.last_saved: SaveResult | None = None
-        self.last_opened: OpenResult | None = None
         self._store: Store | None = None  # lives on the background thread
         self._deleted: ConversationRecord | None = None
-        panel = window.conversations_panel
+        self._opening: int | None = None  # the id being read from the database to open
+        self.resume: OpenConversation | None = None  # the engine request resuming the chat on screen
+        self._undo_ms = undo_ms
+        panel = host.conversations_panel
         panel.open_requested.connect(self.open)
-        panel.new_requested.connect(window.new_chat)
         panel.rename_requested.connect(self.ask_rename)
         panel.delete_requested.connect(self.delete)
         panel.export_requested.connect(self.export)
@@ -67,24 +135,30 @@ class Conversations(QObject):
         self.undo_button.setObjectName("undo-delete")
         self.undo_button.hide()
         self.undo_button.clicked.connect(self.undo_delete)
-        window.statusBar().addWidget(self.undo_button)
+        host.statusBar().addWidget(self.undo_button)
         self._undo_timer = QTimer(self)
         self._undo_timer.setSingleShot(True)
         self._undo_timer.timeout.connect(self.undo_button.hide)
 
+    @property
+    def current(self) -> int | None:
+        """The id the chat on screen is saved under (None until its first save)."""
+        return self.chat.saved.id
+
     # -- database calls, on the background thread -------------------------------------------------
 
     def call(self, fn: Callable[[Store], Any], on_done: Callable[[Any], None] | None = None,
-             what: str = "The conversation database") -> None:
+             what: str = "The conversation database",
+             on_error: Callable[[Exception], None] | None = None) -> None:
         def job() -> Any:
             if self._store is None:
                 self._store = Store()
             return fn(self._store)
 
         def failed(err: Exception) -> None:
-            self.window.show_error(f"{what} failed", str(err))
+            self.host.show_error(f"{what} failed", str(err) or type(err).__name__)
 
-        self.window.background.run(job, on_done, failed)
+        self.host.background.run(job, on_done, on_error or failed, what)
 
     def close(self) -> None:
         def job() -> None:
@@ -92,96 +166,190 @@ class Conversations(QObject):
                 self._store.close()
                 self._store = None
 
-        self.window.background.run(job)
+        self.host.background.run(job, what="Closing the conversation database")
 
-    # -- the list -----------------------------------------------------------------------------------
+    # -- the chat on screen -------------------------------------------------------------------------
 
-    def refresh(self, query: str | None = None) -> None:
-        query = self.window.conversations_panel.search.text() if query is None else query
-        current = self.current
-        self.call(lambda s: s.search(query) if query.strip() else s.list_conversations(),
-                  lambda items: self.window.conversations_panel.set_conversations(items, current))
+    def new_chat(self, system_prompt: str) -> None:
+        self._cancel_resume()
+        self._opening = None
+        self.chat = Chat(Conversation(system_prompt))
+        self.host.show_chat(None)
+        self.host.conversations_panel.select(None)
 
     def set_private(self, private: bool) -> None:
+        """Private on: nothing more is saved. Off: saving starts from this point, as a new conversation
+        when turns were typed while private (they are never written)."""
+        if private == self.private:
+            return
         self.private = private
-        self.window.conversations_panel.private_box.setChecked(private)
-        self.window.update_title()
+        chat = self.chat
+        if not private and chat.unsaved_private_turns:
+            chat.first_saved = len(chat.conversation)
+            chat.saved = SavedAs()
+            chat.unsaved_private_turns = False
+        self.private_changed.emit(private)
 
     # -- saving ----------------------------------------------------------------------------------------
 
     def persist(self, snapshot: bool) -> None:
         """Write the transcript now; then, if asked and possible, the KV snapshot (worker thread)."""
-        conversation = self.window.conversation
-        if self.private or len(conversation) == 0:
+        chat = self.chat
+        if self.private:
+            chat.unsaved_private_turns = chat.unsaved_private_turns or len(chat.conversation) > 0
             return
-        turns, system = conversation.turns(), conversation.system_prompt
-        settings = {
-            "model_path": str(self.window.model_info.path) if self.window.model_info else "",
-            "kv_mode": self.window.setting("kv_mode"),
-            "n_ctx": self.window.setting("n_ctx"),
-            "sampling": dataclasses.asdict(self.window.sampling()),
-        }
-        conv_id = self.current
+        chat.first_saved = min(chat.first_saved, len(chat.conversation))
+        turns = chat.conversation.turns()[chat.first_saved:]
+        if not turns:
+            return
+        system = chat.conversation.system_prompt
+        settings = self._conversation_settings()
+        saved = chat.saved
 
-        def job(store: Store) -> int:
-            cid = conv_id
-            if cid is None:
-                cid = store.create_conversation(title_from(turns), system, settings)
-            store.replace_messages(cid, turns)
-            store.set_system_prompt(cid, system)
-            store.set_settings(cid, settings)
-            return cid
+        def job(store: Store) -> _Persisted:
+            created = saved.id is None
+            if saved.id is None:
+                saved.id = store.create_conversation(title_from(turns), system, settings)
+            store.replace_messages(saved.id, turns)
+            store.set_system_prompt(saved.id, system)
+            store.set_settings(saved.id, settings)
+            return _Persisted(saved.id, created, _summary(store, saved.id))
 
-        def done(cid: int) -> None:
-            if self.window.conversation is conversation:
-                self.current = cid
-            if snapshot and self.crypto is not None and self.window.model_info is not None:
-                budget = self.window.setting("snapshot_budget_mb") * 1024 * 1024
-                self.save_snapshot_requested.emit(cid, budget)
-            self.refresh()
+        def done(persisted: _Persisted) -> None:
+            if persisted.summary is not None:
+                self.host.conversations_panel.upsert(persisted.summary, selected=self.chat.saved is saved)
+            self.saved.emit(persisted.conv_id)
+            if snapshot and self.chat.saved is saved:
+                self._save_snapshot(persisted.conv_id)
 
         self.call(job, done, "Saving the conversation")
 
-    def on_snapshot_saved(self, conv_id: int, result: SaveResult) -> None:
+    def forget_turn(self) -> None:
+        """The last user turn was refused (taken back into the input box): the database forgets it too,
+        and a conversation left empty is removed (it was made for that turn)."""
+        chat = self.chat
+        if self.private:
+            return
+        if len(chat.conversation) > chat.first_saved:
+            self.persist(snapshot=False)
+            return
+        saved = chat.saved
+
+        def job(store: Store) -> int | None:  # after the turn's own save, which may still be queued
+            removed, saved.id = saved.id, None
+            if removed is not None:
+                store.delete(removed)
+            return removed
+
+        def done(removed: int | None) -> None:
+            if removed is not None:
+                self.host.conversations_panel.remove(removed)
+
+        self.call(job, done, "Saving the conversation")
+
+    def _conversation_settings(self) -> dict[str, Any]:
+        model = self.host.model_info
+        return {
+            "model_path": str(model.path) if model else "",
+            "kv_mode": self.host.setting("kv_mode"),
+            "n_ctx": self.host.setting("n_ctx"),
+            "sampling": dataclasses.asdict(self.host.sampling()),
+        }
+
+    def _save_snapshot(self, conv_id: int) -> None:
+        if self.crypto is None or self.host.model_info is None:
+            return
+        budget = self.host.setting("snapshot_budget_mb") * 1024 * 1024
+        self.host.engine.submit(SaveSnapshot(conv_id, budget), lambda r: self._snapshot_saved(conv_id, r),
+                                self._snapshot_failed)
+
+    def _snapshot_saved(self, conv_id: int, result: SaveResult | None) -> None:
+        if result is None:
+            return
         self.last_saved = result
         pruned = f"; {len(result.pruned)} old snapshots pruned" if result.pruned else ""
-        self.window.statusBar().showMessage(
+        self.host.statusBar().showMessage(
             f"Saved: snapshot of {result.n_tokens} tokens, {fmt_bytes(result.size)}, "
             f"in {1000 * result.seconds:.0f} ms{pruned}", 5000)
+        self.snapshot_saved.emit(conv_id, result)
 
-    def on_snapshot_failed(self, conv_id: int, message: str) -> None:
-        self.window.statusBar().showMessage(
-            f"The KV snapshot was not saved ({message}); the transcript is saved and will be re-read", 10_000)
+    def _snapshot_failed(self, failure: Failure) -> None:
+        if not failure.cancelled:
+            self.host.statusBar().showMessage(
+                f"The KV snapshot was not saved ({failure.message}); the transcript is saved and will be "
+                "re-read", 10_000)
+
+    # -- the list -----------------------------------------------------------------------------------
+
+    def refresh(self, query: str | None = None) -> None:
+        """Reload the whole list (start-up, search, import, delete, undo)."""
+        panel = self.host.conversations_panel
+        query = panel.search.text() if query is None else query
+
+        def shown(items: list[ConversationSummary]) -> None:
+            panel.set_conversations(items, self.current)
+
+        self.call(lambda s: s.search(query) if query.strip() else s.list_conversations(), shown,
+                  "Listing the conversations")
 
     # -- opening ---------------------------------------------------------------------------------------
 
     def open(self, conv_id: int) -> None:
-        if not self.window.can_switch_conversation() or conv_id == self.current:
+        """Read the conversation off the GUI thread, show it, then restore or rebuild its KV cache."""
+        if not self.host.can_switch_conversation() or conv_id == self.current:
             return
-        self.call(lambda s: s.conversation(conv_id), self._show, "Opening the conversation")
+        self._opening = conv_id
+        self.call(lambda s: _load(s, conv_id), self._show, "Opening the conversation")
 
-    def _show(self, record: ConversationRecord) -> None:
-        conversation = Conversation(record.system_prompt)
-        for message in record.messages:
-            if message["role"] == "system":
-                conversation.system_prompt = message["content"]
-            else:
-                conversation.add(message["role"], message["content"])
-        self.current = record.id
-        self.window.show_conversation(conversation, record.title)
-        if self.window.model_info is not None:
-            self.window.begin_resume()
-            self.open_requested.emit(record.id, conversation.messages())
-        self.refresh()
+    def _show(self, loaded: tuple[ConversationRecord, Conversation]) -> None:
+        record, conversation = loaded
+        if self._opening != record.id:
+            return  # another chat was chosen, or this one deleted, while it was read
+        self._opening = None
+        self._cancel_resume()
+        self.chat = Chat(conversation, SavedAs(record.id))
+        self.host.show_chat(record.title)
+        self.host.conversations_panel.select(record.id)
+        if self.host.model_info is None:
+            return
+        self.host.begin_resume()
+        chat = self.chat
+        self.resume = OpenConversation(record.id, conversation.messages())
+        self.host.engine.submit(
+            self.resume,
+            lambda result: self._resumed(chat, result),
+            lambda failure: self._resume_failed(chat, failure),
+            lambda progress: self.host.resume_progress(*progress) if chat is self.chat else None,
+        )
 
-    def on_opened(self, conv_id: int, result: OpenResult) -> None:
-        self.last_opened = result
-        self.window.end_resume(result)
+    def cancel_resume(self) -> None:
+        """Stop re-reading the transcript (the banner's Stop): the next reply reads the rest."""
+        if self.resume is not None:
+            self.resume.cancel.set()
+
+    def _cancel_resume(self) -> None:
+        self.cancel_resume()
+        self.resume = None
+
+    def _resumed(self, chat: Chat, result: OpenResult) -> None:
+        if chat is not self.chat:  # replaced while it resumed: its answer only ends the wait
+            self.host.end_resume(None, Failure("", cancelled=True))
+            return
+        self.resume = None
+        self.host.end_resume(result)
+        self.opened.emit(chat.saved.id, result)
+
+    def _resume_failed(self, chat: Chat, failure: Failure) -> None:
+        if chat is not self.chat:
+            self.host.end_resume(None, Failure("", cancelled=True))
+            return
+        self.resume = None
+        self.host.end_resume(None, failure)
 
     # -- rename, delete, export, import ----------------------------------------------------------------
 
     def ask_rename(self, conv_id: int) -> None:
-        dialog = QInputDialog(self.window)
+        dialog = QInputDialog(self._dialogs)
         dialog.setObjectName("rename-dialog")
         dialog.setWindowTitle("Rename conversation")
         dialog.setLabelText("Title:")
@@ -190,18 +358,33 @@ class Conversations(QObject):
         dialog.open()
 
     def rename(self, conv_id: int, title: str) -> None:
-        self.call(lambda s: s.rename(conv_id, title), lambda _: self._after_change(conv_id), "Renaming")
+        def job(store: Store) -> ConversationSummary | None:
+            store.rename(conv_id, title)
+            return _summary(store, conv_id)
+
+        def done(summary: ConversationSummary | None) -> None:
+            if summary is not None:
+                self.host.conversations_panel.upsert(summary, selected=summary.id == self.current)
+
+        self.call(job, done, "Renaming")
 
     def delete(self, conv_id: int) -> None:
-        """Delete now, with Undo in the status bar for a while (the snapshot file stays until pruned)."""
+        """Delete now, with Undo in the status bar for a while (the snapshot file stays until pruned).
+
+        The chat on screen, when it is the one deleted (even while it is still being opened), is
+        replaced by a new chat at once; its resume is stopped."""
+        if conv_id == self._opening:
+            self._opening = None
+        if conv_id == self.current:
+            self.host.stop_reply()
+            self.new_chat(self.chat.conversation.system_prompt)
+
         def done(record: ConversationRecord) -> None:
             self._deleted = record
-            if record.id == self.current:
-                self.window.new_chat()
-            self.window.statusBar().showMessage(f"Deleted “{record.title}”", UNDO_MS)
+            self.host.statusBar().showMessage(f"Deleted “{record.title}”", self._undo_ms)
             self.undo_button.show()
-            self._undo_timer.start(UNDO_MS)
-            self.refresh()
+            self._undo_timer.start(self._undo_ms)
+            self.host.conversations_panel.remove(record.id)
 
         self.call(lambda s: s.delete(conv_id), done, "Deleting")
 
@@ -211,17 +394,16 @@ class Conversations(QObject):
         if record is not None:
             self.call(lambda s: s.undelete(record), lambda _: self.refresh(), "Undoing the delete")
 
-    def export(self, conv_id: int, fmt: str) -> None:
-        suffix, filt = (".md", "Markdown (*.md)") if fmt == "markdown" else (".json", "JSON (*.json)")
+    def export(self, conv_id: int, fmt: ExportFormat) -> None:
         path, _ = QFileDialog.getSaveFileName(
-            self.window, "Export conversation", f"conversation{suffix}", filt
+            self._dialogs, "Export conversation", f"conversation{fmt.suffix}", fmt.file_filter
         )
         if path:
             self.export_to(conv_id, fmt, Path(path))
 
-    def export_to(self, conv_id: int, fmt: str, path: Path) -> None:
+    def export_to(self, conv_id: int, fmt: ExportFormat, path: Path) -> None:
         def job(store: Store) -> Path:
-            if fmt == "markdown":
+            if fmt is ExportFormat.MARKDOWN:
                 text = store.export_markdown(conv_id)
             else:
                 text = json.dumps(store.export_json(conv_id), indent=2, ensure_ascii=False)
@@ -229,12 +411,12 @@ class Conversations(QObject):
             return path
 
         def done(written: Path) -> None:
-            self.window.statusBar().showMessage(f"Exported to {written}", 5000)
+            self.host.statusBar().showMessage(f"Exported to {written}", 5000)
 
         self.call(job, done, "Exporting")
 
     def ask_import(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self.window, "Import conversation", "", "JSON (*.json)")
+        path, _ = QFileDialog.getOpenFileName(self._dialogs, "Import conversation", "", "JSON (*.json)")
         if path:
             self.import_from(Path(path))
 
@@ -248,32 +430,32 @@ class Conversations(QObject):
 
         self.call(job, lambda _: self.refresh(), f"Importing {path.name}")
 
-    def _after_change(self, conv_id: int) -> None:
-        self.refresh()
-
     # -- the snapshot key ------------------------------------------------------------------------------
 
     def setup_crypto(self) -> None:
         """How snapshots are protected, from the setting; asks when the keyring is missing."""
-        scheme = self.window.setting("snapshot_encryption")
-        if scheme == "none":
+        scheme = self.host.setting("snapshot_encryption")
+        if scheme == ENCRYPTION_NONE:
             self._use(Crypto(ENCRYPTION_NONE))
-        elif scheme == "passphrase":
+        elif scheme == ENCRYPTION_PASSPHRASE:
             self.ask_passphrase()
         else:
             def use_key(key: bytes) -> None:
                 self._use(Crypto(ENCRYPTION_KEYRING, key))
 
-            self.window.background.run(load_or_create_key, use_key, self._keyring_missing)
+            self.host.background.run(load_or_create_key, use_key, self._keyring_missing,
+                                     "Reading the keyring")
 
     def _use(self, crypto: Crypto | None) -> None:
         self.crypto = crypto
+        self.host.engine.submit(SetCrypto(crypto))
         self.crypto_changed.emit(crypto)
 
     def _keyring_missing(self, err: Exception) -> None:
         self._use(None)
         message = str(err) if isinstance(err, KeyringUnavailableError) else f"The OS keyring failed: {err}"
-        box = QMessageBox(QMessageBox.Icon.Information, "Conversation snapshots", message, parent=self.window)
+        box = QMessageBox(QMessageBox.Icon.Information, "Conversation snapshots", message,
+                          parent=self._dialogs)
         box.setObjectName("keyring-box")
         box.setInformativeText(
             "Snapshots let a long conversation resume in milliseconds instead of re-reading it. "
@@ -286,15 +468,15 @@ class Conversations(QObject):
 
         def chosen(button: QPushButton) -> None:
             if button is passphrase:
-                self.window.apply_settings({"snapshot_encryption": "passphrase"})
+                self.host.apply_settings({"snapshot_encryption": ENCRYPTION_PASSPHRASE})
             elif button is plain:
-                self.window.apply_settings({"snapshot_encryption": "none"})
+                self.host.apply_settings({"snapshot_encryption": ENCRYPTION_NONE})
 
         box.buttonClicked.connect(chosen)
         box.open()
 
     def ask_passphrase(self) -> None:
-        dialog = QInputDialog(self.window)
+        dialog = QInputDialog(self._dialogs)
         dialog.setObjectName("passphrase-dialog")
         dialog.setWindowTitle("Snapshot passphrase")
         dialog.setLabelText("Passphrase for this session's conversation snapshots:")
@@ -307,9 +489,26 @@ class Conversations(QObject):
         if not passphrase:
             self._use(None)
             return
-        salt_hex = self.window.settings["passphrase_salt"]
+        settings = self.host.settings
+        salt_hex = settings["passphrase_salt"]
         if not salt_hex:
             salt_hex = new_salt().hex()
-            self.window.settings.set("passphrase_salt", salt_hex)
-            self.window.save_settings()
+            settings.set("passphrase_salt", salt_hex)
+            self.host.save_settings()
         self._use(Crypto(ENCRYPTION_PASSPHRASE, passphrase=passphrase, salt=bytes.fromhex(salt_hex)))
+
+
+def _load(store: Store, conv_id: int) -> tuple[ConversationRecord, Conversation]:
+    """The record and its Conversation, built on the background thread (a long one costs the GUI nothing)."""
+    record = store.conversation(conv_id)
+    conversation = Conversation(record.system_prompt)
+    for message in record.messages:
+        if message["role"] == "system":
+            conversation.system_prompt = message["content"]
+        else:
+            conversation.add(message["role"], message["content"])
+    return record, conversation
+
+
+def _summary(store: Store, conv_id: int) -> ConversationSummary | None:
+    return next((s for s in store.list_conversations() if s.id == conv_id), None)

@@ -22,9 +22,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from lazykv.core.kinds import ExportFormat
 from lazykv.core.store import ConversationSummary
 
 SEARCH_DELAY_MS = 250
+EXPORTS = (("Export as Markdown…", ExportFormat.MARKDOWN), ("Export as JSON…", ExportFormat.JSON))
 
 
 class ConversationsPanel(QWidget):
@@ -32,7 +34,7 @@ class ConversationsPanel(QWidget):
     new_requested = Signal()
     rename_requested = Signal(int)
     delete_requested = Signal(int)
-    export_requested = Signal(int, str)  # id, "markdown" | "json"
+    export_requested = Signal(int, object)  # id, ExportFormat
     import_requested = Signal()
     search_changed = Signal(str)
     private_toggled = Signal(bool)
@@ -66,10 +68,9 @@ class ConversationsPanel(QWidget):
         self.more_button.setText("More")
         self.more_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         more = QMenu(self.more_button)
-        more.addAction("Export as Markdown…", lambda: self._with_selected(
-            lambda cid: self.export_requested.emit(cid, "markdown")))
-        more.addAction("Export as JSON…", lambda: self._with_selected(
-            lambda cid: self.export_requested.emit(cid, "json")))
+        for label, fmt in EXPORTS:
+            more.addAction(label, lambda f=fmt: self._with_selected(
+                lambda cid: self.export_requested.emit(cid, f)))
         more.addAction("Import JSON…", self.import_requested.emit)
         self.more_button.setMenu(more)
         self.private_box = QCheckBox("Private (save nothing)")
@@ -86,19 +87,48 @@ class ConversationsPanel(QWidget):
         layout.addWidget(self.private_box)
 
     def set_conversations(self, items: Sequence[ConversationSummary], current: int | None) -> None:
+        """Replace the whole list (start-up, search, import, undo); the scroll position is kept."""
+        bar = self.list.verticalScrollBar()
+        scrolled = bar.value()
         self.list.clear()
         for summary in items:
-            when = dt.datetime.fromtimestamp(summary.updated).strftime("%Y-%m-%d %H:%M")
-            text = f"{summary.title}\n{when} · {summary.n_messages} messages"
-            if summary.snippet:
-                text += f"\n{summary.snippet}"
-            item = QListWidgetItem(text)
-            item.setData(Qt.ItemDataRole.UserRole, summary.id)
+            self.list.addItem(_item(summary))
+        self.select(current)
+        bar.setValue(scrolled)
+
+    def upsert(self, summary: ConversationSummary, selected: bool) -> None:
+        """One conversation changed (a saved turn, a rename): its row is updated, or added on top,
+        the rest of the list and its scroll position stay as they are."""
+        row = self._row(summary.id)
+        if row is None:
+            if not self.search.text().strip():
+                self.list.insertItem(0, _item(summary))
+        else:
+            item = self.list.item(row)
+            item.setText(_item_text(summary))
             item.setToolTip(summary.snippet or summary.title)
-            self.list.addItem(item)
-            if summary.id == current:
-                item.setSelected(True)
-                self.list.setCurrentItem(item)
+            if row > 0 and not self.search.text().strip():  # most recently updated first
+                self.list.insertItem(0, self.list.takeItem(row))
+        if selected:
+            self.select(summary.id)
+
+    def remove(self, conv_id: int) -> None:
+        row = self._row(conv_id)
+        if row is not None:
+            self.list.takeItem(row)
+
+    def select(self, conv_id: int | None) -> None:
+        row = self._row(conv_id) if conv_id is not None else None
+        if row is None:
+            self.list.clearSelection()
+            self.list.setCurrentItem(None)
+            return
+        item = self.list.item(row)
+        item.setSelected(True)
+        self.list.setCurrentItem(item)
+
+    def _row(self, conv_id: int) -> int | None:
+        return next((i for i, cid in enumerate(self.ids()) if cid == conv_id), None)
 
     def ids(self) -> list[int]:
         return [self.list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.list.count())]
@@ -124,6 +154,19 @@ class ConversationsPanel(QWidget):
         menu.addAction("Open", lambda: self.open_requested.emit(conv_id))
         menu.addAction("Rename…", lambda: self.rename_requested.emit(conv_id))
         menu.addAction("Delete", lambda: self.delete_requested.emit(conv_id))
-        menu.addAction("Export as Markdown…", lambda: self.export_requested.emit(conv_id, "markdown"))
-        menu.addAction("Export as JSON…", lambda: self.export_requested.emit(conv_id, "json"))
+        for label, fmt in EXPORTS:
+            menu.addAction(label, lambda f=fmt: self.export_requested.emit(conv_id, f))
         menu.exec(self.list.viewport().mapToGlobal(pos))
+
+
+def _item_text(summary: ConversationSummary) -> str:
+    when = dt.datetime.fromtimestamp(summary.updated).strftime("%Y-%m-%d %H:%M")
+    text = f"{summary.title}\n{when} · {summary.n_messages} messages"
+    return f"{text}\n{summary.snippet}" if summary.snippet else text
+
+
+def _item(summary: ConversationSummary) -> QListWidgetItem:
+    item = QListWidgetItem(_item_text(summary))
+    item.setData(Qt.ItemDataRole.UserRole, summary.id)
+    item.setToolTip(summary.snippet or summary.title)
+    return item

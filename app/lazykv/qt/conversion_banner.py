@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QWidget
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
 
 from lazykv.core.engine import ConversionEvent
+from lazykv.core.kinds import ConversionStage
 
 SHOW_DONE_MS = 2500  # the finished note stays this long (a conversion itself often takes < 100 ms)
 
 
+def compacted_text(event: ConversionEvent) -> str:
+    """The one sentence for a finished conversion (banner and status bar)."""
+    return f"Context memory compacted to 8-bit in {1000 * event.duration_s:.0f} ms at token {event.n_cells}"
+
+
+def marker_label(event: ConversionEvent) -> str:
+    """The transcript's marker where the cache went to 8-bit."""
+    return f"8-bit KV from here, token {event.n_cells}"
+
+
 class ConversionBanner(QFrame):
+    """Progress of a long engine task; ``stop_requested`` when its Stop button is pressed (only shown
+    for tasks that can stop: re-reading a conversation)."""
+
+    stop_requested = Signal()
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("conversion-banner")
@@ -21,38 +37,47 @@ class ConversionBanner(QFrame):
         self.bar = QProgressBar()
         self.bar.setRange(0, 100)
         self.bar.setMaximumWidth(220)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setObjectName("banner-stop")
+        self.stop_button.clicked.connect(self.stop_requested.emit)
+        self.stop_button.hide()
         layout = QHBoxLayout(self)
         layout.setContentsMargins(8, 4, 8, 4)
         layout.addWidget(self.label, 1)
         layout.addWidget(self.bar)
+        layout.addWidget(self.stop_button)
         self._hide_timer = QTimer(self)
         self._hide_timer.setSingleShot(True)
         self._hide_timer.timeout.connect(self.hide)
         self.hide()
 
-    def show_progress(self, text: str, fraction: float) -> None:
+    def show_progress(self, text: str, fraction: float, can_stop: bool = False) -> None:
         """Any other long engine task (e.g. re-reading a conversation)."""
         self._hide_timer.stop()
+        self.stop_button.setVisible(can_stop)
         self.bar.show()
         self.bar.setValue(round(100 * fraction))
         self.label.setText(text)
         self.show()
 
     def show_note(self, text: str, ms: int = 2 * SHOW_DONE_MS) -> None:
+        self.stop_button.hide()
         self.bar.hide()
         self.label.setText(text)
         self.show()
         self._hide_timer.start(ms)
 
+    def close_task(self) -> None:
+        self.stop_button.hide()
+        self.hide()
+
     def on_event(self, event: ConversionEvent) -> None:
+        self.stop_button.hide()
         self.bar.show()
         percent = round(100 * event.fraction)
-        if event.stage == "end":
+        if event.stage is ConversionStage.END:
             self.bar.setValue(100)
-            self.label.setText(
-                f"Context memory compacted to 8-bit in {1000 * event.duration_s:.0f} ms "
-                f"at token {event.n_cells}"
-            )
+            self.label.setText(compacted_text(event))
             self._hide_timer.start(SHOW_DONE_MS)
         else:
             self._hide_timer.stop()

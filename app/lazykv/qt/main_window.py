@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import enum
 import html
-from dataclasses import replace
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QDeadlineTimer, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -29,6 +30,7 @@ from lazykv.core import memory
 from lazykv.core.conversation import Conversation
 from lazykv.core.engine import (
     ConversionEvent,
+    EngineSession,
     KvStatus,
     ModelInfo,
     ReplyResult,
@@ -36,22 +38,34 @@ from lazykv.core.engine import (
     read_checked_meta,
 )
 from lazykv.core.idle import IDLE_DELAY_S, wants_idle_conversion
+from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
 from lazykv.core.model_fetch import models_dir
 from lazykv.core.persistence import OpenResult
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 from lazykv.qt.background import Background
 from lazykv.qt.chat_input import ChatInput
-from lazykv.qt.conversations import Conversations
+from lazykv.qt.conversations import UNDO_MS, Conversations
 from lazykv.qt.conversations_panel import ConversationsPanel
-from lazykv.qt.conversion_banner import ConversionBanner
+from lazykv.qt.conversion_banner import ConversionBanner, compacted_text, marker_label
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.model_info_dialog import ModelInfoDialog
+from lazykv.qt.operations import EngineClient, Operations
 from lazykv.qt.settings_dialog import SettingsDialog
 from lazykv.qt.transcript import TranscriptView
-from lazykv.qt.worker import EngineConfig, EngineWorker, ReplyOptions
+from lazykv.qt.worker import (
+    Convert,
+    EngineConfig,
+    EngineWorker,
+    Failure,
+    LoadModel,
+    Reply,
+    ReplyOptions,
+    Request,
+)
 
 APP_TITLE = "LazyKV Chat"
 SAMPLE_INTERVAL_MS = 1000  # memory panel: RSS and the history graph
+SHUTDOWN_DEADLINE_MS = 10_000  # at exit, the engine thread gets this long to end (a decode aborts at once)
 
 
 class UiState(enum.Enum):
@@ -61,56 +75,86 @@ class UiState(enum.Enum):
     REPLYING = enum.auto()
 
 
+@dataclass(frozen=True)
+class Timings:
+    """Every delay of the window, injectable so that tests never wait in real time."""
+
+    idle_delay_ms: int = int(IDLE_DELAY_S * 1000)  # idle time before compacting a nearly full lazy cache
+    sample_interval_ms: int = SAMPLE_INTERVAL_MS
+    undo_ms: int = UNDO_MS
+    shutdown_deadline_ms: int = SHUTDOWN_DEADLINE_MS
+
+
 class MainWindow(QMainWindow):
-    """Drives an EngineWorker on its own QThread through queued signals; never waits on it.
+    """Sends engine requests to an EngineWorker on its own QThread and never waits on it.
 
     ``overrides`` (from the command line) take precedence over the saved settings for this
-    session only; changing that setting in the dialog drops the override.
+    session only; changing that setting in the dialog drops the override. ``session`` replaces
+    the real EngineSession (tests use a fake one), ``timings`` the delays.
     """
 
-    load_requested = Signal(object)  # EngineConfig
-    send_requested = Signal(object, object, object)  # messages, SamplingSettings, ReplyOptions
-    convert_requested = Signal()
-    shutdown_requested = Signal()
+    model_loaded = Signal(object)  # ModelInfo, after the window took it
+    reply_finished = Signal(object)  # ReplyResult, after the window showed it
+    reply_failed = Signal(object)  # Failure, after the turn was taken back
+    converted = Signal(bool)  # an idle/manual conversion answered (after the window showed it)
+    conversion_shown = Signal(object)  # ConversionEvent, after the window showed it
+    shutdown_requested = Signal()  # to the worker: free the model, end the thread
 
     def __init__(
         self,
         settings: Settings | None = None,
         overrides: dict[str, Any] | None = None,
         default_model: Path | None = None,
+        *,
+        session: EngineSession | None = None,
+        timings: Timings | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings if settings is not None else Settings.load()
         self._overrides = {k: SETTINGS_BY_NAME[k].validate(v) for k, v in (overrides or {}).items()}
         self.default_model = default_model
-        self.conversation = Conversation(self.setting("system_prompt"))
+        self.timings = timings or Timings()
         self.model_info: ModelInfo | None = None
         self.kv: KvStatus | None = None
-        self.conversions: list[tuple[ConversionEvent, UiState]] = []  # every event, with the state then
         self._state = UiState.NO_MODEL
         self._editing: int | None = None  # index of the user turn being edited
+        self._reply: Reply | None = None  # the reply streaming now
         self._reply_markers: list[tuple[int, str]] = []  # (offset, label) inside the reply streaming
         self._reply_text = ""
         self.resume_note = ""
-        self.background = Background(self)
+        self._shut_down: bool | None = None  # after shutdown_engine: whether everything ended in time
+        self.ops = Operations(self)
+        self.background = Background(self, self.ops)
+        self.background.unhandled.connect(lambda what, err: self.show_error(f"{what} failed", str(err)))
 
         self._build_ui()
-        self.conversations = Conversations(self)
-        self._start_worker()
+        self._start_worker(session)
+        self.conversations = Conversations(self, self, self.setting("system_prompt"), self.timings.undo_ms)
+        self._connect_conversations()
         self._idle_timer = QTimer(self)
         self._idle_timer.setSingleShot(True)
-        self._idle_timer.setInterval(int(IDLE_DELAY_S * 1000))
+        self._idle_timer.setInterval(self.timings.idle_delay_ms)
         self._idle_timer.timeout.connect(self._convert_while_idle)
         self._sampler = QTimer(self)
         self._sampler.timeout.connect(self._sample_memory)
-        self._sampler.start(SAMPLE_INTERVAL_MS)
+        self._sampler.start(self.timings.sample_interval_ms)
         self._set_state(UiState.NO_MODEL)
         self._sample_memory()
+        self.show_chat(None)
         self.conversations.refresh()
         self.conversations.setup_crypto()
         if self.settings.problems:
             QTimer.singleShot(0, lambda: self.show_error("Some settings were reset", "\n".join(
                 self.settings.problems)))
+
+    @property
+    def conversation(self) -> Conversation:
+        """The transcript on screen (owned by ``conversations``)."""
+        return self.conversations.chat.conversation
+
+    @property
+    def idle_conversion_pending(self) -> bool:
+        return self._idle_timer.isActive()
 
     # -- settings ---------------------------------------------------------------------------------
 
@@ -156,6 +200,11 @@ class MainWindow(QMainWindow):
         return self._worker
 
     @property
+    def reply_request(self) -> Reply | None:
+        """The reply streaming now, if any."""
+        return self._reply
+
+    @property
     def state(self) -> UiState:
         return self._state
 
@@ -172,7 +221,7 @@ class MainWindow(QMainWindow):
             flash_attn=self.setting("flash_attn"),
         )
         self._show_estimate(path, config)
-        self.load_requested.emit(config)
+        self.engine.submit(LoadModel(config), self._on_model_loaded, self._on_load_failed)
 
     def open_configured_model(self) -> None:
         """The model of the settings, else the default one."""
@@ -215,8 +264,8 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Reply copied", 3000)
 
     def convert_now(self) -> None:
-        if self.model_info is not None and self.model_info.kv_mode == "lazy":
-            self.convert_requested.emit()
+        if self.model_info is not None and self.model_info.kv_mode is KvMode.LAZY:
+            self.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
 
     # -- UI ---------------------------------------------------------------------------------------
 
@@ -225,7 +274,7 @@ class MainWindow(QMainWindow):
         self.resize(1100, 700)
         self.setAcceptDrops(True)
 
-        self.system_edit = QLineEdit(self.conversation.system_prompt)
+        self.system_edit = QLineEdit()
         self.system_edit.setPlaceholderText("System prompt of this chat (optional)")
         self.system_edit.editingFinished.connect(self._system_prompt_edited)
         system_row = QHBoxLayout()
@@ -236,6 +285,7 @@ class MainWindow(QMainWindow):
         self.transcript.edit_requested.connect(self.edit_message)
         self.transcript.regenerate_requested.connect(self.regenerate)
         self.banner = ConversionBanner()
+        self.banner.stop_requested.connect(lambda: self.conversations.cancel_resume())
 
         self.edit_bar = QFrame()
         self.edit_label = QLabel()
@@ -332,6 +382,7 @@ class MainWindow(QMainWindow):
         self.private_action = QAction("&Private chat (save nothing)", self)
         self.private_action.setCheckable(True)
         self.private_action.toggled.connect(lambda on: self.conversations.set_private(on))
+        self.conversations_panel.new_requested.connect(self.new_chat)
         chat_menu.addSeparator()
         chat_menu.addAction(self.private_action)
         view_menu = self.menuBar().addMenu("&View")
@@ -348,34 +399,33 @@ class MainWindow(QMainWindow):
         self.addToolBar(toolbar)
         self.input.setFocus()
 
-    def _start_worker(self) -> None:
+    def _start_worker(self, session: EngineSession | None) -> None:
         self._thread = QThread(self)
         self._thread.setObjectName("lazykv-engine")
-        self._worker = EngineWorker()
+        self._worker = EngineWorker(session)
         self._worker.moveToThread(self._thread)
         self._thread.finished.connect(self._worker.deleteLater)
-
-        self.load_requested.connect(self._worker.load_model)
-        self.send_requested.connect(self._worker.send)
-        self.convert_requested.connect(self._worker.convert_now)
         self.shutdown_requested.connect(self._worker.shutdown)
-        self._worker.model_loaded.connect(self._on_model_loaded)
-        self._worker.load_failed.connect(self._on_load_failed)
-        self._worker.token.connect(self._on_token)
-        self._worker.reply_finished.connect(self._on_reply_finished)
-        self._worker.failed.connect(self._on_reply_failed)
         self._worker.kv_status.connect(self._on_kv_status)
         self._worker.conversion.connect(self._on_conversion)
-        c = self.conversations
-        c.save_snapshot_requested.connect(self._worker.save_snapshot)
-        c.open_requested.connect(self._worker.open_conversation)
-        c.crypto_changed.connect(self._worker.set_crypto)
-        self._worker.snapshot_saved.connect(c.on_snapshot_saved)
-        self._worker.snapshot_failed.connect(c.on_snapshot_failed)
-        self._worker.conversation_opened.connect(c.on_opened)
-        self._worker.open_failed.connect(self._on_open_failed)
-        self._worker.rebuild_progress.connect(self._on_rebuild_progress)
+        self.engine = EngineClient(self._worker, self.ops, self)
+        self.engine.unhandled.connect(self._on_unhandled_failure)
         self._thread.start()
+
+    def _on_unhandled_failure(self, request: Request, failure: Failure) -> None:
+        self.show_error(f"{request.what} failed", failure.message, failure.details)
+
+    def _connect_conversations(self) -> None:
+        self.conversations.private_changed.connect(self._on_private_changed)
+
+    @Slot(bool)
+    def _on_private_changed(self, private: bool) -> None:
+        """The one private flag (Conversations') shown by both of its controls, and the title."""
+        for control in (self.private_action, self.conversations_panel.private_box):
+            blocked = control.blockSignals(True)
+            control.setChecked(private)
+            control.blockSignals(blocked)
+        self.update_title()
 
     def _set_state(self, state: UiState) -> None:
         self._state = state
@@ -392,7 +442,7 @@ class MainWindow(QMainWindow):
         self.regenerate_action.setEnabled(ready and self._ends_with_reply())
         self.edit_last_action.setEnabled(ready and self.conversation.last_index("user") is not None)
         self.compact_action.setEnabled(
-            ready and self.kv is not None and self.kv.kv_mode == "lazy" and self.kv.phase == "f16"
+            ready and self.kv is not None and self.kv.kv_mode is KvMode.LAZY and self.kv.phase is KvPhase.F16
             and self.kv.n_cells_used > 0
         )
         self.info_action.setEnabled(self.model_info is not None)
@@ -474,7 +524,22 @@ class MainWindow(QMainWindow):
         self.transcript.begin_reply()
         self._set_state(UiState.REPLYING)
         self.statusBar().showMessage("Generating…")
-        self.send_requested.emit(self.conversation.messages(), self.sampling(), self.reply_options())
+        self._reply = request = Reply(self.conversation.messages(), self.sampling(), self.reply_options())
+        chat = self.conversations.chat
+        self.engine.submit(
+            request,
+            lambda result: self._on_reply_finished(result) if chat is self.conversations.chat
+            else self._reply_abandoned(),
+            lambda failure: self._on_reply_failed(failure) if chat is self.conversations.chat
+            else self._reply_abandoned(),
+            self._on_token,
+        )
+
+    def _reply_abandoned(self) -> None:
+        """The reply's chat was replaced meanwhile (e.g. deleted): its answer goes nowhere."""
+        self._reply = None
+        self.transcript.end_reply()
+        self._set_state(self._idle_state())
 
     @Slot()
     def _edit_last(self) -> None:
@@ -484,8 +549,9 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _stop(self) -> None:
-        if self._state is UiState.REPLYING:
-            self._worker.cancel()
+        """Stop the reply streaming now: its own token, so no other request is touched."""
+        if self._reply is not None:
+            self._reply.cancel.set()
             self.stop_button.setEnabled(False)
             self.statusBar().showMessage("Stopping…")
 
@@ -493,24 +559,31 @@ class MainWindow(QMainWindow):
     def new_chat(self) -> None:
         if self._state not in (UiState.NO_MODEL, UiState.READY):
             return
-        self.conversations.current = None
-        self.conversation = Conversation(self.settings["system_prompt"])
-        self.system_edit.setText(self.conversation.system_prompt)
+        self.conversations.new_chat(self.settings["system_prompt"])
+        self.statusBar().clearMessage()
+
+    def stop_reply(self) -> None:
+        """Stop the reply streaming now, if any (its answer is then abandoned when its chat is gone)."""
+        self._stop()
+
+    def show_chat(self, title: str | None) -> None:
+        """Show the chat on screen (Conversations changed it); a saved one's KV cache is resumed next."""
         self.cancel_edit()
+        self.system_edit.setText(self.conversation.system_prompt)
         self._rerender()
         self._set_state(self._state)
-        self.statusBar().clearMessage()
+        if title is not None:
+            self.statusBar().showMessage(f"Opened “{title}”", 3000)
 
     @Slot()
     def _convert_while_idle(self) -> None:
         wanted = wants_idle_conversion(self.kv) and self.setting("idle_conversion")
         if self._state is UiState.READY and wanted:
             self.statusBar().showMessage("Compacting context memory while idle…", 3000)
-            self.convert_requested.emit()
+            self.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
 
-    # -- slots: engine ----------------------------------------------------------------------------
+    # -- engine answers -----------------------------------------------------------------------------
 
-    @Slot(object)
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self.model_info = info
         self.model_label.setText(model_summary(info))
@@ -522,19 +595,19 @@ class MainWindow(QMainWindow):
         self.save_settings()
         self._set_state(UiState.READY)
         self.statusBar().showMessage(f"Loaded {info.name}", 5000)
+        self.model_loaded.emit(info)
 
-    @Slot(str)
-    def _on_load_failed(self, message: str) -> None:
+    def _on_load_failed(self, failure: Failure) -> None:
         self._set_state(self._idle_state())
-        self.show_error("Could not load the model", message)
+        if not failure.cancelled:
+            self.show_error("Could not load the model", failure.message, failure.details)
 
-    @Slot(str)
     def _on_token(self, piece: str) -> None:
         self._reply_text += piece
         self.transcript.append_to_reply(piece)
 
-    @Slot(object)
     def _on_reply_finished(self, result: ReplyResult) -> None:
+        self._reply = None
         notes = []
         if result.dropped:
             n = sum(1 for m in result.dropped if m["role"] != "system")
@@ -542,15 +615,11 @@ class MainWindow(QMainWindow):
             notes.append(f"context full: the {n} oldest messages were dropped to make room")
         if result.text:
             self.conversation.add("assistant", result.text)
-            for offset, label in self._reply_markers:
-                self.conversation.add_marker(len(self.conversation) - 1, offset, label)
-        elif self._reply_markers:
-            index = len(self.conversation) - 1
-            for _, label in self._reply_markers:
-                self.conversation.add_marker(index, len(self.conversation.turns()[index]["content"]), label)
+        for offset, label in self._reply_markers:
+            self._add_marker(label, offset if result.text else None)
         if result.cancelled:
             notes.append("stopped")
-        elif result.finish_reason == "length" and not self.reply_options().max_tokens:
+        elif result.finish_reason is FinishReason.LENGTH and not self.reply_options().max_tokens:
             notes.append("context full: the reply was cut off")
         self.transcript.end_reply("; ".join(notes) or None)
         self._set_state(UiState.READY)
@@ -562,17 +631,32 @@ class MainWindow(QMainWindow):
                 f"Prompt {result.n_prompt} tokens, {result.n_reused} reused from the cache", 5000
             )
         self._maybe_schedule_idle_conversion()
+        self.reply_finished.emit(result)
 
-    @Slot(str)
-    def _on_reply_failed(self, message: str) -> None:
-        """Take the turn back: drop the user's message from the transcript, return it to the input."""
+    def _on_reply_failed(self, failure: Failure) -> None:
+        """Stopped before anything was read: a reply with no text. Refused: take the turn back (drop the
+        user's message from the transcript and the database, return it to the input)."""
+        if failure.cancelled:
+            self._on_reply_finished(ReplyResult("", FinishReason.CANCELLED, 0, 0))
+            return
+        self._reply = None
         if len(self.conversation) > 0 and self.conversation.last_index("user") == len(self.conversation) - 1:
             failed = self.conversation.pop()["content"]
             typed_since = self.input.toPlainText()
             self.input.setPlainText(f"{failed}\n{typed_since}" if typed_since else failed)
+            self.conversations.forget_turn()
         self._rerender()
         self._set_state(self._idle_state())
-        self.show_error("The reply failed", message)
+        self.show_error("The reply failed", failure.message, failure.details)
+        self.reply_failed.emit(failure)
+
+    def _on_converted(self, converted: bool) -> None:
+        self.converted.emit(converted)
+
+    def _on_convert_failed(self, failure: Failure) -> None:
+        """An idle or manual conversion failed: said as such; the conversation is not touched."""
+        if not failure.cancelled:
+            self.show_error("Compacting the context memory failed", failure.message, failure.details)
 
     @Slot(object)
     def _on_kv_status(self, status: KvStatus) -> None:
@@ -583,21 +667,26 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _on_conversion(self, event: ConversionEvent) -> None:
-        self.conversions.append((event, self._state))
         self.banner.on_event(event)
-        if event.stage == "start" and self.kv is not None:
-            self.memory_panel.set_status(replace(self.kv, phase="converting", n_cells_used=event.n_cells))
-        if event.stage == "end":
-            label = f"8-bit KV from here, token {event.n_cells}"
+        if event.stage is ConversionStage.START and self.kv is not None:
+            converting = replace(self.kv, phase=KvPhase.CONVERTING, n_cells_used=event.n_cells)
+            self.memory_panel.set_status(converting)
+        if event.stage is ConversionStage.END:
+            label = marker_label(event)
             if self._state is UiState.REPLYING:
                 self._reply_markers.append((len(self._reply_text), label))
-            elif len(self.conversation):
-                index = len(self.conversation) - 1
-                self.conversation.add_marker(index, len(self.conversation.turns()[index]["content"]), label)
+            else:
+                self._add_marker(label)
             self.transcript.mark_here(label)
-            self.statusBar().showMessage(
-                f"Context memory compacted to 8-bit in {1000 * event.duration_s:.0f} ms at token "
-                f"{event.n_cells}", 10_000)
+            self.statusBar().showMessage(compacted_text(event), 10_000)
+        self.conversion_shown.emit(event)
+
+    def _add_marker(self, label: str, offset: int | None = None) -> None:
+        """A marker in the last message, at ``offset`` (None: at its end)."""
+        if len(self.conversation):
+            index = len(self.conversation) - 1
+            end = len(self.conversation.turns()[index]["content"])
+            self.conversation.add_marker(index, end if offset is None else offset, label)
 
     def _maybe_schedule_idle_conversion(self) -> None:
         if (self._state is UiState.READY and self.setting("idle_conversion")
@@ -616,14 +705,17 @@ class MainWindow(QMainWindow):
             self.memory_panel.set_estimate(title, memory.estimate(meta, config.n_ctx, config.kv_mode))
 
         self.background.run(lambda: read_checked_meta(path), done,
-                             lambda err: self.memory_panel.set_estimate(title, None, str(err)))
+                            lambda err: self.memory_panel.set_estimate(title, None, str(err)),
+                            "Reading the model's header")
 
-    def show_error(self, title: str, message: str) -> None:
-        """Status bar plus a window-modal box that does not block the event loop."""
+    def show_error(self, title: str, message: str, details: str = "") -> None:
+        """Status bar plus a window-modal box that does not block the event loop; ``details`` on demand."""
         self.statusBar().showMessage(message)
         box = QMessageBox(QMessageBox.Icon.Warning, APP_TITLE, "", QMessageBox.StandardButton.Ok, self)
         box.setTextFormat(Qt.TextFormat.RichText)
         box.setText(f"<b>{html.escape(title)}</b><p>{html.escape(message)}</p>")
+        if details:
+            box.setDetailedText(details)
         box.setObjectName("error-box")
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()
@@ -639,25 +731,28 @@ class MainWindow(QMainWindow):
     def can_switch_conversation(self) -> bool:
         return self._state in (UiState.NO_MODEL, UiState.READY)
 
-    def show_conversation(self, conversation: Conversation, title: str) -> None:
-        """Show a saved conversation (its KV cache is restored or rebuilt next, by the worker)."""
-        self.cancel_edit()
-        self.conversation = conversation
-        self.system_edit.setText(conversation.system_prompt)
-        self._rerender()
-        self.statusBar().showMessage(f"Opened “{title}”", 3000)
-
     def begin_resume(self) -> None:
         self._set_state(UiState.LOADING)
         self.banner.show_progress("Resuming the conversation…", 0.0)
 
-    @Slot(int, int)
-    def _on_rebuild_progress(self, done: int, total: int) -> None:
+    def resume_progress(self, done: int, total: int) -> None:
         fraction = done / total if total else 1.0
-        self.banner.show_progress(f"Re-reading the conversation… {done} of {total} tokens", fraction)
+        self.banner.show_progress(f"Re-reading the conversation… {done} of {total} tokens", fraction,
+                                  can_stop=True)
 
-    def end_resume(self, result: OpenResult) -> None:
+    def end_resume(self, result: OpenResult | None, failure: Failure | None = None) -> None:
+        """The resume answered: restored, rebuilt or empty; else stopped (the banner's Stop, or the chat
+        was replaced) or failed."""
         self._set_state(self._idle_state())
+        if result is None:
+            assert failure is not None
+            self.banner.close_task()
+            if failure.message and not failure.cancelled:
+                self.show_error("The conversation could not be resumed", failure.message, failure.details)
+            elif failure.message:
+                self.resume_note = "Stopped re-reading; the next reply reads the rest of the conversation"
+                self.statusBar().showMessage(self.resume_note, 10_000)
+            return
         if result.how == "restored":
             text = f"Resumed from the snapshot: {result.n_tokens} tokens in {1000 * result.seconds:.0f} ms"
         elif result.how == "rebuilt":
@@ -668,12 +763,6 @@ class MainWindow(QMainWindow):
         self.resume_note = text
         self.banner.show_note(text)
         self.statusBar().showMessage(text, 10_000)
-
-    @Slot(int, str)
-    def _on_open_failed(self, conv_id: int, message: str) -> None:
-        self._set_state(self._idle_state())
-        self.banner.hide()
-        self.show_error("The conversation could not be resumed", message)
 
     # -- drag and drop, shutdown ------------------------------------------------------------------
 
@@ -688,22 +777,34 @@ class MainWindow(QMainWindow):
             self.open_model(path)
 
     @Slot()
-    def shutdown_engine(self) -> None:
-        """Stop any reply, free the model on the worker thread and wait for that thread to end.
+    def shutdown_engine(self) -> bool:
+        """Hide the window, stop what the engine does, drop what is queued, free the model, and wait
+        for the engine's thread at most ``timings.shutdown_deadline_ms``. Pending disk writes finish
+        too. True when everything ended in time; safe to call more than once.
 
-        The one place the GUI thread waits on the engine: at exit, for at most one token or
-        a model load in progress. Pending settings writes finish too. Safe to call more than once.
-        """
+        The one place the GUI thread waits on the engine: at exit, with the window already gone."""
+        if self._shut_down is not None:
+            return self._shut_down
+        self._shut_down = False
+        self.hide()
         self._sampler.stop()
         self._idle_timer.stop()
+        waiting = self.ops.labels()
+        if waiting:
+            print(f"lazykv: finishing before exit: {', '.join(waiting)}", file=sys.stderr)
+        self._worker.close()
+        self.engine.close()
         self.conversations.close()
-        self.background.wait()
-        if not self._thread.isRunning():
-            return
-        if self._state is UiState.REPLYING:
-            self._worker.cancel()
-        self.shutdown_requested.emit()
-        self._thread.wait()
+        deadline = QDeadlineTimer(self.timings.shutdown_deadline_ms)
+        disk_done = self.background.wait(max(0, deadline.remainingTime()))
+        engine_done = not self._thread.isRunning()
+        if not engine_done:
+            self.shutdown_requested.emit()
+            engine_done = self._thread.wait(deadline)
+        if not engine_done:
+            print("lazykv: the engine did not stop in time; exiting without it", file=sys.stderr)
+        self._shut_down = disk_done and engine_done
+        return self._shut_down
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.shutdown_engine()

@@ -9,14 +9,15 @@ from PySide6.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPen
 from PySide6.QtWidgets import QFormLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout, QWidget
 
 from lazykv.core.engine import KvStatus, ModelInfo
+from lazykv.core.kinds import KvMode, KvPhase
 from lazykv.core.memory import Estimate, Fit, fmt_bytes
 
 HISTORY_SAMPLES = 120
 FIT_COLORS = {Fit.GREEN: "#1a7f37", Fit.YELLOW: "#b08800", Fit.RED: "#cf222e"}
 PHASE_TEXT = {
-    "f16": "f16 (full precision)",
-    "converting": "compacting to 8-bit…",
-    "q8_0": "q8_0 (8-bit)",
+    KvPhase.F16: "f16 (full precision)",
+    KvPhase.CONVERTING: "compacting to 8-bit…",
+    KvPhase.Q8_0: "q8_0 (8-bit)",
 }
 _RSS_COLOR = QColor("#0969da")
 _KV_COLOR = QColor("#8250df")
@@ -102,8 +103,8 @@ class MemoryPanel(QWidget):
 
     def set_status(self, status: KvStatus) -> None:
         self.status = status
-        store = "f16 view" if status.kv_mode == "lazy" and status.phase == "f16" else status.phase
-        self.phase_label.setText(PHASE_TEXT.get(status.phase, status.phase) + _mode_note(status))
+        store = "f16 view" if _lazy_f16(status) else status.phase
+        self.phase_label.setText(PHASE_TEXT[status.phase] + _mode_note(status))
         self.cells_bar.setRange(0, max(1, status.n_cells_capacity))
         self.cells_bar.setValue(min(status.n_cells_used, status.n_cells_capacity))
         self.cells_bar.setFormat(f"{status.n_cells_used} / {status.n_cells_capacity} ({store})")
@@ -112,7 +113,7 @@ class MemoryPanel(QWidget):
             self.conversion_label.setText(
                 f"{status.n_conversions}× (last {1000 * status.last_conversion_s:.0f} ms)"
             )
-        elif status.kv_mode != "lazy":
+        elif status.kv_mode is not KvMode.LAZY:
             self.conversion_label.setText("not a lazy cache")
         else:
             self.conversion_label.setText("none yet")
@@ -133,7 +134,11 @@ class MemoryPanel(QWidget):
         )
 
 
+def _lazy_f16(status: KvStatus) -> bool:
+    return status.kv_mode is KvMode.LAZY and status.phase is KvPhase.F16
+
+
 def _mode_note(status: KvStatus) -> str:
-    if status.kv_mode == "lazy" and status.phase == "f16":
+    if _lazy_f16(status):
         return f" — lazy: compacts at {status.n_cells_capacity} cells"
     return ""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, SignalInstance
 from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -24,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from lazykv.core.kinds import KvMode, SettingKind
 from lazykv.core.memory import estimate
 from lazykv.core.model_meta import ModelMeta
 from lazykv.core.settings import SETTINGS, Setting, Settings
@@ -31,7 +33,9 @@ from lazykv.qt.memory_panel import FIT_COLORS
 
 
 class SettingsDialog(QDialog):
-    """Edits a copy of the values; ``changed()`` lists what differs once accepted."""
+    """Edits a copy of the values; ``changed()`` lists what differs once accepted.
+
+    Each setting's editor comes from ``EDITORS`` by its kind (path lists are never in the dialog)."""
 
     def __init__(
         self, settings: Settings, meta: ModelMeta | None = None, parent: QWidget | None = None
@@ -41,7 +45,7 @@ class SettingsDialog(QDialog):
         self.setObjectName("settings-dialog")
         self._settings = settings
         self._meta = meta
-        self._getters: dict[str, Callable[[], Any]] = {}
+        self._editors: dict[str, Editor] = {}
         self.editors: dict[str, QWidget] = {}
 
         columns = QHBoxLayout()
@@ -84,27 +88,17 @@ class SettingsDialog(QDialog):
         self._update_kv_choices()
         self._update_estimate()
         for name in ("n_ctx", "kv_mode", "flash_attn"):
-            _on_change(self.editors[name], self._on_engine_change)
+            self._editors[name].changed.connect(self._on_engine_change)
 
     def value(self, name: str) -> Any:
-        return self._getters[name]()
+        return self._editors[name].get()
 
     def changed(self) -> dict[str, Any]:
         """Settings whose edited value differs from the current one."""
-        return {name: get() for name, get in self._getters.items() if get() != self._settings[name]}
+        return {name: e.get() for name, e in self._editors.items() if e.get() != self._settings[name]}
 
     def set_value(self, name: str, value: Any) -> None:
-        editor = self.editors[name]
-        if isinstance(editor, QCheckBox):
-            editor.setChecked(bool(value))
-        elif isinstance(editor, QSpinBox | QDoubleSpinBox):
-            editor.setValue(value)
-        elif isinstance(editor, QComboBox):
-            editor.setCurrentIndex(max(0, editor.findData(value)))
-        elif isinstance(editor, QPlainTextEdit):
-            editor.setPlainText(value)
-        elif isinstance(editor, QLineEdit):
-            editor.setText(value)
+        self._editors[name].set(value)
 
     def restore_defaults(self) -> None:
         for setting in SETTINGS:
@@ -112,36 +106,11 @@ class SettingsDialog(QDialog):
                 self.set_value(setting.name, setting.default)
 
     def _editor(self, setting: Setting, value: Any) -> QWidget:
-        editor: QWidget
-        if setting.kind == "bool":
-            editor = QCheckBox()
-            self._getters[setting.name] = editor.isChecked
-        elif setting.kind == "int":
-            editor = QSpinBox()
-            editor.setRange(int(setting.minimum or 0), int(setting.maximum or 2**31 - 1))
-            editor.setSingleStep(int(setting.step or 1))
-            self._getters[setting.name] = editor.value
-        elif setting.kind == "float":
-            editor = QDoubleSpinBox()
-            editor.setRange(setting.minimum or 0.0, setting.maximum or 1e9)
-            editor.setSingleStep(setting.step or 0.1)
-            editor.setDecimals(2)
-            self._getters[setting.name] = editor.value
-        elif setting.kind == "choice":
-            editor = QComboBox()
-            for choice, label in setting.choices:
-                editor.addItem(label, choice)
-            self._getters[setting.name] = editor.currentData
-        elif setting.kind == "text":
-            editor = QPlainTextEdit()
-            editor.setFixedHeight(3 * editor.fontMetrics().lineSpacing() + 12)
-            self._getters[setting.name] = editor.toPlainText
-        else:
-            editor = QLineEdit()
-            self._getters[setting.name] = editor.text
-        self.editors[setting.name] = editor
-        self.set_value(setting.name, value)
-        return editor
+        editor = EDITORS[setting.kind](setting)
+        self._editors[setting.name] = editor
+        self.editors[setting.name] = editor.widget
+        editor.set(value)
+        return editor.widget
 
     def _on_engine_change(self) -> None:
         self._update_kv_choices()
@@ -162,7 +131,7 @@ class SettingsDialog(QDialog):
             item.setEnabled(allowed)
             item.setToolTip("" if allowed else f"Not possible for this model: {support.reason}")
         if not support.allows(combo.currentData()):
-            combo.setCurrentIndex(combo.findData("f16"))
+            combo.setCurrentIndex(combo.findData(str(KvMode.F16)))
 
     def _update_estimate(self) -> None:
         if self._meta is None:
@@ -177,10 +146,60 @@ class SettingsDialog(QDialog):
         self.estimate_label.setTextFormat(Qt.TextFormat.RichText)
 
 
-def _on_change(editor: QWidget, fn: Callable[[], None]) -> None:
-    if isinstance(editor, QCheckBox):
-        editor.toggled.connect(fn)
-    elif isinstance(editor, QSpinBox | QDoubleSpinBox):
-        editor.valueChanged.connect(fn)
-    elif isinstance(editor, QComboBox):
-        editor.currentIndexChanged.connect(fn)
+@dataclass(frozen=True)
+class Editor:
+    """One setting's widget with its getter, setter and change signal."""
+
+    widget: QWidget
+    get: Callable[[], Any]
+    set: Callable[[Any], None]
+    changed: SignalInstance
+
+
+def _bool_editor(setting: Setting) -> Editor:
+    box = QCheckBox()
+    return Editor(box, box.isChecked, lambda v: box.setChecked(bool(v)), box.toggled)
+
+
+def _int_editor(setting: Setting) -> Editor:
+    spin = QSpinBox()
+    spin.setRange(int(setting.minimum or 0), int(setting.maximum or 2**31 - 1))
+    spin.setSingleStep(int(setting.step or 1))
+    return Editor(spin, spin.value, spin.setValue, spin.valueChanged)
+
+
+def _float_editor(setting: Setting) -> Editor:
+    spin = QDoubleSpinBox()
+    spin.setRange(setting.minimum or 0.0, setting.maximum or 1e9)
+    spin.setSingleStep(setting.step or 0.1)
+    spin.setDecimals(2)
+    return Editor(spin, spin.value, spin.setValue, spin.valueChanged)
+
+
+def _choice_editor(setting: Setting) -> Editor:
+    combo = QComboBox()
+    for choice, label in setting.choices:
+        combo.addItem(label, str(choice))
+    return Editor(combo, combo.currentData, lambda v: combo.setCurrentIndex(max(0, combo.findData(str(v)))),
+                  combo.currentIndexChanged)
+
+
+def _text_editor(setting: Setting) -> Editor:
+    edit = QPlainTextEdit()
+    edit.setFixedHeight(3 * edit.fontMetrics().lineSpacing() + 12)
+    return Editor(edit, edit.toPlainText, edit.setPlainText, edit.textChanged)
+
+
+def _line_editor(setting: Setting) -> Editor:
+    line = QLineEdit()
+    return Editor(line, line.text, line.setText, line.textChanged)
+
+
+EDITORS: dict[SettingKind, Callable[[Setting], Editor]] = {
+    SettingKind.BOOL: _bool_editor,
+    SettingKind.INT: _int_editor,
+    SettingKind.FLOAT: _float_editor,
+    SettingKind.CHOICE: _choice_editor,
+    SettingKind.TEXT: _text_editor,
+    SettingKind.STR: _line_editor,
+}

@@ -1,32 +1,46 @@
-"""The engine worker: owns the EngineSession and runs every engine call on its own QThread."""
+"""The engine worker: owns the EngineSession and runs every engine request on its own QThread.
+
+Every request is an object with its own id and cancel token (``Request``); the worker answers
+each one exactly once, echoing it: ``finished(request, result)`` or ``failed(request, Failure)``,
+with ``progress(request, ...)`` in between. A Stop therefore reaches only the request it was
+meant for, and a failure is reported against the request that failed.
+"""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from dataclasses import dataclass
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from lazykv.core.engine import (
+    CancelledError,
     ConversionEvent,
     EngineError,
     EngineSession,
     ReplyResult,
     SamplingSettings,
 )
+from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, ConversionStage, KvMode
 from lazykv.core.persistence import Crypto, Persistence
 from lazykv.core.snapshot import SnapshotError
 from lazykv.core.store import Store, StoreError, data_dir
 
 STATUS_INTERVAL_S = 0.1  # kv_status while streaming, at most this often
 
+_request_ids = itertools.count(1)
+
 
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: str
     n_ctx: int = 4096
-    kv_mode: str = "lazy"
+    kv_mode: KvMode = DEFAULT_KV_MODE
     n_threads: int = 0  # 0: one per core
     n_gpu_layers: int = 0
     flash_attn: bool = True
@@ -35,138 +49,187 @@ class EngineConfig:
 @dataclass(frozen=True)
 class ReplyOptions:
     max_tokens: int | None = None
-    context_full: str = "stop"
+    context_full: ContextFullPolicy = ContextFullPolicy.STOP
+
+
+@dataclass(eq=False)
+class Request:
+    """One engine call. ``cancel`` may be set from any thread; the answer echoes the object itself."""
+
+    what: ClassVar[str] = "The engine request"  # the failure's title: "<what> failed"
+    id: int = field(default_factory=lambda: next(_request_ids), init=False)
+    cancel: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+
+
+@dataclass(eq=False)
+class LoadModel(Request):
+    what: ClassVar[str] = "Loading the model"
+    config: EngineConfig
+
+
+@dataclass(eq=False)
+class Reply(Request):
+    """Answers with a ReplyResult; progress: each streamed piece of text."""
+
+    what: ClassVar[str] = "The reply"
+    messages: list[dict[str, str]]
+    sampling: SamplingSettings
+    options: ReplyOptions
+
+
+@dataclass(eq=False)
+class Convert(Request):
+    """Compact a lazy cache now (idle time); answers whether anything was converted."""
+
+    what: ClassVar[str] = "Compacting the context memory"
+
+
+@dataclass(eq=False)
+class SetCrypto(Request):
+    """How snapshots are protected from now on; None stops saving them (transcripts are saved apart)."""
+
+    what: ClassVar[str] = "Setting up snapshot protection"
+    crypto: Crypto | None
+
+
+@dataclass(eq=False)
+class SaveSnapshot(Request):
+    what: ClassVar[str] = "Saving the KV snapshot"
+    conv_id: int
+    budget_bytes: int
+
+
+@dataclass(eq=False)
+class OpenConversation(Request):
+    """Restore the snapshot or re-read the transcript; progress: (tokens read, tokens to read)."""
+
+    what: ClassVar[str] = "Resuming the conversation"
+    conv_id: int
+    messages: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a request did not finish: a sentence for the user, the details on demand."""
+
+    message: str
+    details: str = ""
+    cancelled: bool = False  # stopped on request (its cancel token), not an error
+
+
+CANCELLED = Failure("stopped", cancelled=True)
 
 
 class EngineWorker(QObject):
-    """Move to a QThread, then drive it only through queued signals (and ``cancel()``).
+    """Move to a QThread, then drive it only through ``submit`` (a queued signal) and request tokens.
 
-    Every slot runs on the worker's thread and reports back through signals, so the GUI
-    thread never waits on the engine. Requests queue up and run one at a time, in order.
+    Every request runs on the worker's thread, one at a time, in order, and is answered once.
+    ``close()`` (any thread) cancels the running request and drops the queued ones unanswered.
     """
 
-    model_loaded = Signal(object)  # ModelInfo
-    load_failed = Signal(str)
-    token = Signal(str)
-    reply_finished = Signal(object)  # ReplyResult
-    failed = Signal(str)
-    kv_status = Signal(object)  # KvStatus, after loads, while streaming, after replies and conversions
+    finished = Signal(object, object)  # Request, its result
+    failed = Signal(object, object)  # Request, Failure
+    progress = Signal(object, object)  # Request, a reply's piece of text | (done, total) tokens re-read
+    kv_status = Signal(object)  # KvStatus, after each request and while streaming
     conversion = Signal(object)  # ConversionEvent, also when a conversion happens inside a reply
-    converted = Signal(bool)  # answer to convert_now: whether anything was converted
-    snapshot_saved = Signal(int, object)  # conversation id, SaveResult
-    snapshot_failed = Signal(int, str)
-    rebuild_progress = Signal(int, int)  # tokens read, tokens to read
-    conversation_opened = Signal(int, object)  # conversation id, OpenResult
-    open_failed = Signal(int, str)
+    _queued = Signal(object)
 
-    def __init__(self) -> None:
+    def __init__(self, session: EngineSession | None = None) -> None:
         super().__init__()
-        self._session = EngineSession()
+        self._session = session if session is not None else EngineSession()
         self._session.set_conversion_listener(self._on_conversion)
-        self._cancel = threading.Event()
         self._crypto: Crypto | None = None  # None: snapshots are not saved
         self._persistence: Persistence | None = None
+        self._closing = threading.Event()
+        self._running: Request | None = None
+        self._handlers: dict[type[Request], Callable[[Any], Any]] = {
+            LoadModel: self._load, Reply: self._reply, Convert: self._convert, SetCrypto: self._set_crypto,
+            SaveSnapshot: self._save_snapshot, OpenConversation: self._open,
+        }
+        self._queued.connect(self._run)
 
-    def cancel(self) -> None:
-        """Stop the reply that is running or queued; callable from any thread.
+    def submit(self, request: Request) -> Request:
+        """Queue ``request`` (from the GUI thread); the answer arrives as ``finished`` or ``failed``."""
+        self._queued.emit(request)
+        return request
 
-        The request is consumed by that reply: call it only while a reply is pending.
-        """
-        self._cancel.set()
+    def close(self) -> None:
+        """Cancel what runs, drop what is queued (callable from any thread; for the app's exit)."""
+        self._closing.set()
+        running = self._running
+        if running is not None:
+            running.cancel.set()
 
     @Slot(object)
-    def load_model(self, config: EngineConfig) -> None:
-        try:
-            info = self._session.load(
-                config.model_path,
-                n_ctx=config.n_ctx,
-                kv_mode=config.kv_mode,
-                n_threads=config.n_threads or None,
-                flash_attn=config.flash_attn,
-                n_gpu_layers=config.n_gpu_layers,
-            )
-        except Exception as err:  # every failure must reach the view, or it waits forever
-            self.load_failed.emit(_message(err))
-        else:
-            self.model_loaded.emit(info)
-            self._emit_status()
-
-    @Slot(object, object, object)
-    def send(self, messages: list[dict[str, str]], sampling: SamplingSettings, options: ReplyOptions) -> None:
-        """Stream a reply to ``messages``: ``token`` per piece, then ``reply_finished`` or ``failed``."""
-        last_status = 0.0
-        try:
-            stream = self._session.stream_reply(
-                messages, sampling, self._cancel, max_tokens=options.max_tokens,
-                context_full=options.context_full,
-            )
-            while True:
-                try:
-                    piece = next(stream)
-                except StopIteration as end:
-                    result: ReplyResult = end.value
-                    break
-                self.token.emit(piece)
-                now = time.monotonic()
-                if now - last_status >= STATUS_INTERVAL_S:
-                    last_status = now
-                    self._emit_status()
-        except Exception as err:  # as in load_model
-            self.failed.emit(_message(err))
-        else:
-            self.reply_finished.emit(result)
-        finally:
-            self._cancel.clear()
-            self._emit_status()
-
-    @Slot()
-    def convert_now(self) -> None:
-        """Compact a lazy cache now (idle-time conversion); progress arrives through ``conversion``."""
-        try:
-            converted = self._session.convert_kv_now()
-        except Exception as err:
-            self.failed.emit(_message(err))
+    def _run(self, request: Request) -> None:
+        """The one wrapper around every request: exactly one answer, every error reported against it."""
+        if self._closing.is_set():
             return
-        self.converted.emit(converted)
-        self._emit_status()
-
-    @Slot(object)
-    def set_crypto(self, crypto: Crypto | None) -> None:
-        """How snapshots are protected from now on; None stops saving them (transcripts are saved apart)."""
-        self._crypto = crypto
-        if self._persistence is not None and crypto is not None:
-            self._persistence.crypto = crypto
-
-    @Slot(int, object)
-    def save_snapshot(self, conv_id: int, budget_bytes: int) -> None:
-        """After a completed reply: the conversation's KV cache into its snapshot file."""
+        if request.cancel.is_set():
+            self.failed.emit(request, CANCELLED)
+            return
+        self._running = request
         try:
-            persistence = self._persistence_or_none()
-            if persistence is None:
-                return
-            result = persistence.save(conv_id, budget_bytes)
-        except (SnapshotError, StoreError, EngineError, OSError, KeyError) as err:
-            self.snapshot_failed.emit(conv_id, _message(err))
+            with self._session.cancellable(request.cancel):
+                result = self._handlers[type(request)](request)
+        except CancelledError:
+            self.failed.emit(request, CANCELLED)
+        except Exception as err:  # every failure must reach the view, or it waits forever
+            self.failed.emit(request, failure(err))
         else:
-            self.snapshot_saved.emit(conv_id, result)
-
-    @Slot(int, object)
-    def open_conversation(self, conv_id: int, messages: list[dict[str, str]]) -> None:
-        """Restore the conversation's snapshot, or re-read its transcript with progress."""
-        try:
-            persistence = self._persistence_or_none(any_crypto=True)
-            assert persistence is not None
-            result = persistence.open(conv_id, messages, self.rebuild_progress.emit)
-        except Exception as err:  # as in load_model: the view must hear back
-            self.open_failed.emit(conv_id, _message(err))
-        else:
-            self.conversation_opened.emit(conv_id, result)
+            self.finished.emit(request, result)
         finally:
+            self._running = None
             self._emit_status()
 
-    @Slot()
-    def refresh_status(self) -> None:
-        self._emit_status()
+    def _load(self, request: LoadModel) -> Any:
+        config = request.config
+        return self._session.load(
+            config.model_path,
+            n_ctx=config.n_ctx,
+            kv_mode=config.kv_mode,
+            n_threads=config.n_threads or None,
+            flash_attn=config.flash_attn,
+            n_gpu_layers=config.n_gpu_layers,
+        )
+
+    def _reply(self, request: Reply) -> ReplyResult:
+        last_status = 0.0
+        stream = self._session.stream_reply(
+            request.messages, request.sampling, request.cancel, max_tokens=request.options.max_tokens,
+            context_full=request.options.context_full,
+        )
+        while True:
+            try:
+                piece = next(stream)
+            except StopIteration as end:
+                return end.value
+            self.progress.emit(request, piece)
+            now = time.monotonic()
+            if now - last_status >= STATUS_INTERVAL_S:
+                last_status = now
+                self._emit_status()
+
+    def _convert(self, request: Convert) -> bool:
+        return self._session.convert_kv_now()
+
+    def _set_crypto(self, request: SetCrypto) -> None:
+        self._crypto = request.crypto
+        if self._persistence is not None and request.crypto is not None:
+            self._persistence.crypto = request.crypto
+
+    def _save_snapshot(self, request: SaveSnapshot) -> Any:
+        """After a completed reply: the conversation's KV cache into its snapshot file (None: not saved)."""
+        persistence = self._persistence_or_none()
+        if persistence is None:
+            return None
+        return persistence.save(request.conv_id, request.budget_bytes)
+
+    def _open(self, request: OpenConversation) -> Any:
+        persistence = self._persistence_or_none(any_crypto=True)
+        assert persistence is not None
+        return persistence.open(request.conv_id, request.messages,
+                                lambda done, total: self.progress.emit(request, (done, total)))
 
     @Slot()
     def shutdown(self) -> None:
@@ -197,14 +260,21 @@ class EngineWorker(QObject):
 
     def _on_conversion(self, event: ConversionEvent) -> None:
         self.conversion.emit(event)
-        if event.stage == "end":
+        if event.stage is ConversionStage.END:
             self._emit_status()
 
 
-def _message(err: Exception) -> str:
-    """EngineError messages are written for the user; anything else is an engine bug, shown as such."""
+def failure(err: BaseException) -> Failure:
+    """The user's sentence for ``err``: our own errors are written for the user; anything else is a bug,
+    said as such, with the traceback as the details."""
+    details = "".join(traceback.format_exception(err))
     if isinstance(err, EngineError | SnapshotError | StoreError):
-        return str(err)
+        return Failure(str(err), details)
     if isinstance(err, MemoryError):
-        return "out of memory: close other programs, or choose a smaller context or the q8_0/lazy KV cache"
-    return f"unexpected engine error: {type(err).__name__}: {err}"
+        return Failure("Out of memory: close other programs, or choose a smaller context or the q8_0/lazy "
+                       "KV cache.", details)
+    if isinstance(err, OSError):
+        return Failure(f"A file could not be read or written: {err.strerror or err}"
+                       f"{f' ({err.filename})' if err.filename else ''}.", details)
+    return Failure(f"Something went wrong inside LazyKV Chat ({type(err).__name__}). "
+                   "The details below help a bug report.", details)
