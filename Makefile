@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test setup engine models app bench lint screenshots sysdeps clean-engine-build dist dist-check
+.PHONY: run test test-fast setup engine models app bench lint screenshots sysdeps clean-engine-build dist dist-check
 
 run: setup
 	$(PY) -m lazykv $(ARGS)
@@ -16,6 +16,10 @@ run: setup
 # their pace when other processes share the cores (timings live in `make bench`, which spins)
 test: setup
 	OMP_WAIT_POLICY=PASSIVE QT_QPA_PLATFORM=offscreen $(PY) -m pytest $(PYTEST_ARGS)
+
+# everything but the real-model tests (marked slow in tests/conftest.py): under 2 minutes
+test-fast: setup
+	OMP_WAIT_POLICY=PASSIVE QT_QPA_PLATFORM=offscreen $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 setup: sysdeps engine app models
 

@@ -1,7 +1,8 @@
 """Shared fixtures: the real test models and small real engine contexts.
 
 The models are fetched by `make models` (part of `make test`); a missing model
-is an error, never a skip.
+is an error, never a skip. Every test that uses a real model is marked ``slow``
+here, so `make test-fast` (``-m "not slow"``) runs the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ import pytest
 
 from lazykv.core import model_fetch
 from tests.support.memory_keyring import MemoryKeyring
+
+REAL_MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "model_path"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Real-model tests are ``slow``: those whose fixtures (directly or through others) include a model."""
+    for item in items:
+        if REAL_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 def _model_path(name: str) -> Path:

@@ -1,33 +1,29 @@
-"""The lazy q8 cache made visible: conversion progress, memory panel, idle-time conversion, settings."""
+"""The lazy q8 cache made visible: conversion progress, memory panel, settings (the conversion end to end)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
+from lazykv.core.engine import ConversionEvent
+from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
 from lazykv.core.settings import SETTINGS, Settings
 from lazykv.qt.main_window import MainWindow, UiState
 from lazykv.qt.settings_dialog import SettingsDialog
 from lazykv.qt.stall_meter import StallMeter
-from tests.qt.test_main_window import LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS, Relay, open_window
+from tests.qt.conftest import FakeWindow
+from tests.qt.fake_engine import FakeSession
+from tests.qt.helpers import FAST, WAIT_MS, error_box, settle
+from tests.qt.test_main_window import open_window
 
-# prompts of known size for n_ctx 1024, whose lazy f16 view holds 512 cells; 650 tokens here:
+# 650 tokens for n_ctx 1024, whose lazy f16 view holds 512 cells
 LONG_MESSAGE = "Here is a list: " + ", ".join(f"item {i}" for i in range(120)) + ". Which item comes first?"
-NEARLY_FULL = "Summarise: " + "word " * 450  # ~480 cells with the reply: >= 90% of the view, still f16
 GUI_STALL_BOUND_MS = 1000  # loose: a blocked GUI thread would show the conversion or a decode step here
 
 
-def chat(qtbot: QtBot, w: MainWindow, text: str) -> object:
-    finished = Relay(w.worker.reply_finished)
-    with qtbot.waitSignal(finished.fired, timeout=REPLY_TIMEOUT_MS):
-        w.send_text(text)
-    return finished.calls[-1][0]
-
-
-def test_conversion_during_a_reply_shows_progress_then_the_phase_change(
+def test_a_conversion_during_a_reply_shows_progress_then_the_phase_change(
     qtbot: QtBot, smollm2_path: Path
 ) -> None:
     w = open_window(qtbot, smollm2_path, max_reply_tokens=16)
@@ -35,23 +31,21 @@ def test_conversion_during_a_reply_shows_progress_then_the_phase_change(
         qtbot.waitUntil(lambda: w.kv is not None)
         assert w.memory_panel.phase_label.text().startswith("f16")
         assert "/ 512 (f16 view)" in w.memory_panel.cells_bar.format()
-        events = Relay(w.worker.conversion)
-        seen_banner: list[bool] = []
-        events.fired.connect(lambda _: seen_banner.append(w.banner.isVisible()))
+        seen: list[tuple[ConversionEvent, UiState, bool]] = []
+        w.conversion_shown.connect(lambda e: seen.append((e, w.state, w.banner.isVisible())))
         meter = StallMeter()
         meter.start()
-        result = chat(qtbot, w, LONG_MESSAGE)
+        with qtbot.waitSignal(w.reply_finished, timeout=60_000) as finished:
+            w.send_text(LONG_MESSAGE)
         meter.stop()
-        assert 512 < result.n_prompt < 1000 and result.text
-        stages = [e.stage for e, _ in w.conversions]
-        assert stages[0] == "start" and stages[-1] == "end" and len(stages) >= 3
-        assert {state for _, state in w.conversions} == {UiState.REPLYING}
-        assert all(seen_banner)
+        assert 512 < finished.args[0].n_prompt < 1000 and finished.args[0].text
+        stages = [e.stage for e, _, _ in seen]
+        assert stages[0] is ConversionStage.START and stages[-1] is ConversionStage.END and len(stages) >= 3
+        assert {state for _, state, _ in seen} == {UiState.REPLYING} and all(shown for _, _, shown in seen)
         assert "8-bit" in w.banner.label.text() and "ms at token" in w.banner.label.text()
-        qtbot.waitUntil(lambda: not w.banner.isVisible(), timeout=10_000)
+        qtbot.waitUntil(lambda: w.kv.phase is KvPhase.Q8_0, timeout=10_000)
         assert w.memory_panel.phase_label.text().startswith("q8_0")
         assert "/ 1024 (q8_0)" in w.memory_panel.cells_bar.format()
-        assert "1×" in w.memory_panel.conversion_label.text()
         assert "8-bit KV from here, token" in w.transcript.toPlainText()
         [marker] = w.conversation.markers()
         assert marker.message_index == 1
@@ -60,78 +54,57 @@ def test_conversion_during_a_reply_shows_progress_then_the_phase_change(
         w.close()
 
 
-def test_idle_conversion_waits_for_idle_and_never_lands_in_a_reply(qtbot: QtBot, smollm2_path: Path) -> None:
-    w = open_window(qtbot, smollm2_path, max_reply_tokens=8, idle_conversion=True)
-    try:
-        chat(qtbot, w, NEARLY_FULL)
-        qtbot.waitUntil(lambda: w.kv.fill >= 0.9, timeout=5000)  # the status after the reply
-        assert w.kv.phase == "f16"
-        assert w._idle_timer.isActive() and w.conversions == []
-        chat(qtbot, w, "Thanks")  # sent within the idle delay: the timer stops, the reply fits in f16
-        assert w.kv.phase == "f16"
-        ended = Relay(w.worker.conversion)
-        qtbot.waitUntil(lambda: any(e.stage == "end" for (e,) in ended.calls), timeout=10_000)
-        assert {state for _, state in w.conversions} == {UiState.READY}
-        qtbot.waitUntil(lambda: w.kv.phase == "q8_0")
-        assert "8-bit KV from here" in w.transcript.toPlainText()
-    finally:
-        w.close()
-
-
-def test_idle_conversion_is_a_setting(qtbot: QtBot, smollm2_path: Path) -> None:
-    w = open_window(qtbot, smollm2_path, max_reply_tokens=8, idle_conversion=False)
-    try:
-        chat(qtbot, w, NEARLY_FULL)
-        assert not w._idle_timer.isActive()
-        qtbot.waitUntil(w.compact_action.isEnabled, timeout=5000)
-        ended = Relay(w.worker.conversion)
-        with qtbot.waitSignal(ended.fired, timeout=10_000, check_params_cb=lambda e: e[0].stage == "end"):
-            w.compact_action.trigger()
-    finally:
-        w.close()
+def test_manual_compaction_and_the_idle_setting(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    w = fake_window(idle_conversion=False)
+    fake.reply = ("word " * 120,)
+    with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
+        w.send_text("Fill it")
+    settle(qtbot, w)
+    assert not w.idle_conversion_pending and "convert" not in fake.calls
+    assert w.compact_action.isEnabled()
+    with qtbot.waitSignal(w.converted, timeout=WAIT_MS):
+        w.compact_action.trigger()
+    assert w.kv is not None and w.kv.phase is KvPhase.Q8_0
 
 
 def test_settings_dialog_is_derived_from_the_declaration_and_changes_survive_a_restart(
-    qtbot: QtBot, smollm2_path: Path
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession, fake_model: Path
 ) -> None:
-    w = open_window(qtbot, smollm2_path)
-    try:
-        w.settings_action.trigger()
-        dialog = w.settings_dialog
-        assert isinstance(dialog, SettingsDialog) and dialog.isVisible()
-        assert set(dialog.editors) == {s.name for s in SETTINGS if s.in_dialog}
-        assert "needs about" in dialog.estimate_label.text()
-        dialog.set_value("n_ctx", 2048)
-        dialog.set_value("kv_mode", "q8_0")
-        dialog.set_value("temperature", 0.5)
-        loaded = Relay(w.worker.model_loaded)
-        with qtbot.waitSignal(loaded.fired, timeout=LOAD_TIMEOUT_MS):
-            dialog.accept()
-        info = loaded.calls[0][0]
-        assert (info.n_ctx, info.kv_mode) == (2048, "q8_0")
-        qtbot.waitUntil(lambda: w.kv is not None and w.kv.kv_mode == "q8_0")
-        assert w.memory_panel.phase_label.text().startswith("q8_0")
-    finally:
-        w.close()  # waits for the settings write
+    w = fake_window()
+    w.settings_action.trigger()
+    dialog = w.settings_dialog
+    assert isinstance(dialog, SettingsDialog) and dialog.isVisible()
+    assert set(dialog.editors) == {s.name for s in SETTINGS if s.in_dialog}
+    assert "needs about" in dialog.estimate_label.text()
+    dialog.set_value("n_ctx", 2048)
+    dialog.set_value("kv_mode", KvMode.Q8_0)
+    dialog.set_value("temperature", 0.5)
+    with qtbot.waitSignal(w.model_loaded, timeout=WAIT_MS) as loaded:
+        dialog.accept()
+    assert (loaded.args[0].n_ctx, loaded.args[0].kv_mode) == (2048, KvMode.Q8_0)
+    w.close()  # waits for the settings write
 
     saved = Settings.load()
     assert (saved["n_ctx"], saved["kv_mode"], saved["temperature"]) == (2048, "q8_0", 0.5)
-    assert saved["model_path"] == str(smollm2_path) and saved["recent_models"] == [str(smollm2_path)]
-    again = MainWindow(saved)
+    assert saved["model_path"] == str(fake_model) and saved["recent_models"] == [str(fake_model)]
+    again = MainWindow(saved, session=FakeSession(), timings=FAST)  # type: ignore[arg-type]
     qtbot.addWidget(again)
-    loaded = Relay(again.worker.model_loaded)
-    with qtbot.waitSignal(loaded.fired, timeout=LOAD_TIMEOUT_MS):
+    with qtbot.waitSignal(again.model_loaded, timeout=WAIT_MS) as reloaded:
         again.open_configured_model()
-    assert (loaded.calls[0][0].n_ctx, loaded.calls[0][0].kv_mode) == (2048, "q8_0")
+    assert (reloaded.args[0].n_ctx, reloaded.args[0].kv_mode) == (2048, KvMode.Q8_0)
     again.close()
 
 
-def test_a_damaged_settings_file_is_reported_and_defaults_are_used(qtbot: QtBot, _config_dir: Path) -> None:
+def test_a_damaged_settings_file_is_reported_and_defaults_are_used(
+    qtbot: QtBot, _config_dir: Path, fake: FakeSession
+) -> None:
     damaged = {"schema_version": 2, "settings": {"n_ctx": "big"}}
     (_config_dir / "settings.json").write_text(json.dumps(damaged))
-    w = MainWindow()
+    w = MainWindow(session=fake, timings=FAST)  # type: ignore[arg-type]
     qtbot.addWidget(w)
-    qtbot.waitUntil(lambda: w.findChild(QMessageBox, "error-box") is not None)
-    assert "n_ctx" in w.findChild(QMessageBox, "error-box").text()
+    qtbot.waitUntil(lambda: error_box(w) is not None)
+    assert "n_ctx" in error_box(w).text()
     assert w.setting("n_ctx") == 4096
     w.close()

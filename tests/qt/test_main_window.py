@@ -1,4 +1,8 @@
-"""MainWindow with its real engine worker thread and the real SmolLM2 model."""
+"""End to end: the window with its real engine worker and the real SmolLM2 model (slow).
+
+The window's logic is tested on the fake engine (test_requests, test_chat_features, ...);
+these few tests check that the real engine behaves as the fake one claims.
+"""
 
 from __future__ import annotations
 
@@ -6,37 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QObject, Qt, Signal, SignalInstance
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.settings import Settings
 from lazykv.qt.main_window import MainWindow, UiState
+from tests.qt.helpers import error_box
 
 LOAD_TIMEOUT_MS = 30_000
 REPLY_TIMEOUT_MS = 60_000
-
-
-class Relay(QObject):
-    """Re-emit a worker signal on the GUI thread, after the window's own handlers have run.
-
-    A plain callable connected to a worker signal (as qtbot.waitSignal would connect) runs on
-    the worker's thread, possibly before the window has seen the signal. A QObject living on
-    the GUI thread receives it queued, in connection order, so after the window's handler.
-    """
-
-    fired = Signal(object)  # the relayed signal's arguments, as a tuple
-
-    def __init__(self, signal: SignalInstance) -> None:
-        super().__init__()
-        self.calls: list[tuple[object, ...]] = []
-        signal.connect(self._relay)
-
-    def _relay(self, *args: object) -> None:
-        self.calls.append(args)
-        self.fired.emit(args)
-
-
 TEST_SETTINGS = {
     "n_ctx": 1024, "temperature": 0.0, "seed": 1, "max_reply_tokens": 24, "idle_conversion": False
 }
@@ -50,10 +32,15 @@ def open_window(qtbot: QtBot, model: Path, **values: object) -> MainWindow:
     w = MainWindow(settings)
     qtbot.addWidget(w)
     w.show()
-    loaded = Relay(w.worker.model_loaded)
-    with qtbot.waitSignal(loaded.fired, timeout=LOAD_TIMEOUT_MS):
+    with qtbot.waitSignal(w.model_loaded, timeout=LOAD_TIMEOUT_MS):
         w.open_model(model)
     return w
+
+
+def chat(qtbot: QtBot, w: MainWindow, text: str) -> object:
+    with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+        w.send_text(text)
+    return finished.args[0]
 
 
 @pytest.fixture
@@ -63,111 +50,51 @@ def window(qtbot: QtBot, smollm2_path: Path) -> Iterator[MainWindow]:
     w.close()
 
 
-def type_and_press_enter(qtbot: QtBot, w: MainWindow, text: str) -> None:
-    qtbot.keyClicks(w.input, text)
-    qtbot.keyClick(w.input, Qt.Key.Key_Return)
+def test_chat_stop_and_chat_again(qtbot: QtBot, window: MainWindow) -> None:
+    """A streamed reply; Stop mid-reply; the next reply is whole (no Stop leaks into it)."""
+    pieces: list[str] = []
+    window.worker.progress.connect(lambda _request, piece: pieces.append(piece))
+    with qtbot.waitSignal(window.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+        qtbot.keyClicks(window.input, "Hello! Who are you?")
+        qtbot.keyClick(window.input, Qt.Key.Key_Return)
+        assert window.state is UiState.REPLYING and window.stop_button.isEnabled()
+    result = finished.args[0]
+    assert result.text.strip() and not result.cancelled and len(pieces) > 1
+    assert result.text in window.transcript.toPlainText()
 
-
-def test_loaded_model_shows_in_status_bar(window: MainWindow) -> None:
-    assert window.state is UiState.READY
-    assert "SmolLM2-135M-Instruct.Q4_1" in window.model_label.text()
-    assert "llama" in window.model_label.text()
-    assert "SmolLM2-135M-Instruct.Q4_1" in window.windowTitle()
-    assert window.send_button.isEnabled() and not window.stop_button.isEnabled()
-
-
-def test_send_streams_reply_into_transcript(qtbot: QtBot, window: MainWindow) -> None:
-    tokens = Relay(window.worker.token)
-    finished = Relay(window.worker.reply_finished)
-    with qtbot.waitSignal(finished.fired, timeout=REPLY_TIMEOUT_MS):
-        type_and_press_enter(qtbot, window, "Hello! Who are you?")
-        assert window.state is UiState.REPLYING
-        assert window.stop_button.isEnabled() and not window.send_button.isEnabled()
-        assert window.input.toPlainText() == ""
-    [(result,)] = finished.calls
-    reply = result.text
-    assert not result.cancelled
-    assert reply.strip() and len(tokens.calls) > 1
-    assert "".join(piece for (piece,) in tokens.calls) == reply
-    transcript = window.transcript.toPlainText()
-    assert "Hello! Who are you?" in transcript
-    assert reply in transcript
-    assert window.conversation.messages() == [
-        {"role": "user", "content": "Hello! Who are you?"},
-        {"role": "assistant", "content": reply},
-    ]
-    assert window.state is UiState.READY
-    assert window.send_button.isEnabled() and not window.stop_button.isEnabled()
-
-
-def test_stop_mid_reply_ends_it_and_reenables_send(qtbot: QtBot, window: MainWindow) -> None:
     window.settings.set("max_reply_tokens", 400)
-    tokens = Relay(window.worker.token)
-    finished = Relay(window.worker.reply_finished)
-    with qtbot.waitSignal(tokens.fired, timeout=REPLY_TIMEOUT_MS):
-        type_and_press_enter(qtbot, window, "Write a very long story about a dragon and a knight.")
-    with qtbot.waitSignal(finished.fired, timeout=REPLY_TIMEOUT_MS):
-        qtbot.mouseClick(window.stop_button, Qt.MouseButton.LeftButton)
-        assert not window.stop_button.isEnabled()
-    [(result,)] = finished.calls
-    reply = result.text
-    assert result.cancelled
-    assert len(tokens.calls) < 400
-    assert window.state is UiState.READY
-    assert window.send_button.isEnabled() and not window.stop_button.isEnabled()
+    before = len(pieces)
+    with qtbot.waitSignal(window.reply_finished, timeout=REPLY_TIMEOUT_MS) as stopped:
+        window.send_text("Write a very long story about a dragon and a knight.")
+        qtbot.waitUntil(lambda: len(pieces) > before, timeout=REPLY_TIMEOUT_MS)
+        window.stop_button.click()
+    assert stopped.args[0].cancelled
     assert window.transcript.toPlainText().rstrip().endswith("stopped")
-    assert window.conversation.messages()[-1] == {"role": "assistant", "content": reply}
 
     window.settings.set("max_reply_tokens", 8)
-    with qtbot.waitSignal(finished.fired, timeout=REPLY_TIMEOUT_MS):
-        type_and_press_enter(qtbot, window, "Thanks!")
-    (result,) = finished.calls[-1]
-    assert result.text.strip() and not result.cancelled
+    again = chat(qtbot, window, "Thanks!")
+    assert again.text.strip() and not again.cancelled
+    assert window.state is UiState.READY and window.send_button.isEnabled()
 
 
-def test_bad_model_file_shows_error_and_keeps_typed_text(
-    qtbot: QtBot, window: MainWindow, tmp_path: Path
-) -> None:
-    bad = tmp_path / "broken.gguf"
-    bad.write_bytes(b"not a model at all")
-    qtbot.keyClicks(window.input, "half-typed message")
-    load_failed = Relay(window.worker.load_failed)
-    with qtbot.waitSignal(load_failed.fired, timeout=LOAD_TIMEOUT_MS):
-        window.open_model(bad)
-        assert window.state is UiState.LOADING and not window.send_button.isEnabled()
-    box = window.findChild(QMessageBox, "error-box")
-    assert box is not None and box.isVisible()
-    assert "not a GGUF model file" in box.text()
-    assert "not a GGUF model file" in window.statusBar().currentMessage()
-    assert window.input.toPlainText() == "half-typed message"
-    box.accept()
-
-    assert window.state is UiState.READY
-    assert "SmolLM2-135M-Instruct.Q4_1" in window.model_label.text()
-    finished = Relay(window.worker.reply_finished)
-    with qtbot.waitSignal(finished.fired, timeout=REPLY_TIMEOUT_MS):
-        qtbot.keyClick(window.input, Qt.Key.Key_Return)
-    assert finished.calls[0][0].text.strip()
-    assert "half-typed message" in window.transcript.toPlainText()
-
-
-def test_failed_reply_returns_the_message_to_the_input(qtbot: QtBot, window: MainWindow) -> None:
+def test_a_message_over_the_context_goes_back_to_the_input(qtbot: QtBot, window: MainWindow) -> None:
     too_long = "word " * 2048
-    failed = Relay(window.worker.failed)
-    with qtbot.waitSignal(failed.fired, timeout=REPLY_TIMEOUT_MS):
-        window.input.setPlainText(too_long)
-        qtbot.keyClick(window.input, Qt.Key.Key_Return)
-    assert "no longer fits the context of 1024 tokens" in failed.calls[0][0]
+    with qtbot.waitSignal(window.reply_failed, timeout=REPLY_TIMEOUT_MS) as failed:
+        window.send_text(too_long)
+    assert "no longer fits the context of 1024 tokens" in failed.args[0].message
     assert window.input.toPlainText() == too_long.strip()
-    assert window.conversation.messages() == []
-    assert "word word" not in window.transcript.toPlainText()
+    assert window.conversation.messages() == [] and "word word" not in window.transcript.toPlainText()
     assert window.state is UiState.READY
-    window.findChild(QMessageBox, "error-box").accept()
+    error_box(window).accept()
 
 
-def test_shift_enter_inserts_a_newline_instead_of_sending(qtbot: QtBot, window: MainWindow) -> None:
-    qtbot.keyClicks(window.input, "first line")
-    qtbot.keyClick(window.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
-    qtbot.keyClicks(window.input, "second line")
-    assert window.input.toPlainText() == "first line\nsecond line"
-    assert window.state is UiState.READY and window.conversation.messages() == []
+def test_edit_and_resend_reuses_the_common_prefix(qtbot: QtBot, window: MainWindow) -> None:
+    chat(qtbot, window, "What is the capital of France?")
+    chat(qtbot, window, "And of Italy?")
+    window.edit_message(0)
+    window.input.setPlainText("What is the capital of Spain?")
+    result = chat(qtbot, window, window.input.toPlainText())
+    turns = [t["content"] for t in window.conversation.turns()]
+    assert turns == ["What is the capital of Spain?", result.text]
+    assert "Italy" not in window.transcript.toPlainText()
+    assert 0 < result.n_reused < result.n_prompt  # the template and "What is the capital of" stayed cached

@@ -1,0 +1,221 @@
+"""A fake EngineSession for millisecond-scale GUI tests: no model, a stream that can be held and released.
+
+It speaks EngineSession's API as the worker and Persistence use it. ``hold()`` stops every
+stream, prefill, re-read and load at its next step until ``release()``; a held step still
+notices its request's cancel token (as the real context's abort callback would).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from lazykv.core.context_policy import fit_messages
+from lazykv.core.engine import (
+    CancelledError,
+    ConversionEvent,
+    KvSnapshot,
+    KvStatus,
+    ModelInfo,
+    NoModelError,
+    ReplyResult,
+    SamplingSettings,
+    read_checked_meta,
+)
+from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
+
+HOLD_LIMIT_S = 10.0  # a test that forgets to release fails instead of hanging
+N_CTX = 256
+REPLY = ("Fake", " reply", " text.")
+
+
+@dataclass
+class _Kv:
+    tokens: list[int]
+    phase: KvPhase = KvPhase.F16
+
+
+class FakeSession:
+    """Tokens are words; the reply is REPLY (or ``reply``), streamed one piece at a time."""
+
+    def __init__(self) -> None:
+        self._open = threading.Event()
+        self._open.set()
+        self._info: ModelInfo | None = None
+        self._kv = _Kv([])
+        self._cancel: threading.Event | None = None
+        self._listener: Callable[[ConversionEvent], None] | None = None
+        self.reply: tuple[str, ...] = REPLY
+        self.convert_error: Exception | None = None
+        self.restore_error: Exception | None = None  # e.g. KvRestoreError: resuming re-reads instead
+        self.calls: list[str] = []  # what ran, in order: "load", "reply", "convert", "rebuild", ...
+        self.waiting = threading.Event()  # set while a step is held
+        self.after_reply = threading.Event()  # set by the first kv_status after a reply ended
+        self._reply_ended = False
+        self.uncancellable_load = False  # a load that ignores cancel tokens (as the real one does)
+
+    # -- test controls ---------------------------------------------------------------------------------
+
+    def hold(self) -> None:
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def _step(self, cancellable: bool = True) -> None:
+        """One unit of work: waits while held; raises CancelledError when the request is cancelled."""
+        deadline = time.monotonic() + HOLD_LIMIT_S
+        while not self._open.is_set():
+            self.waiting.set()
+            if cancellable and self._cancelled():
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError("the fake engine was held and never released")
+            self._open.wait(0.002)
+        self.waiting.clear()
+        if cancellable and self._cancelled():
+            raise CancelledError("stopped")
+
+    def _cancelled(self) -> bool:
+        return self._cancel is not None and self._cancel.is_set()
+
+    # -- EngineSession -----------------------------------------------------------------------------------
+
+    def set_conversion_listener(self, fn: Callable[[ConversionEvent], None] | None) -> None:
+        self._listener = fn
+
+    @contextmanager
+    def cancellable(self, cancel: threading.Event) -> Iterator[None]:
+        previous, self._cancel = self._cancel, cancel
+        try:
+            yield
+        finally:
+            self._cancel = previous
+
+    def load(self, model_path: Path | str, n_ctx: int = N_CTX, kv_mode: str = KvMode.LAZY,
+             n_threads: int | None = None, *, flash_attn: bool = True, n_gpu_layers: int = 0) -> ModelInfo:
+        self.calls.append("load")
+        path = Path(model_path)
+        meta = read_checked_meta(path)
+        self._step(cancellable=not self.uncancellable_load)
+        size = path.stat().st_size
+        mode = KvMode(kv_mode)
+        self._info = ModelInfo(path, meta.architecture, 1000, 4096, size, n_ctx, mode, n_threads or 1, meta)
+        self._kv = _Kv([])
+        return self._info
+
+    def model_info(self) -> ModelInfo:
+        return self._require()
+
+    def kv_status(self) -> KvStatus:
+        try:
+            info = self._require()
+        finally:
+            if self._reply_ended:
+                self._reply_ended = False
+                self.after_reply.set()
+        n = len(self._kv.tokens)
+        capacity = info.n_ctx // 2 if self._kv.phase is KvPhase.F16 else info.n_ctx
+        return KvStatus(info.kv_mode, self._kv.phase, n, capacity, info.n_ctx, 1024)
+
+    def count_tokens(self, messages: Sequence[dict[str, str]]) -> int:
+        return len(_words(messages))
+
+    def stream_reply(self, messages: Sequence[dict[str, str]], sampling: SamplingSettings,
+                     cancel: threading.Event, max_tokens: int | None = None,
+                     context_full: str = "stop") -> Generator[str, None, ReplyResult]:
+        info = self._require()
+        self.calls.append("reply")
+        self._reply_ended = False
+        fitted = fit_messages(messages, self.count_tokens, info.n_ctx, context_full, max_tokens)
+        tokens = _words(fitted.messages)
+        n_reused = _common_prefix(self._kv.tokens, tokens)
+        pieces: list[str] = []
+        finish = FinishReason.STOP
+        with self.cancellable(cancel):
+            try:
+                self._step()  # the prompt's reading
+                self._kv.tokens = tokens
+                for piece in self.reply:
+                    self._step()
+                    pieces.append(piece)
+                    self._kv.tokens = self._kv.tokens + [hash(w) & 0xFFFF for w in piece.split()]
+                    yield piece
+            except CancelledError:
+                finish = FinishReason.CANCELLED
+        self._reply_ended = True
+        return ReplyResult("".join(pieces), finish, len(tokens), n_reused, fitted.dropped)
+
+    def convert_kv_now(self) -> bool:
+        info = self._require()
+        self.calls.append("convert")
+        if self.convert_error is not None:
+            raise self.convert_error
+        if info.kv_mode is not KvMode.LAZY or self._kv.phase is not KvPhase.F16:
+            return False
+        n = len(self._kv.tokens)
+        for done, stage in enumerate(ConversionStage):
+            if self._listener is not None:
+                duration = 0.01 if stage is ConversionStage.END else 0.0
+                self._listener(ConversionEvent(stage, done, len(ConversionStage) - 1, n, duration))
+        self._kv.phase = KvPhase.Q8_0
+        return True
+
+    def rebuild_kv(self, messages: Sequence[dict[str, str]], on_progress: Callable[[int, int], None],
+                   chunk: int = 4) -> int:
+        self._require()
+        self.calls.append("rebuild")
+        tokens = _words(messages)
+        self._kv = _Kv([])
+        on_progress(0, len(tokens))
+        for start in range(0, len(tokens), chunk):
+            self._step()
+            self._kv.tokens = tokens[: start + chunk]
+            on_progress(min(start + chunk, len(tokens)), len(tokens))
+        return len(tokens)
+
+    def layout(self) -> dict[str, object]:
+        info = self._require()
+        return {"engine_version": "fake", "n_ctx": info.n_ctx, "kv_mode": info.kv_mode, "type_k": "f16",
+                "type_v": "f16", "lazy_phase": "f16", "lazy_rot_k": 0, "lazy_rot_v": 0, "n_rot_k": 0,
+                "n_rot_v": 0, "n_rot_k_swa": 0, "n_rot_v_swa": 0, "state_version": 1}
+
+    def capture_kv(self) -> KvSnapshot:
+        self.calls.append("capture")
+        return KvSnapshot(self.layout(), list(self._kv.tokens), b"fake-state" * 8)
+
+    def restore_kv(self, tokens: Sequence[int], state: bytes | memoryview) -> None:
+        self.calls.append("restore")
+        if self.restore_error is not None:
+            raise self.restore_error
+        self._kv = _Kv(list(tokens))
+
+    def clear_kv(self) -> None:
+        self._kv = _Kv([])
+
+    def close(self) -> None:
+        self.calls.append("close")
+        self._info = None
+
+    def _require(self) -> ModelInfo:
+        if self._info is None:
+            raise NoModelError("no model is loaded")
+        return self._info
+
+
+def _words(messages: Sequence[dict[str, str]]) -> list[int]:
+    return [hash(w) & 0xFFFF for m in messages for w in (m["role"], *m["content"].split())]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+

@@ -1,0 +1,39 @@
+"""Helpers of the GUI tests on the fake engine."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QMessageBox
+from pytestqt.qtbot import QtBot
+
+from lazykv.core.store import Store
+from lazykv.qt.main_window import MainWindow, Timings
+
+FAST = Timings(idle_delay_ms=20, sample_interval_ms=60_000, undo_ms=60_000, shutdown_deadline_ms=2000)
+WAIT_MS = 5000  # generous: the fake answers in milliseconds
+
+
+def settle(qtbot: QtBot, w: MainWindow) -> None:
+    """Until nothing is in flight (engine requests and database jobs)."""
+    qtbot.waitUntil(lambda: w.ops.count == 0, timeout=WAIT_MS)
+
+
+def chat(qtbot: QtBot, w: MainWindow, text: str) -> object:
+    """Send and wait for the reply and every save it causes; return its ReplyResult."""
+    with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS) as blocker:
+        w.send_text(text)
+    settle(qtbot, w)
+    return blocker.args[0]
+
+
+def error_box(w: MainWindow) -> QMessageBox | None:
+    return w.findChild(QMessageBox, "error-box")
+
+
+def stored() -> list[tuple[str, list[dict[str, str]]]]:
+    """Every saved conversation: (title, messages), most recent first."""
+    store = Store()
+    try:
+        return [(s.title, store.messages(s.id)) for s in store.list_conversations()]
+    finally:
+        store.close()
+
