@@ -107,7 +107,7 @@ def test_dropping_a_gguf_file_opens_it_and_other_files_are_ignored(
     with qtbot.waitSignal(w.model_loaded, timeout=WAIT_MS) as loaded:
         drop(other)
     assert loaded.args[0].path == other and w.settings["recent_models"][0] == str(other)
-    w._fill_recent_menu()
+    w.recent_menu.aboutToShow.emit()
     assert [a.text() for a in w.recent_menu.actions()][:2] == ["other.gguf", "fake.gguf"]
 
 

@@ -163,3 +163,18 @@ def test_reopening_rebuilds_and_the_banner_can_stop_it(
     assert "Stopped re-reading" in w.resume_note and error_box(w) is None
     fake.release()
     assert chat(qtbot, w, "Go on").text
+
+
+def test_dropping_the_key_leaves_no_key_for_reading_either(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    w = fake_window(snapshot_encryption="keyring")
+    qtbot.waitUntil(lambda: w.conversations.crypto is not None, timeout=WAIT_MS)
+    with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
+        w.send_text("Encrypted")
+    conv = w.conversations.current
+    w.new_chat()
+    w.conversations.use_passphrase("")  # "no passphrase": snapshots are neither written nor read now
+    with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS) as opened:
+        w.conversations.open(conv)
+    assert opened.args[1].how == "rebuilt" and "keyring key" in w.resume_note

@@ -11,7 +11,7 @@ from lazykv.core.engine import ConversionEvent
 from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
 from lazykv.core.settings import SETTINGS, Settings
 from lazykv.qt.main_window import MainWindow, UiState
-from lazykv.qt.settings_dialog import SettingsDialog
+from lazykv.qt.settings_dialog import EDITORS, SettingsDialog
 from lazykv.qt.stall_meter import StallMeter
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
@@ -77,6 +77,7 @@ def test_settings_dialog_is_derived_from_the_declaration_and_changes_survive_a_r
     dialog = w.settings_dialog
     assert isinstance(dialog, SettingsDialog) and dialog.isVisible()
     assert set(dialog.editors) == {s.name for s in SETTINGS if s.in_dialog}
+    assert {s.kind for s in SETTINGS if s.in_dialog} <= set(EDITORS)
     assert "needs about" in dialog.estimate_label.text()
     dialog.set_value("n_ctx", 2048)
     dialog.set_value("kv_mode", KvMode.Q8_0)

@@ -28,7 +28,7 @@ from lazykv.core.engine import (
 )
 from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, ConversionStage, KvMode
 from lazykv.core.persistence import Crypto, Persistence
-from lazykv.core.snapshot import SnapshotError
+from lazykv.core.snapshot import ENCRYPTION_NONE, SnapshotError
 from lazykv.core.store import Store, StoreError, data_dir
 
 STATUS_INTERVAL_S = 0.1  # kv_status while streaming, at most this often
@@ -215,8 +215,8 @@ class EngineWorker(QObject):
 
     def _set_crypto(self, request: SetCrypto) -> None:
         self._crypto = request.crypto
-        if self._persistence is not None and request.crypto is not None:
-            self._persistence.crypto = request.crypto
+        if self._persistence is not None:  # None: no key kept for reading either
+            self._persistence.crypto = request.crypto or Crypto(ENCRYPTION_NONE)
 
     def _save_snapshot(self, request: SaveSnapshot) -> Any:
         """After a completed reply: the conversation's KV cache into its snapshot file (None: not saved)."""
@@ -245,11 +245,8 @@ class EngineWorker(QObject):
             return None
         if self._persistence is None:
             store = Store()
-            self._persistence = Persistence(
-                store, self._session, self._crypto or Crypto("none"), data_dir() / "fingerprints.json"
-            )
-        if self._crypto is not None:
-            self._persistence.crypto = self._crypto
+            crypto = self._crypto or Crypto(ENCRYPTION_NONE)
+            self._persistence = Persistence(store, self._session, crypto, data_dir() / "fingerprints.json")
         return self._persistence
 
     def _emit_status(self) -> None:
