@@ -153,6 +153,7 @@ class FakeSession:
     def convert_kv_now(self) -> bool:
         info = self._require()
         self.calls.append("convert")
+        self._step()
         if self.convert_error is not None:
             raise self.convert_error
         if info.kv_mode is not KvMode.LAZY or self._kv.phase is not KvPhase.F16:

@@ -188,3 +188,17 @@ def test_idle_conversion_runs_after_the_injected_delay(
 def test_the_default_kv_mode_is_declared_once() -> None:
     load_default = inspect.signature(EngineSession.load).parameters["kv_mode"].default
     assert load_default == EngineConfig("m").kv_mode == SETTINGS_BY_NAME["kv_mode"].default == DEFAULT_KV_MODE
+
+
+def test_engine_reloading_actions_wait_for_the_engine_requests_in_flight(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    w = fake_window()
+    fake.hold()
+    w.convert_now()
+    qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
+    assert w.state is UiState.READY and w.send_button.isEnabled()
+    assert not w.settings_action.isEnabled() and not w.open_action.isEnabled()
+    fake.release()
+    settle(qtbot, w)
+    assert w.settings_action.isEnabled() and w.open_action.isEnabled()

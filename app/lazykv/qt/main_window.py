@@ -417,6 +417,7 @@ class MainWindow(QMainWindow):
 
     def _connect_conversations(self) -> None:
         self.conversations.private_changed.connect(self._on_private_changed)
+        self.ops.changed.connect(lambda _: self._set_state(self._state))
 
     @Slot(bool)
     def _on_private_changed(self, private: bool) -> None:
@@ -431,12 +432,13 @@ class MainWindow(QMainWindow):
         self._state = state
         ready = state is UiState.READY
         idle = state in (UiState.NO_MODEL, UiState.READY)
+        engine_free = idle and not self.engine.pending()  # e.g. no snapshot being saved, no compaction
         self.send_button.setEnabled(ready)
         self.stop_button.setEnabled(state is UiState.REPLYING)
-        self.open_action.setEnabled(idle)
-        self.recent_menu.setEnabled(idle)
+        self.open_action.setEnabled(engine_free)
+        self.recent_menu.setEnabled(engine_free)
         self.new_chat_action.setEnabled(idle)
-        self.settings_action.setEnabled(idle)
+        self.settings_action.setEnabled(engine_free)
         self.system_edit.setReadOnly(not idle)
         self.transcript.actions_enabled = ready
         self.regenerate_action.setEnabled(ready and self._ends_with_reply())

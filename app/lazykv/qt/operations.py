@@ -52,7 +52,7 @@ class _Pending:
     on_done: Callable[[Any], None] | None
     on_failed: Callable[[Failure], None] | None
     on_progress: Callable[[Any], None] | None
-    op: int
+    op: int = 0
 
 
 class EngineClient(QObject):
@@ -84,8 +84,8 @@ class EngineClient(QObject):
         """Send ``request``; after ``close()`` (the app is exiting) it is dropped unsent and unanswered."""
         if self._closed:
             return request
-        op = self._ops.begin(request.what)
-        self._pending[request.id] = _Pending(request, on_done, on_failed, on_progress, op)
+        pending = self._pending[request.id] = _Pending(request, on_done, on_failed, on_progress)
+        pending.op = self._ops.begin(request.what)  # after: a listener of the count sees it pending
         return self._worker.submit(request)
 
     def pending(self) -> list[Request]:
@@ -115,7 +115,7 @@ class EngineClient(QObject):
         pending = self._pending.pop(request.id, None)
         if pending is None:
             return
-        self._ops.end(pending.op)
+        self._ops.end(pending.op)  # after the pop: a listener of the count sees it answered
         if pending.on_done is not None:
             pending.on_done(result)
 
