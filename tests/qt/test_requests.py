@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 
 from PySide6.QtWidgets import QMessageBox
@@ -147,10 +148,13 @@ def test_the_operation_count_follows_requests_and_jobs(
 ) -> None:
     w = fake_window()
     assert w.ops.count == 0
+    gate = threading.Event()
+    w.background.run(lambda: gate.wait(5), what="A slow disk")
     fake.hold()
     w.send_text("Hello")
     qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
-    assert "The reply" in w.ops.labels() and "Saving the conversation" in w.ops.labels()
+    assert sorted(w.ops.labels()) == ["A slow disk", "Saving the conversation", "The reply"]
+    gate.set()
     fake.release()
     settle(qtbot, w)
     assert w.ops.count == 0
