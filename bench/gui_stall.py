@@ -1,4 +1,5 @@
-"""GUI responsiveness benchmark: the longest event-loop gap while the engine generates and converts.
+"""GUI responsiveness benchmark: the longest event-loop gap while the engine generates and converts,
+while a long code-heavy Markdown reply streams in, and while a 4,000-message conversation opens.
 
 ``python -m bench.gui_stall`` (part of ``make bench``) drives the real window offscreen with a 10 ms
 timer running (lazykv.qt.stall_meter) and writes bench/results/gui_stall.md. The baseline is the
@@ -15,19 +16,25 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from PySide6.QtCore import QObject, QTimer, Signal
+
 from bench.machine import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gui_stall.md"
 N_CTX = 2048  # lazy f16 view: 1024 cells
+LONG_CONVERSATION = 4000  # messages
+TOKEN_INTERVAL_MS = 5  # the canned reply streams at 200 tokens/s, faster than this CPU's models
 
 
 def main() -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ["LAZYKV_CONFIG_DIR"] = tempfile.mkdtemp(prefix="lazykv-bench-gui-")
+    os.environ["LAZYKV_DATA_DIR"] = tempfile.mkdtemp(prefix="lazykv-bench-gui-data-")
     from PySide6.QtWidgets import QApplication
     from tools.screenshots import pause, wait_for
 
     from lazykv.__main__ import default_model_path
+    from lazykv.core.store import Store
     from lazykv.core.settings import Settings
     from lazykv.qt.main_window import MainWindow
     from lazykv.qt.stall_meter import StallMeter
@@ -66,15 +73,81 @@ def main() -> int:
     window.send_text("Write a long story about a lighthouse keeper. " * 40)
     wait_for(window.reply_finished)
     measure("idle-time conversion (kv_lazy_convert)", window.convert_now, window.converted)
+    stream = _CannedStream(window.transcript, code_heavy_reply())
+    measure(f"code-heavy Markdown reply streamed ({len(stream.pieces)} pieces, {len(stream.text) // 1024} KB,"
+            f" {stream.text.count('```') // 2} code blocks, a piece every {TOKEN_INTERVAL_MS} ms)",
+            stream.start, stream.done)
+    store = Store()
+    long_id = store.create_conversation("A long conversation")
+    store.replace_messages(long_id, long_conversation(LONG_CONVERSATION))
+    store.close()
+    measure(f"open a saved {LONG_CONVERSATION:,}-message conversation (read, shown, resume started; 1.5 s)",
+            lambda: window.conversations.open(long_id), _timer_signal(app, 1500))
+    measure(f"scroll to the top of the {LONG_CONVERSATION:,}-message conversation, 20 times",
+            lambda: _scroll_to_top(window.transcript, 20), _timer_signal(app, 1500))
     window.close()
     pause(100)
     _write(rows, conversions)
     return 0
 
 
-def _timer_signal(app, ms: int):  # noqa: ANN001, ANN202 - Qt objects
-    from PySide6.QtCore import QTimer
+def code_heavy_reply() -> str:
+    """About 9 KB of Markdown: prose, lists, a table and six fenced code blocks in three languages."""
+    block = (
+        "Here is the next step, with **the important part** in bold and a `short_call()` inline.\n\n"
+        "1. read the file\n2. parse each line\n3. keep the valid rows\n\n"
+        "```python\nimport csv\nfrom pathlib import Path\n\n\ndef load(path: Path) -> list[dict[str, str]]:\n"
+        "    with path.open(newline=\"\") as f:\n        rows = list(csv.DictReader(f))\n"
+        "    return [row for row in rows if row.get(\"id\")]\n```\n\n"
+        "| column | type | note |\n|---|---|---|\n| id | int | unique |\n| name | str | trimmed |\n\n"
+        "```bash\nfor f in data/*.csv; do\n    python load.py \"$f\" >> out.txt\ndone\n```\n\n"
+    )
+    return "".join(block.replace("next step", f"step {i + 1}") for i in range(12))
 
+
+def long_conversation(n: int) -> list[dict[str, str]]:
+    return [
+        {"role": "user", "content": f"Question {i}: how do I reverse a list in place?"} if i % 2 == 0 else
+        {"role": "assistant", "content": f"Answer {i}: use **list.reverse()**.\n\n```python\nitems = [1, 2]\n"
+                                         "items.reverse()\n```\nIt returns `None`."}
+        for i in range(n)
+    ]
+
+
+def _scroll_to_top(view, times: int) -> None:  # noqa: ANN001 - a TranscriptView
+    for k in range(times):
+        QTimer.singleShot(50 * k, lambda: view.verticalScrollBar().setValue(0))
+
+
+class _CannedStream(QObject):
+    """Feeds a reply to the transcript piece by piece on a timer, as the worker's tokens arrive."""
+
+    done = Signal()
+
+    def __init__(self, view, text: str) -> None:  # noqa: ANN001 - a TranscriptView
+        super().__init__()
+        self.view, self.text = view, text
+        self.pieces = [text[i:i + 4] for i in range(0, len(text), 4)]  # ~ a token each
+        self._timer = QTimer(self)
+        self._timer.setInterval(TOKEN_INTERVAL_MS)
+        self._timer.timeout.connect(self._next)
+        self._next_piece = 0
+
+    def start(self) -> None:
+        self.view.begin_reply()
+        self._timer.start()
+
+    def _next(self) -> None:
+        if self._next_piece < len(self.pieces):
+            self.view.append_to_reply(self.pieces[self._next_piece])
+            self._next_piece += 1
+            return
+        self._timer.stop()
+        self.view.end_reply()
+        self.done.emit()
+
+
+def _timer_signal(app, ms: int):  # noqa: ANN001, ANN202 - Qt objects
     timer = QTimer(app)
     timer.setSingleShot(True)
     timer.start(ms)

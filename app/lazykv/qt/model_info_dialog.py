@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLabel, QVBoxLayout, QWidget
 
 from lazykv.core.memory import fmt_bytes
@@ -37,6 +38,7 @@ class ModelInfoDialog(QDialog):
         form = QFormLayout()
         for label, value in describe(meta):
             field = QLabel(value)
+            field.setTextFormat(Qt.TextFormat.PlainText)  # GGUF metadata is text, never markup
             field.setWordWrap(True)
             form.addRow(f"{label}:", field)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from lazykv.core.kinds import KvMode, SettingKind
 from lazykv.core.memory import estimate
 from lazykv.core.model_meta import ModelMeta
 from lazykv.core.settings import SETTINGS, Setting, Settings
+from lazykv.qt.markdown import plain_rich_text
 from lazykv.qt.memory_panel import FIT_COLORS
 
 
@@ -129,7 +131,8 @@ class SettingsDialog(QDialog):
             item = model.item(row)
             allowed = support.allows(combo.itemData(row))
             item.setEnabled(allowed)
-            item.setToolTip("" if allowed else f"Not possible for this model: {support.reason}")
+            reason = plain_rich_text(f"Not possible for this model: {support.reason}")
+            item.setToolTip("" if allowed else reason)
         if not support.allows(combo.currentData()):
             combo.setCurrentIndex(combo.findData(str(KvMode.F16)))
 
@@ -140,7 +143,7 @@ class SettingsDialog(QDialog):
         est = estimate(self._meta, self.value("n_ctx"), self.value("kv_mode"))
         color = FIT_COLORS[est.fit]
         self.estimate_label.setText(
-            f"<b>{self._meta.name}</b> with these settings<br>"
+            f"<b>{html.escape(self._meta.name)}</b> with these settings<br>"
             f"<span style='color:{color}'>● {est.fit.value}</span>: {est.summary()}"
         )
         self.estimate_label.setTextFormat(Qt.TextFormat.RichText)

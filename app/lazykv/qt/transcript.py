@@ -1,20 +1,28 @@
-"""The transcript: one framed block per message, the reply growing as it streams, markers inline.
+"""The transcript: one framed block per message, replies rendered as Markdown, markers inline.
 
-Right-click a message to copy it, edit and resend a message of yours, or regenerate the
-last reply; the view only asks (signals), the window decides.
+Long conversations open at once: only the newest messages that fill the view (and a screen more)
+are laid out; older ones are rendered a few at a time, each step within a small time budget, as the
+user scrolls up to them. A streaming reply is re-rendered (its frame only) at most every
+``RENDER_INTERVAL_MS``. The view follows the end of the transcript unless the user has scrolled up.
+
+Right-click a message to copy it, edit and resend a message of yours, or regenerate the last
+reply; the view only asks (signals), the window decides. Code blocks have a one-click Copy.
 """
 
 from __future__ import annotations
 
+import bisect
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
-from PySide6.QtCore import QPoint, Signal, Slot
+from PySide6.QtCore import QEvent, QPoint, QTimer, QUrl, Signal, Slot
 from PySide6.QtGui import (
     QColor,
     QContextMenuEvent,
-    QFont,
+    QDesktopServices,
+    QFontDatabase,
     QGuiApplication,
-    QTextCharFormat,
     QTextCursor,
     QTextFrame,
     QTextFrameFormat,
@@ -22,108 +30,161 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QMenu, QTextBrowser, QWidget
 
 from lazykv.core.conversation import Marker
+from lazykv.qt.markdown import COPY_SCHEME, DARK, LIGHT, MarkdownRenderer, Palette
+from lazykv.qt.theme import is_dark
 
 ROLE_LABELS = {"user": "You", "assistant": "Assistant", "system": "System"}
-# fixed colours, readable on either a light or a dark system palette
-_BACKGROUNDS = {"user": "#e3edfd", "assistant": "#f3f4f6", "system": "#fff7e0"}
-_TEXT = QColor("#1f2328")
-_MUTED = QColor("#6b7280")
-_MARKER = QColor("#9a6700")
+_BACKGROUNDS = {
+    LIGHT: {"user": "#e3edfd", "assistant": "#f3f4f6", "system": "#fff7e0"},
+    DARK: {"user": "#1d2b40", "assistant": "#24272d", "system": "#3a3220"},
+}
+RENDER_INTERVAL_MS = 80  # a streaming reply is re-rendered at most this often
+STEP_BUDGET_S = 0.012  # rendering work per event-loop turn when filling the view or loading older ones
+PLAIN_OVER_CHARS = 60_000  # longer messages are shown as typed: parsing them would stall the GUI
+_LINK_SCHEMES = {"http", "https", "mailto"}
+
+
+@dataclass
+class _Message:
+    role: str
+    text: str
+    markers: list[tuple[int, str]] = field(default_factory=list)  # (offset, label)
+    note: str = ""  # e.g. "stopped", under the message
+    code_blocks: list[str] = field(default_factory=list)
 
 
 class TranscriptView(QTextBrowser):
     edit_requested = Signal(int)  # index of a user turn
     regenerate_requested = Signal()
+    code_copied = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.document().setDocumentMargin(10)
-        self.setStyleSheet("QTextBrowser { background: white; }")
-        self.setOpenExternalLinks(True)
-        self._frames: list[QTextFrame] = []
-        self._texts: list[str] = []
-        self._roles: list[str] = []
-        self._reply: QTextCursor | None = None
+        self.setOpenLinks(False)
+        self.anchorClicked.connect(self._on_link)
+        self._messages: list[_Message | dict[str, str]] = []
+        self._markers: dict[int, list[tuple[int, str]]] = {}  # of the messages not made _Message yet
+        self._frames: list[QTextFrame] = []  # frames of messages[self._first:], in order
+        self._first = 0
+        self._reply: int | None = None  # index of the reply being streamed
+        self._follow = True  # keep the end in view
+        self._render_timer = QTimer(self)
+        self._render_timer.setSingleShot(True)
+        self._render_timer.setInterval(RENDER_INTERVAL_MS)
+        self._render_timer.timeout.connect(self._render_reply)
+        self._older_timer = QTimer(self)
+        self._older_timer.setSingleShot(True)
+        self._older_timer.setInterval(0)
+        self._older_timer.timeout.connect(self._render_older_step)
+        bar = self.verticalScrollBar()
+        bar.rangeChanged.connect(self._on_range_changed)
+        bar.valueChanged.connect(self._on_scrolled)
         self.actions_enabled = True
+        self._apply_palette()
+
+    # -- content ----------------------------------------------------------------------------------
 
     def add_message(self, role: str, text: str, markers: Iterable[Marker] = ()) -> None:
-        cursor = self._new_message(role)
-        index = len(self._frames) - 1
-        done = 0
-        for marker in sorted(markers, key=lambda m: m.offset):
-            self._insert_text(cursor, text[done:marker.offset])
-            self._insert_marker(cursor, marker.label)
-            done = marker.offset
-        self._insert_text(cursor, text[done:])
-        self._texts[index] = text
+        self._messages.append(_Message(role, text, [(m.offset, m.label) for m in markers]))
+        self._append_frame(len(self._messages) - 1)
 
     def show_messages(self, messages: Iterable[dict[str, str]], markers: Iterable[Marker] = ()) -> None:
-        """Replace the whole transcript, e.g. after a turn was taken back or edited."""
-        self.clear()
-        self._frames, self._texts, self._roles = [], [], []
-        self._reply = None
-        markers = list(markers)
-        for i, message in enumerate(messages):
-            mine = [m for m in markers if m.message_index == i]
-            self.add_message(message["role"], message["content"], mine)
+        """Replace the whole transcript (opening a conversation, after an edit): the newest first."""
+        self._markers = {}
+        for marker in markers:
+            self._markers.setdefault(marker.message_index, []).append((marker.offset, marker.label))
+        self._messages = list(messages)  # each becomes a _Message when it is first needed
+        self._reset_document()
+        self._follow = True
+        self._render_older_step(fill_only=True)
 
     def message_count(self) -> int:
+        return len(self._messages)
+
+    def rendered_count(self) -> int:
+        """How many of the newest messages are laid out (the rest render as the user scrolls up)."""
         return len(self._frames)
 
+    def message_text(self, index: int) -> str:
+        return self._message(index).text
+
+    def code_blocks(self, index: int) -> list[str]:
+        return list(self._message(index).code_blocks)
+
+    def _message(self, index: int) -> _Message:
+        entry = self._messages[index]
+        if not isinstance(entry, _Message):
+            entry = _Message(entry["role"], entry["content"], self._markers.pop(index, []))
+            self._messages[index] = entry
+        return entry
+
+    # -- the streaming reply ----------------------------------------------------------------------
+
     def begin_reply(self) -> None:
-        self._reply = self._new_message("assistant")
+        self._messages.append(_Message("assistant", ""))
+        self._reply = len(self._messages) - 1
+        self._append_frame(self._reply)
 
     @Slot(str)
     def append_to_reply(self, piece: str) -> None:
-        if self._reply is not None:
-            self._insert_text(self._reply, piece)
-            self._texts[-1] += piece
+        if self._reply is not None and piece:
+            self._message(self._reply).text += piece
+            if not self._render_timer.isActive():
+                self._render_timer.start()
 
     def mark_here(self, label: str) -> None:
-        """A marker at the end of the reply being streamed, else after the last message."""
-        cursor = self._reply
-        if cursor is None and self._frames:
-            cursor = self._frames[-1].lastCursorPosition()
-        if cursor is not None:
-            self._insert_marker(cursor, label)
+        """A marker at the end of the reply being streamed, else at the end of the last message."""
+        index = self._reply if self._reply is not None else len(self._messages) - 1
+        if index < 0:
+            return
+        message = self._message(index)
+        message.markers.append((len(message.text), label))
+        self._rerender(index)
 
     def end_reply(self, note: str | None = None) -> None:
         """Close the streaming reply, with ``note`` (e.g. "stopped") shown under it."""
-        if self._reply is not None and note:
-            fmt = _char_format(_MUTED, italic=True, point_size_delta=-1)
-            if self._reply.block().length() > 1:
-                self._reply.insertBlock()
-            self._insert_text(self._reply, note, fmt)
+        if self._reply is None:
+            return
+        self._render_timer.stop()
+        self._message(self._reply).note = note or ""
+        self._rerender(self._reply)
         self._reply = None
+
+    @Slot()
+    def _render_reply(self) -> None:
+        if self._reply is not None:
+            self._rerender(self._reply)
+
+    # -- menus and links --------------------------------------------------------------------------
 
     def message_at(self, pos: QPoint) -> int | None:
         """Index of the message under a viewport position."""
-        frame = self.cursorForPosition(pos).currentFrame()
-        while frame is not None:
-            for i, f in enumerate(self._frames):
-                if f == frame:
-                    return i
-            frame = frame.parentFrame()
-        return None
+        position = self.cursorForPosition(pos).position()
+        starts = [frame.firstPosition() for frame in self._frames]
+        k = bisect.bisect_right(starts, position) - 1
+        if k < 0 or position > self._frames[k].lastPosition():
+            return None
+        return self._first + k
 
     def message_menu(self, index: int) -> QMenu:
         """The actions for one message (also used by tests and keyboard users)."""
         menu = QMenu(self)
         copy = menu.addAction("Copy message")
-        copy.triggered.connect(lambda: QGuiApplication.clipboard().setText(self._texts[index]))
-        role = self._roles[index]
+        copy.triggered.connect(lambda: QGuiApplication.clipboard().setText(self._message(index).text))
+        for k, _ in enumerate(self._message(index).code_blocks):
+            action = menu.addAction(f"Copy code block {k + 1}")
+            action.triggered.connect(lambda _=False, k=k: self._copy_code(index, k))
+        role = self._message(index).role
         if role == "user":
             edit = menu.addAction("Edit and resend…")
             edit.setEnabled(self.actions_enabled)
             edit.triggered.connect(lambda: self.edit_requested.emit(index))
-        if role == "assistant" and index == len(self._frames) - 1:
+        if role == "assistant" and index == len(self._messages) - 1:
             regen = menu.addAction("Regenerate")
             regen.setEnabled(self.actions_enabled)
             regen.triggered.connect(self.regenerate_requested.emit)
         return menu
-
-    def message_text(self, index: int) -> str:
-        return self._texts[index]
 
     def contextMenuEvent(self, event: QContextMenuEvent) -> None:
         index = self.message_at(event.pos())
@@ -135,46 +196,152 @@ class TranscriptView(QTextBrowser):
         menu.addActions(self.createStandardContextMenu().actions())
         menu.exec(event.globalPos())
 
-    def _new_message(self, role: str) -> QTextCursor:
-        """Append a frame for a message under its role label; return a cursor inside it."""
+    @Slot(QUrl)
+    def _on_link(self, url: QUrl) -> None:
+        if url.scheme() == COPY_SCHEME:
+            message, _, block = url.path().partition("/")
+            if message.isdigit() and block.isdigit():
+                self._copy_code(int(message), int(block))
+        elif url.scheme() in _LINK_SCHEMES:
+            QDesktopServices.openUrl(url)
+
+    def _copy_code(self, index: int, block: int) -> None:
+        blocks = self._message(index).code_blocks if index < len(self._messages) else []
+        if block < len(blocks):
+            QGuiApplication.clipboard().setText(blocks[block])
+            self.code_copied.emit()
+
+    # -- following the end ------------------------------------------------------------------------
+
+    def scroll_to_end(self) -> None:
+        self._follow = True
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    def following(self) -> bool:
+        """True while the view keeps the end of the transcript in sight (the user has not scrolled up)."""
+        return self._follow
+
+    @Slot(int, int)
+    def _on_range_changed(self, _minimum: int, maximum: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(maximum)
+
+    @Slot(int)
+    def _on_scrolled(self, value: int) -> None:
+        bar = self.verticalScrollBar()
+        self._follow = value >= bar.maximum() - 4
+        if value <= self.viewport().height() and self._first > 0 and not self._older_timer.isActive():
+            self._older_timer.start()
+
+    # -- rendering --------------------------------------------------------------------------------
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._apply_palette()
+            self._reset_document()
+            self._render_older_step(fill_only=True)
+
+    def _apply_palette(self) -> None:
+        base = DARK if is_dark(self.palette()) else LIGHT
+        mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont).family()
+        self._colours = Palette(**{**base.__dict__, "mono_family": mono})
+        self._backgrounds = _BACKGROUNDS[base]
+        self._renderer = MarkdownRenderer(self._colours)
+
+    def _reset_document(self) -> None:
+        """An empty document: nothing rendered yet, the newest messages come first."""
+        self._older_timer.stop()
+        if self._reply is not None and self._reply >= len(self._messages):
+            self._render_timer.stop()
+            self._reply = None
+        self.clear()
+        self._frames = []
+        self._first = len(self._messages)
+
+    @Slot()
+    def _render_older_step(self, fill_only: bool = False) -> None:
+        """Render older messages (newest first) for STEP_BUDGET_S; when filling, stop once the view
+        and one more screen are full, else continue on the next turn while the user is near the top."""
+        started = time.perf_counter()
+        bar = self.verticalScrollBar()
+        from_bottom = bar.maximum() - bar.value()
+        while self._first > 0 and time.perf_counter() - started < STEP_BUDGET_S:
+            self._prepend_frame(self._first - 1)
+            if fill_only and self._laid_out_height() > 2 * self.viewport().height() + 200:
+                break
+        if not self._follow:
+            bar.setValue(bar.maximum() - from_bottom)
+        self._update_older_note()
+        near_top = bar.value() <= self.viewport().height()
+        if self._first > 0 and (near_top or (fill_only and self._laid_out_height()
+                                             <= 2 * self.viewport().height() + 200)):
+            self._older_timer.start()
+
+    def _laid_out_height(self) -> float:
+        return self.document().size().height()
+
+    def _update_older_note(self) -> None:
+        """The first block of the document says how many older messages are not shown yet."""
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.Start)
+        cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
+        text = f"↑ {self._first} earlier messages: scroll up to see them" if self._first else ""
+        if cursor.selectedText() != text:
+            fmt = cursor.charFormat()
+            fmt.setForeground(QColor(self._colours.muted))
+            cursor.insertText(text, fmt)
+
+    def _frame_format(self, role: str) -> QTextFrameFormat:
+        fmt = QTextFrameFormat()
+        fmt.setBackground(QColor(self._backgrounds.get(role, self._backgrounds["assistant"])))
+        fmt.setPadding(8)
+        fmt.setBorder(0)
+        fmt.setBottomMargin(6)
+        return fmt
+
+    def _append_frame(self, index: int) -> None:
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
-        frame_format = QTextFrameFormat()
-        frame_format.setBackground(QColor(_BACKGROUNDS.get(role, "#ffffff")))
-        frame_format.setPadding(8)
-        frame_format.setBorder(0)
-        frame_format.setBottomMargin(6)
-        frame = cursor.insertFrame(frame_format)
+        frame = cursor.insertFrame(self._frame_format(self._message(index).role))
         self._frames.append(frame)
-        self._texts.append("")
-        self._roles.append(role)
-        cursor.insertText(ROLE_LABELS.get(role, role), _char_format(_MUTED, bold=True, point_size_delta=-1))
-        cursor.insertBlock()
-        cursor.setCharFormat(_char_format(_TEXT))
-        return cursor
+        self._fill(frame, index)
 
-    def _insert_marker(self, cursor: QTextCursor, label: str) -> None:
-        fmt = _char_format(_MARKER, italic=True, point_size_delta=-1)
-        fmt.setBackground(QColor("#fff8c5"))
-        self._insert_text(cursor, f" ⟨{label}⟩ ", fmt)
+    def _prepend_frame(self, index: int) -> None:
+        """The frame of messages[index] before every rendered one (index == self._first - 1)."""
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.Start)
+        cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock)
+        frame = cursor.insertFrame(self._frame_format(self._message(index).role))
+        self._frames.insert(0, frame)
+        self._first = index
+        self._fill(frame, index)
 
-    def _insert_text(self, cursor: QTextCursor, text: str, fmt: QTextCharFormat | None = None) -> None:
-        if not text:
-            return
-        bar = self.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 4
-        cursor.insertText(text, fmt or _char_format(_TEXT))
-        if at_bottom:
-            bar.setValue(bar.maximum())
+    def _rerender(self, index: int) -> None:
+        if index >= self._first:
+            self._fill(self._frames[index - self._first], index)
+
+    def _fill(self, frame: QTextFrame, index: int) -> None:
+        """(Re)write a message's frame: role label, body, note."""
+        cursor = frame.firstCursorPosition()
+        cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+        cursor.insertHtml(self._message_html(index))
+
+    def _message_html(self, index: int) -> str:
+        message = self._message(index)
+        c = self._colours
+        label = ROLE_LABELS.get(message.role, message.role)
+        head = f'<p style="color:{c.muted}; font-size: small; font-weight: bold">{label}</p>'
+        if message.role == "assistant" and len(message.text) <= PLAIN_OVER_CHARS:
+            rendered = self._renderer.render(message.text, index, message.markers)
+            body, message.code_blocks = rendered.html, rendered.code_blocks
+        else:
+            body = self._renderer.plain(message.text, message.markers)
+        note = (f'<p style="color:{c.muted}; font-style: italic; font-size: small">'
+                f"{_escape(message.note)}</p>") if message.note else ""
+        return f'<div style="color:{c.text}">{head}{body}{note}</div>'
 
 
-def _char_format(
-    color: QColor, *, bold: bool = False, italic: bool = False, point_size_delta: int = 0
-) -> QTextCharFormat:
-    fmt = QTextCharFormat()
-    fmt.setForeground(color)
-    fmt.setFontWeight(QFont.Weight.Bold if bold else QFont.Weight.Normal)
-    fmt.setFontItalic(italic)
-    if point_size_delta:
-        fmt.setFontPointSize(QFont().pointSizeF() + point_size_delta)
-    return fmt
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

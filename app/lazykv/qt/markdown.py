@@ -1,0 +1,156 @@
+"""Markdown (CommonMark + tables + strikethrough) to the HTML subset Qt's rich text shows.
+
+markdown-it-py parses, Pygments highlights fenced code (inline styles: Qt has no style sheets for
+classes). Raw HTML in the source is never passed through (``html=False``): a model, an import or a
+title that writes ``<b>`` or ``<img>`` shows those characters. Each code block gets a "Copy" link
+``lazykv-copy:<message>/<block>``; the code itself is returned next to the HTML.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass, field
+
+from markdown_it import MarkdownIt
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import get_lexer_by_name
+from pygments.lexers.special import TextLexer
+from pygments.util import ClassNotFound
+
+COPY_SCHEME = "lazykv-copy"
+# where a marker sits in the source: private-use characters no model or keyboard produces
+_MARK = re.compile("\ue000(\\d+)\ue001")
+
+
+@dataclass(frozen=True)
+class Palette:
+    """The colours a rendered message uses (light or dark)."""
+
+    text: str
+    muted: str
+    link: str
+    code_background: str
+    code_border: str
+    marker: str
+    marker_background: str
+    pygments_style: str
+    mono_family: str = "monospace"
+
+
+LIGHT = Palette("#1f2328", "#6b7280", "#0969da", "#f6f8fa", "#d0d7de", "#9a6700", "#fff8c5", "default")
+DARK = Palette("#e6edf3", "#9ca3af", "#58a6ff", "#161b22", "#30363d", "#e3b341", "#3b2f0b", "monokai")
+
+
+@dataclass
+class Rendered:
+    html: str
+    code_blocks: list[str] = field(default_factory=list)
+
+
+class MarkdownRenderer:
+    """``render(text, message_index, markers)`` gives Qt rich text; one instance per palette."""
+
+    def __init__(self, palette: Palette) -> None:
+        self.palette = palette
+        self._formatter = HtmlFormatter(noclasses=True, nowrap=True, style=palette.pygments_style)
+        md = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
+        md.renderer.rules["fence"] = self._fence
+        md.renderer.rules["code_block"] = self._fence
+        md.renderer.rules["code_inline"] = self._code_inline
+        md.renderer.rules["table_open"] = self._table_open
+        md.renderer.rules["th_open"] = self._cell_open
+        md.renderer.rules["td_open"] = self._cell_open
+        md.renderer.rules["image"] = self._image
+        self._md = md
+
+    def render(
+        self, text: str, message_index: int = 0, markers: list[tuple[int, str]] | None = None
+    ) -> Rendered:
+        """``markers``: (character offset, label) shown where they are in ``text``."""
+        markers = sorted(markers or [])
+        source = _with_placeholders(text, [offset for offset, _ in markers])
+        env: dict = {"message": message_index, "codes": [], "labels": [label for _, label in markers]}
+        body = self._md.render(source, env)
+        body = _MARK.sub(lambda m: self._marker(env["labels"][int(m.group(1))]), body)
+        return Rendered(body, env["codes"])
+
+    def plain(self, text: str, markers: list[tuple[int, str]] | None = None) -> str:
+        """Text shown as typed (a user's message, a very long paste), line breaks kept."""
+        markers = sorted(markers or [])
+        escaped = html.escape(_with_placeholders(text, [offset for offset, _ in markers]))
+        escaped = _MARK.sub(lambda m: self._marker(markers[int(m.group(1))][1]), escaped)
+        return f'<p style="white-space: pre-wrap">{escaped}</p>'
+
+    def _marker(self, label: str) -> str:
+        p = self.palette
+        return (f'<span style="color:{p.marker}; background-color:{p.marker_background}; font-style:italic">'
+                f" ⟨{html.escape(label)}⟩ </span>")
+
+    def _fence(self, tokens, idx, options, env) -> str:  # noqa: ANN001 - markdown-it's rule API
+        token = tokens[idx]
+        found = [int(n) for n in _MARK.findall(token.content)]
+        code = _MARK.sub("", token.content).rstrip("\n")
+        language = token.info.strip().split(maxsplit=1)[0] if token.info.strip() else ""
+        block = len(env["codes"])
+        env["codes"].append(code)
+        p = self.palette
+        try:
+            lexer = get_lexer_by_name(language) if language else TextLexer()
+        except ClassNotFound:
+            lexer = TextLexer()
+        lexer.stripnl = False
+        highlighted = highlight(code, lexer, self._formatter).rstrip("\n")
+        label = html.escape(language) if language else "code"
+        marks = "".join(self._marker(env["labels"][n]) for n in found)
+        return (
+            f'<table width="100%" cellspacing="0" cellpadding="6" bgcolor="{p.code_background}" '
+            f'style="border: 1px solid {p.code_border}; border-collapse: collapse; margin-top: 4px; '
+            f'margin-bottom: 4px">'
+            f'<tr><td><span style="color:{p.muted}; font-size: small">{label}</span></td>'
+            f'<td align="right"><a href="{COPY_SCHEME}:{env["message"]}/{block}" '
+            f'style="color:{p.link}; text-decoration: none">Copy</a></td></tr>'
+            f'<tr><td colspan="2"><pre style="font-family: \'{p.mono_family}\'; margin: 0; color:{p.text}">'
+            f"{highlighted}</pre></td></tr></table>{marks}\n"
+        )
+
+    def _code_inline(self, tokens, idx, options, env) -> str:  # noqa: ANN001
+        p = self.palette
+        return (f'<code style="font-family: \'{p.mono_family}\'; background-color:{p.code_background}">'
+                f"{html.escape(tokens[idx].content)}</code>")
+
+    def _image(self, tokens, idx, options, env) -> str:  # noqa: ANN001
+        """Images become links: nothing is fetched or read from disk to show a reply."""
+        token = tokens[idx]
+        src = html.escape(token.attrGet("src") or "", quote=True)
+        alt = html.escape(token.content or "image")
+        return f'<a href="{src}" style="color:{self.palette.link}">[{alt}]</a>'
+
+    def _table_open(self, tokens, idx, options, env) -> str:  # noqa: ANN001
+        p = self.palette
+        return (f'<table border="1" cellspacing="0" cellpadding="4" '
+                f'style="border-collapse: collapse; border-color: {p.code_border}">\n')
+
+    def _cell_open(self, tokens, idx, options, env) -> str:  # noqa: ANN001
+        token = tokens[idx]
+        style = token.attrGet("style") or ""
+        align = {"text-align:left": "left", "text-align:center": "center", "text-align:right": "right"}
+        attr = f' align="{align[style]}"' if style in align else ""
+        return f"<{token.tag}{attr}>"
+
+
+def plain_rich_text(text: str) -> str:
+    """``text`` for a place that guesses rich text (tooltips): shown as written, never as markup."""
+    return f'<p style="white-space: pre-wrap">{html.escape(text)}</p>' if text else ""
+
+
+def _with_placeholders(text: str, offsets: list[int]) -> str:
+    """``text`` with a placeholder for each marker at its offset (in ascending order)."""
+    out, done = [], 0
+    for n, offset in enumerate(offsets):
+        offset = max(done, min(offset, len(text)))
+        out += [text[done:offset], f"\ue000{n}\ue001"]
+        done = offset
+    out.append(text[done:])
+    return "".join(out)

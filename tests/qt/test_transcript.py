@@ -1,0 +1,236 @@
+"""The transcript view on its own: Markdown replies, code blocks with Copy, text that is never HTML,
+streaming re-rendered with a throttle, long conversations opened without stalling the GUI."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QFontDatabase,
+    QGuiApplication,
+    QTextCharFormat,
+    QTextCursor,
+    QTextTable,
+)
+from PySide6.QtWidgets import QApplication
+from pytestqt.qtbot import QtBot
+
+from lazykv.core.conversation import Marker
+from lazykv.qt import theme
+from lazykv.qt import transcript as transcript_module
+from lazykv.qt.markdown import COPY_SCHEME
+from lazykv.qt.stall_meter import StallMeter
+from lazykv.qt.transcript import TranscriptView
+
+REPLY = """Here is **bold** and `inline code`.
+
+| name | value |
+|------|------:|
+| a    | 1     |
+
+```python
+def answer() -> int:
+    return 42
+```
+"""
+
+
+@pytest.fixture
+def view(qtbot: QtBot) -> TranscriptView:
+    widget = TranscriptView()
+    qtbot.addWidget(widget)
+    widget.resize(700, 500)
+    widget.show()
+    qtbot.waitExposed(widget)
+    return widget
+
+
+def _char_format_at(view: TranscriptView, text: str) -> QTextCharFormat:
+    """The format of the first character of ``text`` in the document."""
+    found = view.document().find(text)
+    assert not found.isNull(), f"{text!r} not in {view.toPlainText()!r}"
+    cursor = QTextCursor(view.document())
+    cursor.setPosition(found.selectionStart() + 1)
+    return cursor.charFormat()
+
+
+def _format_at(view: TranscriptView, text: str) -> QFont:
+    return _char_format_at(view, text).font()
+
+
+def test_markdown_reply_is_rendered_not_shown_raw(view: TranscriptView) -> None:
+    view.add_message("assistant", REPLY)
+    plain = view.toPlainText()
+    assert "**" not in plain and "```" not in plain and "|---" not in plain
+    assert _format_at(view, "bold").bold()
+    tables = [f for f in _all_frames(view) if isinstance(f, QTextTable)]
+    assert len(tables) == 2  # the Markdown table and the code block's box
+
+
+def test_code_block_is_monospace(view: TranscriptView) -> None:
+    view.add_message("assistant", REPLY)
+    code, prose = _format_at(view, "return 42"), _format_at(view, "Here is")
+    assert code.family() != prose.family()
+    assert code.family() == QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont).family()
+
+
+def test_copy_link_copies_the_code_block(view: TranscriptView, qtbot: QtBot) -> None:
+    view.add_message("user", "show me")
+    view.add_message("assistant", REPLY)
+    assert "Copy" in view.toPlainText()
+    QGuiApplication.clipboard().clear()
+    with qtbot.waitSignal(view.code_copied, timeout=1000):
+        view.anchorClicked.emit(QUrl(f"{COPY_SCHEME}:1/0"))
+    assert QGuiApplication.clipboard().text() == "def answer() -> int:\n    return 42"
+    assert view.code_blocks(1) == ["def answer() -> int:\n    return 42"]
+
+
+def test_text_from_the_model_or_the_user_is_never_html(view: TranscriptView) -> None:
+    view.add_message("user", "<b>not bold</b> & <img src='x'>")
+    view.add_message("assistant", "<i>raw</i> <script>x</script> ![pic](file:///etc/passwd) "
+                     "![web](https://example.com/a.png)")
+    plain = view.toPlainText()
+    assert "<b>not bold</b> & <img src='x'>" in plain
+    assert "<i>raw</i> <script>x</script>" in plain
+    assert not _format_at(view, "not bold").bold()
+    assert not _format_at(view, "raw").italic()
+    assert not _has_images(view)  # nothing is loaded from disk or the network to show a message
+
+
+def test_markers_stay_inline(view: TranscriptView) -> None:
+    view.add_message("assistant", "first half. second half.", [Marker(0, 12, "8-bit KV from here")])
+    assert "first half. ⟨8-bit KV from here⟩ second half." in " ".join(view.toPlainText().split())
+
+
+def test_streaming_rerenders_only_the_reply_and_is_throttled(
+    view: TranscriptView, qtbot: QtBot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    view.add_message("user", "Write code")
+    fills: list[int] = []
+    original = TranscriptView._fill
+    monkeypatch.setattr(TranscriptView, "_fill", lambda self, frame, index: (fills.append(index),
+                                                                               original(self, frame, index)))
+    view.begin_reply()
+    pieces = ["Sure:\n\n", "```python\n", "print(", "'hi')\n", "```\n", "Done **now**."] * 20
+    for piece in pieces:
+        view.append_to_reply(piece)
+    assert len(fills) <= 1  # begin_reply's empty frame; the pieces wait for the timer
+    qtbot.wait(3 * transcript_module.RENDER_INTERVAL_MS)
+    view.end_reply("stopped")
+    assert set(fills) == {1}  # the user's message was never re-rendered
+    assert len(fills) <= 4
+    text = view.toPlainText()
+    assert "print('hi')" in text and "Done now." in text and text.rstrip().endswith("stopped")
+    assert view.message_text(1) == "".join(pieces)
+
+
+def test_dark_theme_recolours_the_transcript(view: TranscriptView, qtbot: QtBot) -> None:
+    view.add_message("assistant", REPLY)
+    light = _frame_background(view)
+    app = QApplication.instance()
+    theme.apply(app, "dark")
+    try:
+        qtbot.waitUntil(lambda: _frame_background(view) != light)
+        assert QColor(_frame_background(view)).lightness() < 80
+        assert QColor(_char_format_at(view, "Here is").foreground().color()).lightness() > 150
+        assert "Here is" in view.toPlainText()
+    finally:
+        theme.apply(app, "system")
+    qtbot.waitUntil(lambda: _frame_background(view) == light)
+
+
+def _frame_background(view: TranscriptView) -> str:
+    return view.document().rootFrame().childFrames()[0].frameFormat().background().color().name()
+
+
+def _messages(n: int) -> list[dict[str, str]]:
+    out = []
+    for i in range(n):
+        if i % 2 == 0:
+            out.append({"role": "user", "content": f"Question {i}: how do I reverse a list in place?"})
+        else:
+            out.append({"role": "assistant", "content": f"Answer {i}: use **list.reverse()**.\n\n"
+                        "```python\nitems = [1, 2, 3]\nitems.reverse()\n```\nIt returns `None`."})
+    return out
+
+
+@pytest.mark.parametrize("n", [4000, 100_000])
+def test_opening_a_long_conversation_keeps_the_gui_responsive(
+    view: TranscriptView, qtbot: QtBot, n: int
+) -> None:
+    view.show_messages(_messages(10))  # the first render loads Pygments' lexers: not what is measured
+    messages = _messages(n)
+    meter = StallMeter()
+    meter.start()
+    view.show_messages(messages)
+    qtbot.wait(500)
+    meter.stop()
+    assert meter.max_gap_ms < 50, f"longest event-loop gap {meter.max_gap_ms:.0f} ms"
+    assert view.message_count() == n
+    assert 0 < view.rendered_count() < 100
+    assert f"Answer {n - 1}:" in view.toPlainText()
+    bar = view.verticalScrollBar()
+    assert bar.value() == bar.maximum()  # opened at the end
+
+
+def test_scrolling_up_renders_older_messages_without_stalling(view: TranscriptView, qtbot: QtBot) -> None:
+    view.show_messages(_messages(10))
+    view.show_messages(_messages(2000))
+    qtbot.wait(200)
+    before = view.rendered_count()
+    meter = StallMeter()
+    meter.start()
+    for _ in range(10):
+        view.verticalScrollBar().setValue(0)
+        qtbot.wait(30)
+    meter.stop()
+    assert meter.max_gap_ms < 50, f"longest event-loop gap {meter.max_gap_ms:.0f} ms"
+    assert view.rendered_count() > before
+    assert not view.following()
+    first = 2000 - view.rendered_count()
+    assert f"↑ {first} earlier messages" in view.toPlainText()
+    # the message under the cursor is still found after frames were put in front
+    top = view.cursorRect(view.document().find(f"Question {first + 2}:")).center()
+    assert view.message_at(top) == first + 2
+
+
+def test_follows_a_streaming_reply_unless_scrolled_up(view: TranscriptView, qtbot: QtBot) -> None:
+    view.show_messages(_messages(40))
+    qtbot.wait(100)
+    bar = view.verticalScrollBar()
+    assert bar.value() == bar.maximum()
+    view.begin_reply()
+    for _ in range(30):
+        view.append_to_reply("a line of the reply\n\n")
+    qtbot.wait(3 * transcript_module.RENDER_INTERVAL_MS)
+    assert bar.value() == bar.maximum() and view.following()
+    bar.setValue(bar.maximum() // 2)
+    held = bar.value()
+    for _ in range(30):
+        view.append_to_reply("more text\n\n")
+    qtbot.wait(3 * transcript_module.RENDER_INTERVAL_MS)
+    view.end_reply()
+    assert bar.value() == held and not view.following()
+
+
+def _has_images(view: TranscriptView) -> bool:
+    block = view.document().begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            if it.fragment().charFormat().isImageFormat():
+                return True
+            it += 1
+        block = block.next()
+    return False
+
+
+def _all_frames(view: TranscriptView) -> list:
+    out, stack = [], [view.document().rootFrame()]
+    while stack:
+        frame = stack.pop()
+        out.append(frame)
+        stack.extend(frame.childFrames())
+    return out
