@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import re
+import threading
 from dataclasses import dataclass, field
 
 from markdown_it import MarkdownIt
@@ -20,6 +21,11 @@ from pygments.lexers.special import TextLexer
 from pygments.util import ClassNotFound
 
 COPY_SCHEME = "lazykv-copy"
+# imported ahead on a background thread: loading a lexer's module the first time can take ~80 ms,
+# too long for a GUI-thread render in the middle of a streaming reply
+COMMON_LANGUAGES = ("python", "bash", "console", "javascript", "typescript", "json", "c", "cpp", "java",
+                    "rust", "go", "sql", "yaml", "toml", "html", "css", "diff", "markdown")
+_preloaded = threading.Event()
 # where a marker sits in the source: private-use characters no model or keyboard produces
 _MARK = re.compile("\ue000(\\d+)\ue001")
 
@@ -66,15 +72,28 @@ class MarkdownRenderer:
         self._md = md
 
     def render(
-        self, text: str, message_index: int = 0, markers: list[tuple[int, str]] | None = None
+        self, text: str, message_index: int = 0, markers: list[tuple[int, str]] | None = None,
+        first_block: int = 0,
     ) -> Rendered:
-        """``markers``: (character offset, label) shown where they are in ``text``."""
+        """``markers``: (character offset, label) shown where they are in ``text``; code blocks are
+        numbered from ``first_block`` in the Copy links (a part of a message rendered on its own)."""
         markers = sorted(markers or [])
         source = _with_placeholders(text, [offset for offset, _ in markers])
-        env: dict = {"message": message_index, "codes": [], "labels": [label for _, label in markers]}
+        env: dict = {"message": message_index, "codes": [], "labels": [label for _, label in markers],
+                     "first_block": first_block}
         body = self._md.render(source, env)
         body = _MARK.sub(lambda m: self._marker(env["labels"][int(m.group(1))]), body)
         return Rendered(body, env["codes"])
+
+    def complete_prefix(self, text: str) -> int:
+        """How many characters at the start of ``text`` form top-level blocks that nothing appended
+        to ``text`` can change any more: every block but the last (a streaming reply renders them
+        once; only the last block is re-rendered as it grows)."""
+        starts = [t.map[0] for t in self._md.parse(text) if t.level == 0 and t.nesting >= 0 and t.map]
+        if len(starts) < 2:
+            return 0
+        lines = text.splitlines(keepends=True)
+        return sum(len(line) for line in lines[:starts[-1]])
 
     def plain(self, text: str, markers: list[tuple[int, str]] | None = None) -> str:
         """Text shown as typed (a user's message, a very long paste), line breaks kept."""
@@ -93,7 +112,7 @@ class MarkdownRenderer:
         found = [int(n) for n in _MARK.findall(token.content)]
         code = _MARK.sub("", token.content).rstrip("\n")
         language = token.info.strip().split(maxsplit=1)[0] if token.info.strip() else ""
-        block = len(env["codes"])
+        block = env["first_block"] + len(env["codes"])
         env["codes"].append(code)
         p = self.palette
         try:
@@ -138,6 +157,19 @@ class MarkdownRenderer:
         align = {"text-align:left": "left", "text-align:center": "center", "text-align:right": "right"}
         attr = f' align="{align[style]}"' if style in align else ""
         return f"<{token.tag}{attr}>"
+
+
+def preload_lexers() -> None:
+    """Import the lexers of COMMON_LANGUAGES on a daemon thread (once per process)."""
+    if _preloaded.is_set():
+        return
+    _preloaded.set()
+
+    def load() -> None:
+        for name in COMMON_LANGUAGES:
+            get_lexer_by_name(name)
+
+    threading.Thread(target=load, name="lazykv-lexers", daemon=True).start()
 
 
 def plain_rich_text(text: str) -> str:

@@ -2,8 +2,9 @@
 
 Long conversations open at once: only the newest messages that fill the view (and a screen more)
 are laid out; older ones are rendered a few at a time, each step within a small time budget, as the
-user scrolls up to them. A streaming reply is re-rendered (its frame only) at most every
-``RENDER_INTERVAL_MS``. The view follows the end of the transcript unless the user has scrolled up.
+user scrolls up to them. A streaming reply is rendered at most every ``RENDER_INTERVAL_MS``, and
+only its last Markdown block: the blocks before it are complete, rendered once into a sub-frame of
+their own, and never touched again. The view follows the end unless the user has scrolled up.
 
 Right-click a message to copy it, edit and resend a message of yours, or regenerate the last
 reply; the view only asks (signals), the window decides. Code blocks have a one-click Copy.
@@ -30,7 +31,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QMenu, QTextBrowser, QWidget
 
 from lazykv.core.conversation import Marker
-from lazykv.qt.markdown import COPY_SCHEME, DARK, LIGHT, MarkdownRenderer, Palette
+from lazykv.qt.markdown import COPY_SCHEME, DARK, LIGHT, MarkdownRenderer, Palette, preload_lexers
 from lazykv.qt.theme import is_dark
 
 ROLE_LABELS = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -45,11 +46,22 @@ _LINK_SCHEMES = {"http", "https", "mailto"}
 
 
 @dataclass
+class _Stream:
+    """The reply being streamed: its text up to ``done_chars`` is rendered for good; ``tail`` is the
+    sub-frame (inside the message's frame) holding the rest, re-rendered as it grows."""
+
+    tail: QTextFrame
+    done_chars: int = 0
+    done_blocks: int = 0  # code blocks in the part rendered for good
+
+
+@dataclass
 class _Message:
     role: str
     text: str
     markers: list[tuple[int, str]] = field(default_factory=list)  # (offset, label)
     note: str = ""  # e.g. "stopped", under the message
+    stats: str = ""  # e.g. "0.4 s to first token · 31.2 tokens/s", under a reply
     code_blocks: list[str] = field(default_factory=list)
 
 
@@ -68,6 +80,7 @@ class TranscriptView(QTextBrowser):
         self._frames: list[QTextFrame] = []  # frames of messages[self._first:], in order
         self._first = 0
         self._reply: int | None = None  # index of the reply being streamed
+        self._stream: _Stream | None = None  # how far it is rendered (None while it is not laid out)
         self._follow = True  # keep the end in view
         self._render_timer = QTimer(self)
         self._render_timer.setSingleShot(True)
@@ -82,6 +95,7 @@ class TranscriptView(QTextBrowser):
         bar.valueChanged.connect(self._on_scrolled)
         self.actions_enabled = True
         self._apply_palette()
+        preload_lexers()
 
     # -- content ----------------------------------------------------------------------------------
 
@@ -140,21 +154,49 @@ class TranscriptView(QTextBrowser):
             return
         message = self._message(index)
         message.markers.append((len(message.text), label))
-        self._rerender(index)
+        if index == self._reply:
+            self._render_reply()
+        else:
+            self._rerender(index)
 
-    def end_reply(self, note: str | None = None) -> None:
-        """Close the streaming reply, with ``note`` (e.g. "stopped") shown under it."""
+    def end_reply(self, note: str | None = None, stats: str | None = None) -> None:
+        """Close the streaming reply, with ``note`` (e.g. "stopped") and ``stats`` shown under it."""
         if self._reply is None:
             return
         self._render_timer.stop()
         self._message(self._reply).note = note or ""
-        self._rerender(self._reply)
-        self._reply = None
+        self._message(self._reply).stats = stats or ""
+        self._render_reply()
+        self._reply, self._stream = None, None
 
     @Slot()
     def _render_reply(self) -> None:
-        if self._reply is not None:
-            self._rerender(self._reply)
+        """Render what is new in the streaming reply: complete blocks for good, then the last one."""
+        stream = self._stream
+        if self._reply is None or stream is None:
+            return
+        message = self._message(self._reply)
+        done = stream.done_chars
+        complete = self._renderer.complete_prefix(message.text[done:])
+        if complete:
+            part = self._render_part(message, done, done + complete, stream.done_blocks)
+            self._fill_html(stream.tail, part)
+            stream.done_chars += complete
+            stream.done_blocks = len(message.code_blocks)
+            cursor = QTextCursor(self.document())
+            cursor.setPosition(stream.tail.lastPosition() + 1)  # the block after it, in the message
+            stream.tail = cursor.insertFrame(QTextFrameFormat())
+        rest = self._render_part(message, stream.done_chars, len(message.text), stream.done_blocks)
+        self._fill_html(stream.tail, rest + self._footer_html(message))
+
+    def _render_part(self, message: _Message, start: int, end: int, first_block: int) -> str:
+        """HTML of ``message.text[start:end]``; its code blocks replace those from ``first_block`` on."""
+        text = message.text[start:end]
+        markers = [(offset - start, label) for offset, label in message.markers
+                   if start <= offset < end or offset == end == len(message.text)]
+        rendered = self._renderer.render(text, self._reply or 0, markers, first_block)
+        message.code_blocks[first_block:] = rendered.code_blocks
+        return rendered.html
 
     # -- menus and links --------------------------------------------------------------------------
 
@@ -213,11 +255,6 @@ class TranscriptView(QTextBrowser):
 
     # -- following the end ------------------------------------------------------------------------
 
-    def scroll_to_end(self) -> None:
-        self._follow = True
-        bar = self.verticalScrollBar()
-        bar.setValue(bar.maximum())
-
     def following(self) -> bool:
         """True while the view keeps the end of the transcript in sight (the user has not scrolled up)."""
         return self._follow
@@ -256,6 +293,7 @@ class TranscriptView(QTextBrowser):
         if self._reply is not None and self._reply >= len(self._messages):
             self._render_timer.stop()
             self._reply = None
+        self._stream = None
         self.clear()
         self._frames = []
         self._first = len(self._messages)
@@ -287,7 +325,8 @@ class TranscriptView(QTextBrowser):
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.Start)
         cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
-        text = f"↑ {self._first} earlier messages: scroll up to see them" if self._first else ""
+        text = (f"↑ {self._first} earlier message{'s' if self._first > 1 else ''}: scroll up to see them"
+                if self._first else "")
         if cursor.selectedText() != text:
             fmt = cursor.charFormat()
             fmt.setForeground(QColor(self._colours.muted))
@@ -323,24 +362,43 @@ class TranscriptView(QTextBrowser):
             self._fill(self._frames[index - self._first], index)
 
     def _fill(self, frame: QTextFrame, index: int) -> None:
-        """(Re)write a message's frame: role label, body, note."""
+        """(Re)write a message's frame: role label, body, note; the streaming reply gets its label
+        and an empty sub-frame that _render_reply fills."""
+        message = self._message(index)
+        head = self._head_html(message)
+        if index != self._reply:
+            self._fill_html(frame, head + self._body_html(message, index) + self._footer_html(message))
+            return
+        self._fill_html(frame, head)
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(frame.lastPosition())
+        self._stream = _Stream(cursor.insertFrame(QTextFrameFormat()))
+        message.code_blocks = []
+        self._render_reply()
+
+    def _fill_html(self, frame: QTextFrame, html: str) -> None:
         cursor = frame.firstCursorPosition()
         cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
-        cursor.insertHtml(self._message_html(index))
+        cursor.insertHtml(f'<div style="color:{self._colours.text}">{html}</div>')
 
-    def _message_html(self, index: int) -> str:
-        message = self._message(index)
-        c = self._colours
+    def _head_html(self, message: _Message) -> str:
         label = ROLE_LABELS.get(message.role, message.role)
-        head = f'<p style="color:{c.muted}; font-size: small; font-weight: bold">{label}</p>'
+        return f'<p style="color:{self._colours.muted}; font-size: small; font-weight: bold">{label}</p>'
+
+    def _body_html(self, message: _Message, index: int) -> str:
         if message.role == "assistant" and len(message.text) <= PLAIN_OVER_CHARS:
             rendered = self._renderer.render(message.text, index, message.markers)
-            body, message.code_blocks = rendered.html, rendered.code_blocks
-        else:
-            body = self._renderer.plain(message.text, message.markers)
+            message.code_blocks = rendered.code_blocks
+            return rendered.html
+        return self._renderer.plain(message.text, message.markers)
+
+    def _footer_html(self, message: _Message) -> str:
+        c = self._colours
         note = (f'<p style="color:{c.muted}; font-style: italic; font-size: small">'
                 f"{_escape(message.note)}</p>") if message.note else ""
-        return f'<div style="color:{c.text}">{head}{body}{note}</div>'
+        stats = (f'<p style="color:{c.muted}; font-size: small">{_escape(message.stats)}</p>'
+                 if message.stats else "")
+        return stats + note
 
 
 def _escape(text: str) -> str:

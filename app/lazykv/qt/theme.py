@@ -1,0 +1,58 @@
+"""Light and dark themes: follow the system (the default), or force one.
+
+"system" keeps the palette Qt got from the platform (GNOME/KDE colour scheme, Windows and macOS
+dark mode). "light" and "dark" switch to the Fusion style with a palette of their own, the same on
+every desktop. Widgets that draw their own colours (the transcript) follow palette changes.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QApplication, QStyleFactory
+
+_DARK = {
+    QPalette.ColorRole.Window: "#202124", QPalette.ColorRole.WindowText: "#e8eaed",
+    QPalette.ColorRole.Base: "#17181a", QPalette.ColorRole.AlternateBase: "#26282b",
+    QPalette.ColorRole.Text: "#e8eaed", QPalette.ColorRole.Button: "#2b2d31",
+    QPalette.ColorRole.ButtonText: "#e8eaed", QPalette.ColorRole.Highlight: "#3d6fb6",
+    QPalette.ColorRole.HighlightedText: "#ffffff", QPalette.ColorRole.ToolTipBase: "#2b2d31",
+    QPalette.ColorRole.ToolTipText: "#e8eaed", QPalette.ColorRole.PlaceholderText: "#8a8f98",
+    QPalette.ColorRole.Link: "#8ab4f8", QPalette.ColorRole.BrightText: "#ff6b6b",
+    QPalette.ColorRole.Mid: "#3c4043", QPalette.ColorRole.Dark: "#111214",
+    QPalette.ColorRole.Light: "#3c4043",
+}
+_DISABLED_DARK = {QPalette.ColorRole.Text: "#6b6f76", QPalette.ColorRole.ButtonText: "#6b6f76",
+                  QPalette.ColorRole.WindowText: "#6b6f76"}
+
+
+class _SystemLook:
+    """What the application looked like before any theme was forced, to go back to it."""
+
+    style: str | None = None
+    palette: QPalette | None = None
+
+
+def apply(app: QApplication, theme: str) -> None:
+    """Switch ``app`` to ``theme`` ("system", "light" or "dark")."""
+    if _SystemLook.palette is None:
+        _SystemLook.style = app.style().name()
+        _SystemLook.palette = QPalette(app.palette())
+    if theme == "system":
+        app.setStyle(QStyleFactory.create(_SystemLook.style or "Fusion"))
+        app.setPalette(_SystemLook.palette)
+        return
+    app.setStyle(QStyleFactory.create("Fusion"))
+    app.setPalette(dark_palette() if theme == "dark" else QStyleFactory.create("Fusion").standardPalette())
+
+
+def dark_palette() -> QPalette:
+    palette = QPalette()
+    for role, colour in _DARK.items():
+        palette.setColor(role, QColor(colour))
+    for role, colour in _DISABLED_DARK.items():
+        palette.setColor(QPalette.ColorGroup.Disabled, role, QColor(colour))
+    return palette
+
+
+def is_dark(palette: QPalette) -> bool:
+    return palette.color(QPalette.ColorRole.Base).lightness() < 128
