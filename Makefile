@@ -41,7 +41,8 @@ $(VENV)/.app-installed: pyproject.toml | $(PY)
 models: | $(PY)
 	$(PY) app/lazykv/core/model_fetch.py
 
-# shared libraries Qt needs even offscreen, on Debian/Ubuntu, when missing
+# shared libraries Qt needs (offscreen and on X11), Xvfb and a window manager for the xcb tests,
+# on Debian/Ubuntu, when missing
 sysdeps:
 	@sh tools/sysdeps.sh
 
@@ -55,7 +56,8 @@ bench: setup
 dist: setup $(VENV)/.dist-installed
 	PY=$(PY) bash installers/linux/build.sh
 
-# unpack it into a temp prefix, install, self-test the installed binary offscreen, uninstall
+# unpack it into a temp prefix, install, self-test the installed binary offscreen, start it on a
+# real X display (Xvfb + openbox), uninstall
 dist-check: dist
 	bash installers/linux/dist_check.sh
 
@@ -63,9 +65,9 @@ $(VENV)/.dist-installed: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e ".[test,dist]"
 	@touch $@
 
-# the README's pictures: the real app offscreen, written to docs/
+# the README's pictures: the real app on a private Xvfb display (offscreen without one), written to docs/
 screenshots: setup
-	QT_QPA_PLATFORM=offscreen $(PY) tools/screenshots.py
+	$(PY) tools/screenshots.py
 
 lint: app
 	$(PY) -m ruff check app tests bench tools native/build.py

@@ -1,18 +1,33 @@
 #!/bin/sh
 # Install what the app and its tests need from the system, when missing:
-# the shared libraries Qt (PySide6) needs, even offscreen, and a Secret Service
-# (gnome-keyring on a private D-Bus session) for the OS keyring test.
+# - the shared libraries Qt (PySide6) needs, offscreen and on a real X display: the `xcb` platform
+#   plugin links the xcb-util family and libxkbcommon-x11 (the list below is what
+#   `ldd PySide6/Qt/plugins/platforms/libqxcb.so` and `.../lib/libQt6XcbQpa.so.6` ask for in
+#   PySide6 6.11, plus libxcb-xinerama0, which earlier Qt 6 releases link);
+#   without libxcb-cursor0 Qt 6.5+ refuses to start on X11 at all;
+# - a Secret Service (gnome-keyring on a private D-Bus session) for the OS keyring test;
+# - a headless X desktop for the xcb smoke tests (tests/test_xcb_smoke.py, `make dist-check`):
+#   Xvfb, the openbox window manager, wmctrl/xwininfo to find and close windows, ImageMagick's
+#   `import` for screenshots.
 # Debian/Ubuntu only; elsewhere it only reports what is missing.
 set -eu
 need=""
 pkgs=""
 for pair in libEGL.so.1:libegl1 libGL.so.1:libgl1 libxkbcommon.so.0:libxkbcommon0 \
-    libfontconfig.so.1:libfontconfig1 libdbus-1.so.3:libdbus-1-3 libglib-2.0.so.0:libglib2.0-0; do
+    libfontconfig.so.1:libfontconfig1 libdbus-1.so.3:libdbus-1-3 libglib-2.0.so.0:libglib2.0-0 \
+    libX11-xcb.so.1:libx11-xcb1 libxkbcommon-x11.so.0:libxkbcommon-x11-0 \
+    libxcb-cursor.so.0:libxcb-cursor0 libxcb-icccm.so.4:libxcb-icccm4 libxcb-image.so.0:libxcb-image0 \
+    libxcb-keysyms.so.1:libxcb-keysyms1 libxcb-randr.so.0:libxcb-randr0 \
+    libxcb-render-util.so.0:libxcb-render-util0 libxcb-render.so.0:libxcb-render0 \
+    libxcb-shape.so.0:libxcb-shape0 libxcb-shm.so.0:libxcb-shm0 libxcb-sync.so.1:libxcb-sync1 \
+    libxcb-util.so.1:libxcb-util1 libxcb-xfixes.so.0:libxcb-xfixes0 libxcb-xkb.so.1:libxcb-xkb1 \
+    libxcb-xinerama.so.0:libxcb-xinerama0; do
     lib=${pair%%:*}
     ldconfig -p 2>/dev/null | grep -q "$lib" || { need="$need $lib"; pkgs="$pkgs ${pair#*:}"; }
 done
 [ -z "$pkgs" ] || pkgs="$pkgs fonts-dejavu-core"
-for pair in gnome-keyring-daemon:gnome-keyring dbus-run-session:dbus-daemon; do
+for pair in gnome-keyring-daemon:gnome-keyring dbus-run-session:dbus-daemon \
+    Xvfb:xvfb openbox:openbox wmctrl:wmctrl xwininfo:x11-utils import:imagemagick; do
     cmd=${pair%%:*}
     command -v "$cmd" >/dev/null 2>&1 || { need="$need $cmd"; pkgs="$pkgs ${pair#*:}"; }
 done
@@ -29,6 +44,8 @@ if command -v apt-get >/dev/null 2>&1; then
     # shellcheck disable=SC2086
     $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
 else
-    echo "sysdeps: install them with your package manager (Qt 6 runtime libraries, gnome-keyring, dbus)" >&2
+    echo "sysdeps: install them with your package manager (Qt 6 runtime libraries with the xcb" \
+        "platform's xcb-util libraries, gnome-keyring, dbus, Xvfb, openbox, wmctrl, xwininfo," \
+        "ImageMagick)" >&2
     exit 1
 fi

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # `make dist-check`: unpack the tarball into a temp dir, install it into a temp prefix, check
 # the desktop files, run the installed binary's --self-test offscreen in a clean environment
-# (no venv, no source tree), check that a bundle without libllama fails with the engine's
-# "Shared library ... not found" error, then uninstall (user data kept, and --purge).
+# (no venv, no source tree), check that the system has every library the bundled xcb platform
+# plugin links, start the installed app on a real X display (Xvfb + openbox, tools/xcb_smoke.py:
+# window mapped, screenshot in build/linux/dist-check-xcb.png, closed by the window manager),
+# check that a bundle without libllama fails with the engine's "Shared library ... not found"
+# error, then uninstall (user data kept, and --purge).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 APP_ID=io.github.lazykv.Chat
@@ -57,6 +60,19 @@ grep -q "frozen bundle" "$out" || fail "the self-test did not run frozen"
 grep -q "native libraries in $PREFIX/lib/lazykv-chat/_internal/llama_cpp/lib" "$out" \
     || fail "the engine was not loaded from the bundle"
 grep -qx "self-test passed" "$out" || fail "no 'self-test passed' line"
+
+step "the bundled xcb platform plugin finds what it links from the system"
+XCB_PLUGIN=$(find "$PREFIX/lib/lazykv-chat/_internal" -name libqxcb.so | head -n 1)
+[ -n "$XCB_PLUGIN" ] || fail "the bundle lacks the xcb platform plugin"
+missing_libs=$(LD_LIBRARY_PATH="$(dirname "$XCB_PLUGIN")/../../lib" ldd "$XCB_PLUGIN" | grep "not found" || true)
+[ -z "$missing_libs" ] || fail "the xcb plugin needs (tools/sysdeps.sh installs them):
+$missing_libs"
+
+step "the installed app on a real X display (xcb, Xvfb + openbox)"
+mkdir -p "$ROOT/build/linux"
+(cd "$TMP" && clean_env python3 "$ROOT/tools/xcb_smoke.py" --screenshot "$ROOT/build/linux/dist-check-xcb.png" \
+    --title '.+ — LazyKV Chat' -- "$PREFIX/bin/lazykv" --ctx 512) | sed 's/^/    /' \
+    || fail "the installed app did not show its window under xcb (tools/sysdeps.sh installs Xvfb, openbox, ...)"
 
 step "a bundle without libllama must fail the self-test (the frozen-app trap)"
 cp -a "$PREFIX/lib/lazykv-chat" "$TMP/broken"

@@ -1,0 +1,39 @@
+"""The app from the source tree on a real X server: Qt's xcb platform, Xvfb, the openbox window manager.
+
+Every other GUI test runs offscreen, which needs none of the libraries the xcb plugin links: this
+one is what notices a machine (or a `tools/sysdeps.sh`) that cannot show the window on a desktop.
+The X tools are set-up requirements (`make sysdeps`): missing ones fail the test, never skip it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from tools import xcb_smoke
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_app_shows_its_window_under_xcb_and_closes_cleanly(
+    tmp_path: Path, smollm2_path: Path
+) -> None:
+    missing = xcb_smoke.missing_tools()
+    assert not missing, f"missing {missing}: run tools/sysdeps.sh"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "app"), os.environ.get("PYTHONPATH", "")]),
+           "QT_QPA_PLATFORM": "offscreen"}  # as `make test` sets it: the smoke run must override it
+    shot = tmp_path / "xcb-source.png"
+
+    result = xcb_smoke.run_app(
+        [sys.executable, "-m", "lazykv", "--model", str(smollm2_path), "--ctx", "512"], shot, env=env,
+        title=r"SmolLM2.* — LazyKV Chat",  # the model has loaded
+    )
+
+    assert result.map_state == "IsViewable", result.log
+    assert result.width >= 640 and result.height >= 400, (result.width, result.height)
+    assert result.colours > 16, "the screenshot is blank"
+    assert "qt.qpa" not in result.log and "platform plugin" not in result.log, result.log
+    assert result.exit_code == 0, result.log
