@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if not instance.claim():
         print(f"lazykv: {APP_NAME} is already running; its window was brought forward", file=sys.stderr)
         return 0
-    window = MainWindow(settings, overrides, default_model=default_model_path())
+    window = MainWindow(settings, overrides, default_model=default_model_path(), reopen_last=True)
     instance.activated.connect(lambda: _bring_forward(window))
     app.aboutToQuit.connect(window.shutdown_engine)
     _quit_on_sigint(window)

@@ -109,6 +109,8 @@ SNAPSHOT_CHOICES = (
     ("none", "not encrypted"),
 )
 
+THEME_CHOICES = (("system", "follow the system"), ("light", "light"), ("dark", "dark"))
+
 SETTINGS: tuple[Setting, ...] = (
     # model and engine
     Setting("model_path", SettingKind.STR, "", "Model", "GGUF model file; empty: the default model "
@@ -129,6 +131,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("idle_conversion", SettingKind.BOOL, True, "Compact while idle", "Lazy cache: when the f16 view "
             f"is at least {IDLE_FILL:.0%} full and the engine has been idle for {IDLE_DELAY_S:g} s, compact "
             "it then, so the pause does not land inside a reply.", "Engine"),
+    Setting("theme", SettingKind.CHOICE, "system", "Theme", "Light or dark colours; by default those of "
+            "the desktop.", "Chat", choices=THEME_CHOICES),
     # conversation
     Setting("system_prompt", SettingKind.TEXT, "", "System prompt", "Default system prompt of new chats.",
             "Chat"),

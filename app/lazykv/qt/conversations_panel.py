@@ -9,6 +9,7 @@ import datetime as dt
 from collections.abc import Sequence
 
 from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -24,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from lazykv.core.kinds import ExportFormat
 from lazykv.core.store import ConversationSummary
+from lazykv.qt.markdown import plain_rich_text
 
 SEARCH_DELAY_MS = 250
 EXPORTS = (("Export as Markdown…", ExportFormat.MARKDOWN), ("Export as JSON…", ExportFormat.JSON))
@@ -37,6 +39,7 @@ class ConversationsPanel(QWidget):
     export_requested = Signal(int, object)  # id, ExportFormat
     import_requested = Signal()
     search_changed = Signal(str)
+    listed = Signal()  # the list was (re)filled
     private_toggled = Signal(bool)
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -57,6 +60,10 @@ class ConversationsPanel(QWidget):
         self.list.itemClicked.connect(self._activated)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._context_menu)
+        keys = ((Qt.Key.Key_F2, self.rename_requested), (Qt.Key.Key_Delete, self.delete_requested))
+        for key, signal in keys:
+            shortcut = QShortcut(QKeySequence(key), self.list, context=Qt.ShortcutContext.WidgetShortcut)
+            shortcut.activated.connect(lambda signal=signal: self._with_selected(signal.emit))
 
         self.new_button = QPushButton("New")
         self.new_button.clicked.connect(self.new_requested.emit)
@@ -95,6 +102,7 @@ class ConversationsPanel(QWidget):
             self.list.addItem(_item(summary))
         self.select(current)
         bar.setValue(scrolled)
+        self.listed.emit()
 
     def upsert(self, summary: ConversationSummary, selected: bool) -> None:
         """One conversation changed (a saved turn, a rename): its row is updated, or added on top,
@@ -106,7 +114,7 @@ class ConversationsPanel(QWidget):
         else:
             item = self.list.item(row)
             item.setText(_item_text(summary))
-            item.setToolTip(summary.snippet or summary.title)
+            item.setToolTip(plain_rich_text(summary.snippet or summary.title))
             if row > 0 and not self.search.text().strip():  # most recently updated first
                 self.list.insertItem(0, self.list.takeItem(row))
         if selected:
@@ -168,5 +176,5 @@ def _item_text(summary: ConversationSummary) -> str:
 def _item(summary: ConversationSummary) -> QListWidgetItem:
     item = QListWidgetItem(_item_text(summary))
     item.setData(Qt.ItemDataRole.UserRole, summary.id)
-    item.setToolTip(summary.snippet or summary.title)
+    item.setToolTip(plain_rich_text(summary.snippet or summary.title))
     return item

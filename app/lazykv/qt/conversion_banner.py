@@ -32,6 +32,7 @@ class ConversionBanner(QFrame):
         self.setObjectName("conversion-banner")
         self.setStyleSheet(
             "#conversion-banner { background: #fff8c5; border: 1px solid #d4a72c; border-radius: 4px; }"
+            "#conversion-banner QLabel { color: #1f2328; }"  # readable on the yellow in a dark theme too
         )
         self.label = QLabel()
         self.bar = QProgressBar()

@@ -12,6 +12,7 @@ from typing import Any
 from PySide6.QtCore import QDeadlineTimer, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QDockWidget,
     QFileDialog,
     QFrame,
@@ -21,6 +22,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QPushButton,
+    QSizePolicy,
     QToolBar,
     QVBoxLayout,
     QWidget,
@@ -42,15 +44,19 @@ from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
 from lazykv.core.model_fetch import models_dir
 from lazykv.core.persistence import OpenResult
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
+from lazykv.qt import theme, window_state
 from lazykv.qt.background import Background
 from lazykv.qt.chat_input import ChatInput
+from lazykv.qt.context_meter import ContextMeter
 from lazykv.qt.conversations import UNDO_MS, Conversations
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.conversion_banner import ConversionBanner, compacted_text, marker_label
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.model_info_dialog import ModelInfoDialog
 from lazykv.qt.operations import EngineClient, Operations
+from lazykv.qt.reply_stats import ReplyClock
 from lazykv.qt.settings_dialog import SettingsDialog
+from lazykv.qt.shortcuts_dialog import ShortcutsDialog
 from lazykv.qt.transcript import TranscriptView
 from lazykv.qt.worker import (
     Convert,
@@ -90,7 +96,8 @@ class MainWindow(QMainWindow):
 
     ``overrides`` (from the command line) take precedence over the saved settings for this
     session only; changing that setting in the dialog drops the override. ``session`` replaces
-    the real EngineSession (tests use a fake one), ``timings`` the delays.
+    the real EngineSession (tests use a fake one), ``timings`` the delays. ``reopen_last``: once
+    the list has loaded, open the most recent conversation (the app does; tests start blank).
     """
 
     model_loaded = Signal(object)  # ModelInfo, after the window took it
@@ -108,6 +115,7 @@ class MainWindow(QMainWindow):
         *,
         session: EngineSession | None = None,
         timings: Timings | None = None,
+        reopen_last: bool = False,
     ) -> None:
         super().__init__()
         self.settings = settings if settings is not None else Settings.load()
@@ -121,6 +129,7 @@ class MainWindow(QMainWindow):
         self._reply: Reply | None = None  # the reply streaming now
         self._reply_markers: list[tuple[int, str]] = []  # (offset, label) inside the reply streaming
         self._reply_text = ""
+        self.reply_clock = ReplyClock()
         self.resume_note = ""
         self._shut_down: bool | None = None  # after shutdown_engine: whether everything ended in time
         self.ops = Operations(self)
@@ -128,6 +137,8 @@ class MainWindow(QMainWindow):
         self.background.unhandled.connect(lambda what, err: self.show_error(f"{what} failed", str(err)))
 
         self._build_ui()
+        theme.apply(QApplication.instance(), self.setting("theme"))
+        window_state.restore(self)
         self._start_worker(session)
         self.conversations = Conversations(self, self, self.setting("system_prompt"), self.timings.undo_ms)
         self._connect_conversations()
@@ -141,6 +152,8 @@ class MainWindow(QMainWindow):
         self._set_state(UiState.NO_MODEL)
         self._sample_memory()
         self.show_chat(None)
+        if reopen_last:
+            self.conversations_panel.listed.connect(self._open_last_conversation)
         self.conversations.refresh()
         self.conversations.setup_crypto()
         if self.settings.problems:
@@ -183,6 +196,8 @@ class MainWindow(QMainWindow):
             if self.settings.set(name, value) and SETTINGS_BY_NAME[name].reloads_engine:
                 reload = True
         self.save_settings()
+        if "theme" in changed:
+            theme.apply(QApplication.instance(), self.setting("theme"))
         if "snapshot_encryption" in changed:
             self.conversations.setup_crypto()
         if reload and self.model_info is not None and self._state is UiState.READY:
@@ -284,11 +299,14 @@ class MainWindow(QMainWindow):
         self.transcript = TranscriptView()
         self.transcript.edit_requested.connect(self.edit_message)
         self.transcript.regenerate_requested.connect(self.regenerate)
+        self.transcript.code_copied.connect(lambda: self.statusBar().showMessage("Code copied", 3000))
         self.banner = ConversionBanner()
         self.banner.stop_requested.connect(lambda: self.conversations.cancel_resume())
 
         self.edit_bar = QFrame()
         self.edit_label = QLabel()
+        _wrap_without_widening(self.edit_label)
+        _wrap_without_widening(self.banner.label)
         cancel_edit = QPushButton("Cancel edit")
         cancel_edit.clicked.connect(self.cancel_edit)
         edit_row = QHBoxLayout(self.edit_bar)
@@ -319,6 +337,8 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.banner)
         layout.addWidget(self.edit_bar)
         layout.addLayout(composer)
+        self.context_meter = ContextMeter()
+        layout.addWidget(self.context_meter)
         central = QWidget()
         central.setLayout(layout)
         self.setCentralWidget(central)
@@ -327,7 +347,6 @@ class MainWindow(QMainWindow):
         self.memory_dock = QDockWidget("Memory", self)
         self.memory_dock.setObjectName("memory-dock")
         self.memory_dock.setWidget(self.memory_panel)
-        self.memory_dock.setMinimumWidth(300)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.memory_dock)
 
         self.conversations_panel = ConversationsPanel()
@@ -363,7 +382,10 @@ class MainWindow(QMainWindow):
         self.copy_reply_action = self._action("&Copy last reply", self.copy_last_reply, K("Ctrl+Shift+C"))
         self.compact_action = self._action("Compact context &memory now", self.convert_now, None,
                                            "Convert the lazy KV cache to 8-bit now")
-        self.settings_action = self._action("&Settings…", self._open_settings, K.StandardKey.Preferences)
+        self.settings_action = self._action("&Settings…", self._open_settings, K("Ctrl+,"))
+        self.stop_action = self._action("&Stop generating", self._stop, K(Qt.Key.Key_Escape))
+        self.search_action = self._action("&Search conversations", self._focus_search, K.StandardKey.Find)
+        self.shortcuts_action = self._action("&Keyboard shortcuts", self._show_shortcuts, K("Ctrl+/"))
         quit_action = self._action("&Quit", self.close, K.StandardKey.Quit)
 
         file_menu = self.menuBar().addMenu("&File")
@@ -376,8 +398,8 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         file_menu.addAction(quit_action)
         chat_menu = self.menuBar().addMenu("&Chat")
-        for action in (self.new_chat_action, self.regenerate_action, self.edit_last_action,
-                       self.copy_reply_action, self.compact_action):
+        for action in (self.new_chat_action, self.stop_action, self.regenerate_action, self.edit_last_action,
+                       self.copy_reply_action, self.search_action, self.compact_action):
             chat_menu.addAction(action)
         self.private_action = QAction("&Private chat (save nothing)", self)
         self.private_action.setCheckable(True)
@@ -388,6 +410,7 @@ class MainWindow(QMainWindow):
         view_menu = self.menuBar().addMenu("&View")
         view_menu.addAction(self.conversations_dock.toggleViewAction())
         view_menu.addAction(self.memory_dock.toggleViewAction())
+        self.menuBar().addMenu("&Help").addAction(self.shortcuts_action)
 
         toolbar = QToolBar("Main", self)
         toolbar.setObjectName("main-toolbar")
@@ -435,6 +458,7 @@ class MainWindow(QMainWindow):
         engine_free = idle and not self.engine.pending()  # e.g. no snapshot being saved, no compaction
         self.send_button.setEnabled(ready)
         self.stop_button.setEnabled(state is UiState.REPLYING)
+        self.stop_action.setEnabled(state is UiState.REPLYING)
         self.open_action.setEnabled(engine_free)
         self.recent_menu.setEnabled(engine_free)
         self.new_chat_action.setEnabled(idle)
@@ -523,8 +547,10 @@ class MainWindow(QMainWindow):
 
     def _request_reply(self) -> None:
         self._reply_markers, self._reply_text = [], ""
+        self.reply_clock = ReplyClock()
         self.transcript.begin_reply()
         self._set_state(UiState.REPLYING)
+        self.input.setFocus()  # a clicked Send button is disabled now: Qt would move focus elsewhere
         self.statusBar().showMessage("Generating…")
         self._reply = request = Reply(self.conversation.messages(), self.sampling(), self.reply_options())
         chat = self.conversations.chat
@@ -555,7 +581,29 @@ class MainWindow(QMainWindow):
         if self._reply is not None:
             self._reply.cancel.set()
             self.stop_button.setEnabled(False)
+            self.stop_action.setEnabled(False)
+            self.input.setFocus()  # not wherever Qt moves it from the disabled button
             self.statusBar().showMessage("Stopping…")
+
+    @Slot()
+    def _open_last_conversation(self) -> None:
+        """Once, at start-up: the newest conversation, unless the user has started chatting already."""
+        self.conversations_panel.listed.disconnect(self._open_last_conversation)
+        ids = self.conversations_panel.ids()
+        if ids and len(self.conversation) == 0 and self.conversations.current is None:
+            self.conversations.open(ids[0])
+
+    @Slot()
+    def _focus_search(self) -> None:
+        self.conversations_dock.show()
+        self.conversations_panel.search.setFocus()
+        self.conversations_panel.search.selectAll()
+
+    @Slot()
+    def _show_shortcuts(self) -> None:
+        dialog = ShortcutsDialog(self.findChildren(QAction), self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
 
     @Slot()
     def new_chat(self) -> None:
@@ -606,6 +654,7 @@ class MainWindow(QMainWindow):
 
     def _on_token(self, piece: str) -> None:
         self._reply_text += piece
+        self.reply_clock.token()
         self.transcript.append_to_reply(piece)
 
     def _on_reply_finished(self, result: ReplyResult) -> None:
@@ -623,7 +672,7 @@ class MainWindow(QMainWindow):
             notes.append("stopped")
         elif result.finish_reason is FinishReason.LENGTH and not self.reply_options().max_tokens:
             notes.append("context full: the reply was cut off")
-        self.transcript.end_reply("; ".join(notes) or None)
+        self.transcript.end_reply("; ".join(notes) or None, self.reply_clock.summary())
         self._set_state(UiState.READY)
         self.conversations.persist(snapshot=True)
         if notes:
@@ -664,6 +713,7 @@ class MainWindow(QMainWindow):
     def _on_kv_status(self, status: KvStatus) -> None:
         self.kv = status
         self.memory_panel.set_status(status)
+        self.context_meter.set_status(status)
         self._set_state(self._state)
         self._maybe_schedule_idle_conversion()
 
@@ -809,8 +859,16 @@ class MainWindow(QMainWindow):
         return self._shut_down
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        window_state.save(self)
         self.shutdown_engine()
         super().closeEvent(event)
+
+
+def _wrap_without_widening(label: QLabel) -> None:
+    """A label for notes of any length: wraps at the window's width instead of asking for more."""
+    label.setWordWrap(True)
+    label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+    label.setMinimumWidth(0)
 
 
 def _dropped_model(event: QDragEnterEvent | QDropEvent) -> Path | None:
