@@ -1,7 +1,9 @@
 """Render the app's main states to PNG under docs/ (``make screenshots``): real engine, real model.
 
-chatting, conversion in progress, the memory panel after the conversion, the settings dialog.
-Runs offscreen (or under Xvfb when QT_QPA_PLATFORM=xcb); settings go to a temporary config dir.
+chatting (with the context indicator), a Markdown reply with code, the dark theme, conversion in
+progress, the memory panel after the conversion, the settings dialog. Runs on Qt's real xcb
+platform under a private Xvfb display with a window manager (tools/xcb_smoke.py) when those are
+installed, else offscreen; settings and conversations go to temporary dirs.
 """
 
 from __future__ import annotations
@@ -70,10 +72,24 @@ def shoot(widget: QWidget, name: str) -> None:
 
 
 def main() -> int:
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ["LAZYKV_CONFIG_DIR"] = tempfile.mkdtemp(prefix="lazykv-shots-")
+    os.environ["LAZYKV_DATA_DIR"] = tempfile.mkdtemp(prefix="lazykv-shots-data-")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import xcb_smoke
+
+    if xcb_smoke.missing_tools():
+        print(f"screenshots: offscreen ({', '.join(xcb_smoke.missing_tools())} missing)")
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"
+        return shoot_all()
+    with xcb_smoke.x_desktop() as display:
+        os.environ.update(DISPLAY=display, QT_QPA_PLATFORM="xcb")
+        return shoot_all()
+
+
+def shoot_all() -> int:
     from lazykv.__main__ import default_model_path
     from lazykv.core.settings import Settings
+    from lazykv.qt import theme
     from lazykv.qt.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -93,6 +109,19 @@ def main() -> int:
     wait_for(window.reply_finished)
     pause(300)
     shoot(window, "screenshot-chatting.png")
+
+    window.settings.set("max_reply_tokens", 160)
+    window.send_text("Write a short Python function that reverses a string, in a code block, "
+                     "then one sentence about it.")
+    wait_for(window.worker.reply_finished)
+    pause(300)
+    shoot(window, "screenshot-markdown.png")
+    theme.apply(app, "dark")
+    pause(300)
+    shoot(window, "screenshot-dark.png")
+    theme.apply(app, "system")
+    window.new_chat()
+    pause(200)
 
     # a long message crosses the 512-cell f16 view: grab the window while the banner shows progress
     window.settings.set("max_reply_tokens", 40)
