@@ -34,15 +34,15 @@ def main() -> int:
     from tools.screenshots import pause, wait_for
 
     from lazykv.__main__ import default_model_path
-    from lazykv.core.store import Store
     from lazykv.core.settings import Settings
+    from lazykv.core.store import Store
     from lazykv.qt.main_window import MainWindow
     from lazykv.qt.stall_meter import StallMeter
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     settings = Settings()
     for name, value in {"n_ctx": N_CTX, "temperature": 0.0, "seed": 1, "max_reply_tokens": 64,
-                        "idle_conversion": False}.items():
+                        "idle_conversion": False, "snapshot_encryption": "none"}.items():
         settings.set(name, value)
     window = MainWindow(settings, default_model=default_model_path())
     window.show()

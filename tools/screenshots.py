@@ -95,7 +95,8 @@ def shoot_all() -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("LazyKV Chat")
     settings = Settings()
-    for name, value in {"n_ctx": 1024, "temperature": 0.0, "seed": 7, "max_reply_tokens": 60}.items():
+    for name, value in {"n_ctx": 1024, "temperature": 0.0, "seed": 7, "max_reply_tokens": 60,
+                        "snapshot_encryption": "none"}.items():
         settings.set(name, value)
     window = MainWindow(settings, default_model=default_model_path())
     window.resize(1180, 760)
@@ -113,7 +114,7 @@ def shoot_all() -> int:
     window.settings.set("max_reply_tokens", 160)
     window.send_text("Write a short Python function that reverses a string, in a code block, "
                      "then one sentence about it.")
-    wait_for(window.worker.reply_finished)
+    wait_for(window.reply_finished)
     pause(300)
     shoot(window, "screenshot-markdown.png")
     theme.apply(app, "dark")
