@@ -24,6 +24,7 @@ from lazykv.core.engine import (
     NoModelError,
     ReplyResult,
     SamplingSettings,
+    common_prefix,
     read_checked_meta,
 )
 from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
@@ -133,7 +134,7 @@ class FakeSession:
         self._reply_ended = False
         fitted = fit_messages(messages, self.count_tokens, info.n_ctx, context_full, max_tokens)
         tokens = _words(fitted.messages)
-        n_reused = _common_prefix(self._kv.tokens, tokens)
+        n_reused = common_prefix(self._kv.tokens, tokens)
         pieces: list[str] = []
         finish = FinishReason.STOP
         with self.cancellable(cancel):
@@ -210,13 +211,4 @@ class FakeSession:
 
 def _words(messages: Sequence[dict[str, str]]) -> list[int]:
     return [hash(w) & 0xFFFF for m in messages for w in (m["role"], *m["content"].split())]
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 

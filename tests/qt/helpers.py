@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.store import Store
 from lazykv.qt.main_window import MainWindow, Timings
+from tests.qt.fake_engine import FakeSession
 
 FAST = Timings(idle_delay_ms=20, sample_interval_ms=60_000, undo_ms=60_000, shutdown_deadline_ms=2000)
 WAIT_MS = 5000  # generous: the fake answers in milliseconds
@@ -37,3 +40,19 @@ def stored() -> list[tuple[str, list[dict[str, str]]]]:
     finally:
         store.close()
 
+
+
+def held(qtbot: QtBot, fake: FakeSession, start: Callable[[], object]) -> None:
+    """Hold the fake engine, ``start`` something, and wait until the engine is held inside it."""
+    fake.hold()
+    start()
+    qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
+
+
+def saved_then_new_chat(qtbot: QtBot, w: MainWindow, text: str) -> int:
+    """A saved conversation (``text`` and its reply), then a new chat on screen; returns its id."""
+    chat(qtbot, w, text)
+    conv_id = w.conversations.current
+    assert conv_id is not None
+    w.new_chat()
+    return conv_id

@@ -10,7 +10,7 @@ from lazykv.core.engine import KvRestoreError
 from lazykv.qt.main_window import UiState
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
-from tests.qt.helpers import WAIT_MS, chat, error_box, settle, stored
+from tests.qt.helpers import WAIT_MS, chat, error_box, held, saved_then_new_chat, settle, stored
 
 
 def block_the_database(w: object) -> threading.Event:
@@ -39,12 +39,8 @@ def test_deleting_a_conversation_while_it_opens_leaves_nothing_on_screen(
     """Issue 17.4: delete while its transcript is re-read; then a new chat saves without an error."""
     w = fake_window()
     fake.restore_error = KvRestoreError("re-read it")
-    chat(qtbot, w, "Old conversation " + "long " * 20)
-    old = w.conversations.current
-    w.new_chat()
-    fake.hold()
-    w.conversations.open(old)
-    qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
+    old = saved_then_new_chat(qtbot, w, "Old conversation " + "long " * 20)
+    held(qtbot, fake, lambda: w.conversations.open(old))
     assert w.state is UiState.LOADING and "Old conversation" in w.transcript.toPlainText()
     w.conversations.delete(old)
     assert w.transcript.toPlainText().strip() == "" and w.conversations.current is None
@@ -61,9 +57,7 @@ def test_a_conversation_deleted_before_it_was_read_is_not_shown(
     qtbot: QtBot, fake_window: FakeWindow
 ) -> None:
     w = fake_window()
-    chat(qtbot, w, "Soon gone")
-    old = w.conversations.current
-    w.new_chat()
+    old = saved_then_new_chat(qtbot, w, "Soon gone")
     gate = block_the_database(w)
     w.conversations.open(old)
     w.conversations.delete(old)
@@ -143,20 +137,14 @@ def test_reopening_rebuilds_and_the_banner_can_stop_it(
 ) -> None:
     w = fake_window()
     fake.restore_error = KvRestoreError("the test refuses the snapshot")
-    chat(qtbot, w, "Read me again " + "word " * 40)
-    conv = w.conversations.current
-    w.new_chat()
-    fake.hold()
-    w.conversations.open(conv)
-    qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
+    conv = saved_then_new_chat(qtbot, w, "Read me again " + "word " * 40)
+    held(qtbot, fake, lambda: w.conversations.open(conv))
     fake.release()
     with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS) as opened:
         pass
     assert opened.args[1].how == "rebuilt" and "the test refuses the snapshot" in w.resume_note
     w.new_chat()
-    fake.hold()
-    w.conversations.open(conv)
-    qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
+    held(qtbot, fake, lambda: w.conversations.open(conv))
     qtbot.waitUntil(lambda: w.banner.stop_button.isVisible(), timeout=WAIT_MS)
     w.banner.stop_button.click()
     qtbot.waitUntil(lambda: w.state is UiState.READY, timeout=WAIT_MS)

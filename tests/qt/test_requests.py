@@ -16,7 +16,7 @@ from lazykv.qt.main_window import MainWindow, Timings, UiState
 from lazykv.qt.worker import Convert, EngineConfig
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
-from tests.qt.helpers import FAST, WAIT_MS, chat, error_box, settle, stored
+from tests.qt.helpers import FAST, WAIT_MS, chat, error_box, held, settle, stored
 
 
 def test_a_stop_after_the_reply_ended_never_reaches_the_next_reply(
@@ -38,9 +38,7 @@ def test_a_stop_after_the_reply_ended_never_reaches_the_next_reply(
 
 def test_stop_cancels_the_prompt_being_read(qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession) -> None:
     w = fake_window()
-    fake.hold()
-    w.send_text("A long prompt")
-    qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
+    held(qtbot, fake, lambda: w.send_text("A long prompt"))
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS) as stopped:
         w.stop_button.click()
     assert stopped.args[0].cancelled and stopped.args[0].text == ""
@@ -69,9 +67,7 @@ def test_a_failure_is_reported_against_its_own_request(
 ) -> None:
     """A conversion queued behind a reply fails: the reply still ends as a reply."""
     w = fake_window()
-    fake.hold()
-    w.send_text("Hello")
-    qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
+    held(qtbot, fake, lambda: w.send_text("Hello"))
     fake.convert_error = EngineError("no")
     w.engine.submit(Convert())  # no failure handler: reported as what it was
     fake.release()
@@ -133,9 +129,7 @@ def test_close_while_replying_stops_the_reply_at_once(
     qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
 ) -> None:
     w = fake_window()
-    fake.hold()
-    w.send_text("Hello")
-    qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
+    held(qtbot, fake, lambda: w.send_text("Hello"))
     w.convert_now()
     started = time.monotonic()
     assert w.shutdown_engine() is True
@@ -150,9 +144,7 @@ def test_the_operation_count_follows_requests_and_jobs(
     assert w.ops.count == 0
     gate = threading.Event()
     w.background.run(lambda: gate.wait(5), what="A slow disk")
-    fake.hold()
-    w.send_text("Hello")
-    qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
+    held(qtbot, fake, lambda: w.send_text("Hello"))
     assert sorted(w.ops.labels()) == ["A slow disk", "Saving the conversation", "The reply"]
     gate.set()
     fake.release()
@@ -198,9 +190,7 @@ def test_engine_reloading_actions_wait_for_the_engine_requests_in_flight(
     qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
 ) -> None:
     w = fake_window()
-    fake.hold()
-    w.convert_now()
-    qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
+    held(qtbot, fake, w.convert_now)
     assert w.state is UiState.READY and w.send_button.isEnabled()
     assert not w.settings_action.isEnabled() and not w.open_action.isEnabled()
     fake.release()

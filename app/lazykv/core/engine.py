@@ -465,7 +465,7 @@ class EngineSession:
         llama, info = self._require()
         fitted = fit_messages(messages, self.count_tokens, info.n_ctx, context_full, max_tokens)
         tokens, stop = self._prompt(fitted.messages)
-        n_reused = _common_prefix(llama.input_ids[: llama.n_tokens].tolist(), tokens)
+        n_reused = common_prefix(llama.input_ids[: llama.n_tokens].tolist(), tokens)
         result = ReplyResult("", FinishReason.CANCELLED, len(tokens), n_reused, fitted.dropped)
         if cancel.is_set():
             return result
@@ -589,7 +589,8 @@ def _chat_formatter(llama: llama_cpp.Llama) -> llama_chat_format.Jinja2ChatForma
     )
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share (the prompt prefix a KV cache can reuse)."""
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
