@@ -7,6 +7,8 @@ import threading
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine import KvRestoreError
+from lazykv.core.store import ConversationSummary
+from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.main_window import UiState
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
@@ -166,3 +168,13 @@ def test_dropping_the_key_leaves_no_key_for_reading_either(
     with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS) as opened:
         w.conversations.open(conv)
     assert opened.args[1].how == "rebuilt" and "keyring key" in w.resume_note
+
+
+def test_a_row_with_an_impossible_date_never_hides_the_others(qtbot: QtBot) -> None:
+    """Issue 17.5, the list's side: one bad row is shown as such, the others as usual."""
+    panel = ConversationsPanel()
+    qtbot.addWidget(panel)
+    panel.set_conversations([ConversationSummary(1, "Poisoned", 0.0, 1e12, 2),
+                             ConversationSummary(2, "Fine", 0.0, 1.7e9, 4)], None)
+    assert panel.ids() == [1, 2]
+    assert "date unknown" in panel.list.item(0).text() and "4 messages" in panel.list.item(1).text()

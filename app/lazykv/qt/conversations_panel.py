@@ -168,9 +168,16 @@ class ConversationsPanel(QWidget):
 
 
 def _item_text(summary: ConversationSummary) -> str:
-    when = dt.datetime.fromtimestamp(summary.updated).strftime("%Y-%m-%d %H:%M")
-    text = f"{summary.title}\n{when} · {summary.n_messages} messages"
+    text = f"{summary.title}\n{_when(summary.updated)} · {summary.n_messages} messages"
     return f"{text}\n{summary.snippet}" if summary.snippet else text
+
+
+def _when(timestamp: float) -> str:
+    """The row's date; a time no calendar can show (a damaged or hostile row) never hides the list."""
+    try:
+        return dt.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
+    except (OverflowError, OSError, ValueError):
+        return "date unknown"
 
 
 def _item(summary: ConversationSummary) -> QListWidgetItem:
