@@ -29,10 +29,11 @@ def _probe(data_dir: Path) -> subprocess.Popen[str]:
 
 
 def test_a_second_process_defers_to_the_first_and_raises_it(tmp_path: Path) -> None:
-    first = _probe(tmp_path)
+    first = _probe(tmp_path / "data")
     try:
         assert first.stdout is not None and first.stdout.readline().strip() == "first"
-        second = _probe(tmp_path)
+        assert (tmp_path / "data").stat().st_mode & 0o777 == 0o700
+        second = _probe(tmp_path / "data")
         assert second.wait(TIMEOUT_S) == SECOND and second.stdout is not None
         assert second.stdout.read().strip() == "second"
         assert first.stdout.readline().strip() == "activated"

@@ -15,6 +15,7 @@ from PySide6.QtCore import QLockFile, QObject, Signal
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
 
 LOCK_NAME = "lazykv.lock"
+DIR_MODE = 0o700
 RAISE = b"raise\n"
 CONNECT_MS = 2000
 
@@ -34,7 +35,7 @@ class SingleInstance(QObject):
 
     def __init__(self, data_dir: Path, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)  # private, as the history in it
         self._name = server_name(data_dir)
         self._lock = QLockFile(str(data_dir / LOCK_NAME))
         self._server: QLocalServer | None = None
