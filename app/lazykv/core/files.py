@@ -10,9 +10,10 @@ from pathlib import Path
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` (UTF-8) to a temp file in the same directory, fsync it, then rename over ``path``.
 
-    Any error removes the temp file and leaves an existing ``path`` untouched.
+    Any error removes the temp file and leaves an existing ``path`` untouched. A new file is the
+    owner's only (0600), and so is a folder made for it (0700).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
