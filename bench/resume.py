@@ -20,7 +20,7 @@ from lazykv.core import model_fetch
 from lazykv.core.engine import EngineSession, SamplingSettings
 from lazykv.core.persistence import Crypto, Persistence
 from lazykv.core.snapshot import ENCRYPTION_KEYRING
-from lazykv.core.store import Store
+from lazykv.core.store import Database, new_uid
 
 RESULTS = Path(__file__).resolve().parent / "results" / "resume.md"
 N_CTX = 8192
@@ -42,20 +42,19 @@ def conversation(n_tokens: int, session: EngineSession) -> list[dict[str, str]]:
 
 
 def measure(model: Path, kv_mode: str, n_tokens: int, data: Path) -> dict[str, float]:
-    store = Store(data / "db.sqlite3", data / "snapshots")
+    db = Database(data / "db.sqlite3", data / "snapshots")
     session = EngineSession()
     session.load(model, n_ctx=N_CTX, kv_mode=kv_mode)
-    persistence = Persistence(store, session, Crypto(ENCRYPTION_KEYRING, KEY), data / "fp.json")
+    persistence = Persistence(db, session, data / "fp.json", Crypto(ENCRYPTION_KEYRING, KEY))
     turns = conversation(n_tokens, session)
-    conv = store.create_conversation("bench")
-    store.replace_messages(conv, turns)
+    conv = db.call(lambda store: store.sync_transcript(new_uid(), turns, 0, title="bench", create=True)).id
     prefill, resume, save = [], [], []
     n = 0
     for _ in range(REPEATS):
         t0 = time.perf_counter()
         n = session.rebuild_kv(turns, lambda done, total: None, chunk=512)
         prefill.append(time.perf_counter() - t0)
-        saved = persistence.save(conv)
+        saved = persistence.save(conv, turns)
         save.append(saved.seconds)
         session.clear_kv()
         t0 = time.perf_counter()
@@ -65,9 +64,9 @@ def measure(model: Path, kv_mode: str, n_tokens: int, data: Path) -> dict[str, f
     # a reply after the resume works
     ask = [*turns, {"role": "user", "content": "Go on."}]
     list(session.stream_reply(ask, SamplingSettings(temperature=0), threading.Event(), max_tokens=4))
-    size = store.conversation(conv).snapshot.size
+    size = db.call(lambda store: store.conversation(conv).snapshot.size)
     session.close()
-    store.close()
+    db.close()
     return {"tokens": n, "prefill": statistics.median(prefill), "resume": statistics.median(resume),
             "save": statistics.median(save), "bytes": size}
 

@@ -164,10 +164,10 @@ def _check_engine_session(model: Path, n_ctx: int, tmp: Path, origin: float) -> 
     from lazykv.core.engine import EngineError, EngineSession
     from lazykv.core.persistence import Crypto, Persistence
     from lazykv.core.snapshot import ENCRYPTION_NONE
-    from lazykv.core.store import Store
+    from lazykv.core.store import Database, new_uid
 
     session = EngineSession()
-    store = Store(tmp / "data" / "conversations.sqlite3", tmp / "data" / "snapshots")
+    database = Database(tmp / "data" / "conversations.sqlite3", tmp / "data" / "snapshots")
     try:
         t0 = time.perf_counter()
         session.load(model, n_ctx=n_ctx, kv_mode="lazy")
@@ -196,10 +196,10 @@ def _check_engine_session(model: Path, n_ctx: int, tmp: Path, origin: float) -> 
                 f"next reply reused {n_reused} tokens: {reply!r}")
 
         messages = [*messages, {"role": "assistant", "content": reply}]
-        conv = store.create_conversation("self-test")
-        store.replace_messages(conv, messages)
-        persistence = Persistence(store, session, Crypto(ENCRYPTION_NONE), tmp / "data" / "fingerprints.json")
-        saved = persistence.save(conv)
+        conv = database.call(lambda s: s.sync_transcript(new_uid(), messages, 0, create=True)).id
+        fingerprints = tmp / "data" / "fingerprints.json"
+        persistence = Persistence(database, session, fingerprints, Crypto(ENCRYPTION_NONE))
+        saved = persistence.save(conv, messages)
         session.clear_kv()
         opened = persistence.open(conv, messages, lambda done, total: None)
         if opened.how != "restored":
@@ -213,7 +213,7 @@ def _check_engine_session(model: Path, n_ctx: int, tmp: Path, origin: float) -> 
     except EngineError as err:
         raise SelfTestError(f"engine: {err}") from err
     finally:
-        store.close()
+        database.close()
         session.close()
     return first_token
 

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import base64
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import keyring
 import keyring.errors
@@ -16,12 +24,18 @@ from lazykv.core import keys
 from lazykv.core.keys import (
     KEY_NAME,
     SERVICE,
+    KeyringTimeoutError,
     KeyringUnavailableError,
+    PassphraseError,
+    PassphraseLock,
+    PassphraseMismatchError,
+    WrongPassphraseError,
     key_from_passphrase,
     keyring_available,
     load_or_create_key,
     new_salt,
 )
+from lazykv.core.store import Database, new_uid
 
 
 class MemoryKeyring(KeyringBackend):
@@ -156,3 +170,102 @@ def test_passphrase_arguments_are_checked() -> None:
 def test_new_salt() -> None:
     first, second = new_salt(), new_salt()
     assert len(first) == 16 and first != second
+
+
+class HangingKeyring(MemoryKeyring):
+    """A keyring whose unlock prompt nobody answers: every call blocks until ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def get_password(self, service: str, username: str) -> str | None:
+        self.release.wait()
+        return super().get_password(service, username)
+
+
+def test_a_hanging_keyring_times_out_and_holds_nothing_else_up(
+    use_keyring: Callable[[KeyringBackend], None], tmp_path: Path
+) -> None:
+    backend = HangingKeyring()
+    use_keyring(backend)
+    db = Database(tmp_path / "c.sqlite3", tmp_path / "snaps")
+    try:
+        started = time.monotonic()
+        asking = ThreadPoolExecutor(1).submit(load_or_create_key, 0.5)
+        saved = db.call(lambda s: s.sync_transcript(new_uid(), [{"role": "user", "content": "kept"}], 0,
+                                                    create=True))  # fmt: skip
+        assert time.monotonic() - started < 0.5  # the transcript did not wait for the keyring
+        with pytest.raises(KeyringTimeoutError, match="did not answer within 0.5 s"):
+            asking.result(5)
+        assert time.monotonic() - started < 2
+        assert db.call(lambda s: s.messages(saved.id)) == [{"role": "user", "content": "kept"}]
+    finally:
+        backend.release.set()
+        db.close(10)
+
+
+def test_a_process_whose_keyring_hangs_exits_at_once(tmp_path: Path) -> None:
+    script = (
+        "import threading, keyring\n"
+        "from keyring.backend import KeyringBackend\n"
+        "from lazykv.core.keys import KeyringTimeoutError, load_or_create_key\n"
+        "class Hang(KeyringBackend):\n"
+        "    priority = 1\n"
+        "    def get_password(self, s, u): threading.Event().wait()\n"
+        "    def set_password(self, s, u, p): pass\n"
+        "    def delete_password(self, s, u): pass\n"
+        "keyring.set_keyring(Hang())\n"
+        "try:\n"
+        "    load_or_create_key(0.2)\n"
+        "except KeyringTimeoutError:\n"
+        "    print('timed out', flush=True)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "app")}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    assert done.stdout.strip() == "timed out", done.stderr
+    assert time.monotonic() - started < 10  # the hung keyring thread does not keep the process alive
+
+
+def test_keyring_errors_still_arrive_through_the_keyring_thread(
+    use_keyring: Callable[[KeyringBackend], None],
+) -> None:
+    use_keyring(LockedKeyring())
+    with pytest.raises(KeyringUnavailableError, match="locked"):
+        load_or_create_key()
+
+
+def test_a_new_passphrase_must_be_typed_twice(tmp_path: Path) -> None:
+    lock = PassphraseLock(tmp_path / "sub" / "passphrase.json")
+    assert not lock.is_set()
+    with pytest.raises(PassphraseMismatchError, match="differ"):
+        lock.create("correct horse", "correct hrose")
+    assert not lock.is_set()
+    unlocked = lock.create("correct horse", "correct horse")
+    assert lock.is_set() and unlocked.key == key_from_passphrase("correct horse", unlocked.salt)
+    assert stat.S_IMODE(lock.path.stat().st_mode) == 0o600
+    assert b"horse" not in lock.path.read_bytes()
+
+
+def test_a_typo_is_refused_and_the_right_passphrase_can_be_retried(tmp_path: Path) -> None:
+    lock = PassphraseLock(tmp_path / "passphrase.json")
+    chosen = lock.create("correct horse", "correct horse")
+    for typo in ("correct hrose", "Correct horse", ""):
+        with pytest.raises(WrongPassphraseError):
+            lock.unlock(typo)
+    again = lock.unlock("correct horse")
+    assert again == chosen
+
+
+def test_an_existing_salt_is_kept_for_older_snapshots(tmp_path: Path) -> None:
+    salt = bytes(range(16))
+    unlocked = PassphraseLock(tmp_path / "p.json").create("pw", "pw", salt)
+    assert unlocked.salt == salt and PassphraseLock(tmp_path / "p.json").unlock("pw").salt == salt
+
+
+def test_a_damaged_passphrase_file_says_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "passphrase.json"
+    path.write_text("{not json")
+    with pytest.raises(PassphraseError, match="move it away"):
+        PassphraseLock(path).unlock("pw")

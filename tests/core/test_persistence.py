@@ -7,15 +7,17 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lazykv.core.engine import EngineSession, SamplingSettings
+from lazykv.core.keys import PassphraseLock
 from lazykv.core.persistence import Crypto, OpenResult, Persistence
 from lazykv.core.snapshot import ENCRYPTION_KEYRING, ENCRYPTION_NONE, ENCRYPTION_PASSPHRASE, SnapshotError
-from lazykv.core.store import Store
+from lazykv.core.store import Database, new_uid
 
 GREEDY = SamplingSettings(temperature=0.0, seed=1)
 SHORT = "Hello! Who are you?"
@@ -34,23 +36,33 @@ def reply(session: EngineSession, messages: list[dict[str, str]], n: int = 12) -
             return end.value.text
 
 
+class StoreCalls:
+    """``app.store.messages(conv)`` etc., run through the app's one Database."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        return lambda *args, **kw: self._db.call(lambda store: getattr(store, name)(*args, **kw))
+
+
 class App:
-    """One 'run' of the app: a store on the data dir, an engine, persistence."""
+    """One 'run' of the app: the database on the data dir, an engine, persistence."""
 
     def __init__(self, data: Path, model: Path, kv_mode: str, n_ctx: int = 1024,
                  crypto: Crypto | None = None) -> None:
-        self.store = Store(data / "db.sqlite3", data / "snapshots")
+        self.db = Database(data / "db.sqlite3", data / "snapshots")
+        self.store = StoreCalls(self.db)
         self.engine = EngineSession()
         self.engine.load(model, n_ctx=n_ctx, kv_mode=kv_mode)
-        self.persistence = Persistence(self.store, self.engine, crypto or Crypto(ENCRYPTION_KEYRING, KEY),
-                                       data / "fingerprints.json")
+        self.persistence = Persistence(self.db, self.engine, data / "fingerprints.json",
+                                       crypto or Crypto(ENCRYPTION_KEYRING, KEY))
 
-    def chat_and_save(self, message: str) -> tuple[int, list[dict[str, str]]]:
-        conv = self.store.create_conversation("test")
+    def chat_and_save(self, message: str, budget_bytes: int = 0) -> tuple[int, list[dict[str, str]]]:
         user = [{"role": "user", "content": message}]
         turns = [*user, {"role": "assistant", "content": reply(self.engine, user)}]
-        self.store.replace_messages(conv, turns)
-        self.persistence.save(conv)
+        conv = self.store.sync_transcript(new_uid(), turns, 0, create=True).id
+        self.persistence.save(conv, turns, budget_bytes)
         return conv, [*turns, {"role": "user", "content": "Say that again."}]
 
     def open(self, conv: int) -> OpenResult:
@@ -62,7 +74,7 @@ class App:
 
     def close(self) -> None:
         self.engine.close()
-        self.store.close()
+        self.db.close()
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -161,7 +173,7 @@ def damage(path: Path, offset: int, data: bytes | None = None, truncate: bool = 
     [
         ("truncated", "truncated|damaged|authentic|corrupt"),
         ("bit flip in the payload", "authentic|tamper|wrong key|damaged"),
-        ("bit flip in the header", "authentic|tamper|damaged|corrupt|another model"),
+        ("bit flip in the header", "authentic|tamper|damaged|corrupt|another model|not the one saved"),
         ("missing", "missing"),
     ],
 )
@@ -230,7 +242,7 @@ def test_rotation_disabled_on_one_side_falls_back(
 def test_future_format_version_falls_back(data: tuple[Path, int], smollm2_path: Path) -> None:
     path = snapshot_file(data[0])
     raw = path.read_bytes()
-    marker = b'"format_version": 1' if b'"format_version": 1' in raw else b'"format_version":1'
+    marker = b'"format_version":2'
     path.write_bytes(raw.replace(marker, marker[:-1] + b"9", 1))
     result = open_after(*data, smollm2_path)
     assert result.how == "rebuilt" and "newer" in result.note
@@ -250,7 +262,7 @@ def test_disk_full_while_saving_keeps_the_previous_snapshot(
 
         monkeypatch.setattr(os, "fsync", full)
         with pytest.raises(SnapshotError, match="disk full|No space"):
-            app.persistence.save(data[1])
+            app.persistence.save(data[1], app.store.messages(data[1]))
         monkeypatch.undo()
         assert path.read_bytes() == before
         assert app.store.conversation(data[1]).snapshot.path == path
@@ -261,13 +273,16 @@ def test_disk_full_while_saving_keeps_the_previous_snapshot(
 
 @pytest.mark.parametrize("scheme", [ENCRYPTION_PASSPHRASE, ENCRYPTION_NONE])
 def test_passphrase_and_unencrypted_schemes(tmp_path: Path, smollm2_path: Path, scheme: str) -> None:
-    crypto = Crypto(scheme, passphrase="correct horse", salt=bytes(16))
+    lock = PassphraseLock(tmp_path / "passphrase.json")
+    unlocked = lock.create("correct horse", "correct horse")
+    crypto = Crypto(scheme, unlocked=unlocked if scheme == ENCRYPTION_PASSPHRASE else None)
     first = App(tmp_path, smollm2_path, "f16", crypto=crypto)
     conv, _ = first.chat_and_save(SHORT)
     first.close()
     assert open_after(tmp_path, conv, smollm2_path, "f16", crypto=crypto).how == "restored"
     if scheme == ENCRYPTION_PASSPHRASE:
-        wrong = Crypto(scheme, passphrase="wrong", salt=bytes(16))
+        other = PassphraseLock(tmp_path / "other.json").create("wrong", "wrong")
+        wrong = Crypto(scheme, unlocked=other)
         assert open_after(tmp_path, conv, smollm2_path, "f16", crypto=wrong).how == "rebuilt"
 
 
@@ -277,11 +292,15 @@ def test_budget_prunes_least_recently_used_snapshots_never_transcripts(
     app = App(tmp_path, smollm2_path, "q8_0")
     try:
         conv_a, _ = app.chat_and_save(SHORT)
-        conv_b, _ = app.chat_and_save("What is the sea?")
-        size_b = app.store.conversation(conv_b).snapshot.size
-        result = app.persistence.save(conv_b, budget_bytes=size_b)
-        assert result.pruned and app.store.conversation(conv_a).snapshot is None
+        conv_b, _ = app.chat_and_save("What is the sea?", budget_bytes=1)  # the rule: never the new one
+        assert app.store.conversation(conv_a).snapshot is None
         assert app.store.conversation(conv_b).snapshot is not None
+        conv_c, _ = app.chat_and_save("What is a tree?")
+        size_b = app.store.conversation(conv_b).snapshot.size
+        size_c = app.store.conversation(conv_c).snapshot.size
+        turns = app.store.messages(conv_c)
+        result = app.persistence.save(conv_c, turns, budget_bytes=size_b + size_c + 10**6)
+        assert result.pruned == [] and app.store.conversation(conv_b).snapshot is not None
         assert len(app.store.messages(conv_a)) == 2
         assert app.open(conv_a).how == "rebuilt"
     finally:
@@ -298,3 +317,113 @@ def test_a_forged_unencrypted_file_in_place_of_an_encrypted_one_is_refused(
     shutil.copyfile(forged, snapshot_file(data[0]))
     result = open_after(*data, smollm2_path)
     assert result.how == "rebuilt" and "protection differs" in result.note
+
+
+def _point_row_at(app: App, conv: int, sha256: str, header_json: str) -> None:
+    size = app.store.snapshot_path(sha256).stat().st_size
+    app.store.set_snapshot(conv, sha256, size, 1, header_json)
+
+
+def test_another_conversations_snapshot_is_refused(tmp_path: Path, smollm2_path: Path) -> None:
+    app = App(tmp_path, smollm2_path, "q8_0")
+    try:
+        conv_a, _ = app.chat_and_save(SHORT)
+        conv_b, _ = app.chat_and_save("What is the sea?")
+        b = app.store.conversation(conv_b).snapshot
+        _point_row_at(app, conv_a, b.sha256, b.header_json)  # A's row copied from B's: same key
+        result = app.open(conv_a)
+        assert result.how == "rebuilt" and result.note == "its snapshot belongs to another conversation"
+        a_header = app.store.conversation(conv_b).snapshot.header_json
+        _point_row_at(app, conv_a, b.sha256, a_header.replace(f'"conversation_id": {conv_b}',
+                                                              f'"conversation_id": {conv_a}'))
+        result = app.open(conv_a)  # the file's sealed header says B, whatever the row says
+        assert result.how == "rebuilt" and "not the one saved" in result.note
+    finally:
+        app.close()
+
+
+def test_an_older_snapshot_of_the_same_conversation_is_refused(tmp_path: Path, smollm2_path: Path) -> None:
+    app = App(tmp_path, smollm2_path, "q8_0")
+    try:
+        conv, more = app.chat_and_save(SHORT)
+        old = app.store.conversation(conv).snapshot
+        kept = tmp_path / "old.lkv"
+        shutil.copyfile(old.path, kept)
+        turns = [*more, {"role": "assistant", "content": reply(app.engine, more)}]
+        uid = app.store.conversation(conv).uid
+        app.store.sync_transcript(uid, turns, 2)
+        app.persistence.save(conv, turns)
+        new = app.store.conversation(conv).snapshot
+        shutil.copyfile(kept, new.path)  # the file replayed under the new row
+        result = app.open(conv)
+        assert result.how == "rebuilt" and "not the one saved" in result.note
+        shutil.copyfile(kept, old.path)
+        _point_row_at(app, conv, old.sha256, old.header_json)  # the row replayed too
+        result = app.open(conv)
+        assert result.how == "rebuilt"
+        assert result.note == "its snapshot holds another version of this conversation"
+    finally:
+        app.close()
+
+
+def test_a_transcript_changed_after_the_save_is_re_read(tmp_path: Path, smollm2_path: Path) -> None:
+    app = App(tmp_path, smollm2_path, "q8_0")
+    try:
+        conv, _ = app.chat_and_save(SHORT)
+        uid = app.store.conversation(conv).uid
+        edited = [{"role": "user", "content": SHORT}, {"role": "assistant", "content": "Hm."}]
+        app.store.sync_transcript(uid, edited, 2)  # an edit in another window
+        result = app.open(conv)
+        assert result.how == "rebuilt" and "another version" in result.note
+    finally:
+        app.close()
+
+
+def test_a_refused_restore_says_one_plain_line_and_keeps_the_engines_words_as_details(
+    data: tuple[Path, int], smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lazykv.core.engine import KvRestoreError
+
+    engine_text = ("state_read_meta: not enough cells in the KV cache\n"
+                   "llama_state_seq_set_data: error loading sequence state")  # fmt: skip
+
+    def refuse(self: EngineSession, tokens: object, state: object) -> None:
+        raise KvRestoreError(engine_text)
+
+    monkeypatch.setattr(EngineSession, "restore_kv", refuse)
+    result = open_after(*data, smollm2_path)
+    assert result.how == "rebuilt"
+    assert result.note == "the engine could not take the saved state into this cache"
+    assert "\n" not in result.note and "state_read" not in result.note and "llama_" not in result.note
+    assert result.details == engine_text
+
+
+def test_set_crypto_none_drops_the_key_and_saves_nothing(tmp_path: Path, smollm2_path: Path) -> None:
+    app = App(tmp_path, smollm2_path, "q8_0")
+    try:
+        conv, _ = app.chat_and_save(SHORT)
+        app.persistence.set_crypto(None)
+        assert app.persistence.crypto is None
+        with pytest.raises(SnapshotError, match="snapshots are off"):
+            app.persistence.save(conv, app.store.messages(conv))
+        result = app.open(conv)  # the keyring key is gone: the encrypted snapshot cannot be read
+        assert result.how == "rebuilt" and "keyring key" in result.note
+    finally:
+        app.close()
+
+
+def test_a_passphrase_crypto_cannot_be_made_without_the_checked_passphrase() -> None:
+    with pytest.raises(ValueError, match="checked passphrase"):
+        Crypto(ENCRYPTION_PASSPHRASE)
+    with pytest.raises(ValueError, match="keyring scheme needs its key"):
+        Crypto(ENCRYPTION_KEYRING)
+
+
+def test_a_format_1_snapshot_is_refused_as_older(data: tuple[Path, int], smollm2_path: Path) -> None:
+    path = snapshot_file(data[0])
+    raw = path.read_bytes()
+    marker = b'"format_version":2'
+    assert marker in raw
+    path.write_bytes(raw.replace(marker, b'"format_version":1', 1))
+    result = open_after(*data, smollm2_path)
+    assert result.how == "rebuilt" and result.note == "its snapshot was saved by an older LazyKV Chat"

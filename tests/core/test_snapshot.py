@@ -25,9 +25,11 @@ from lazykv.core.snapshot import (
     SnapshotCorruptError,
     SnapshotError,
     SnapshotHeader,
+    SnapshotOldFormatError,
     SnapshotVersionError,
     read_header,
     read_snapshot,
+    transcript_digest,
     write_snapshot,
 )
 
@@ -55,6 +57,9 @@ def make_header(encryption: str = ENCRYPTION_KEYRING, n_tokens: int = len(TOKENS
         state_version=3,
         n_tokens=n_tokens,
         encryption=encryption,
+        conversation_id=7,
+        n_messages=2,
+        transcript_sha256="cd" * 32,
         kdf_salt=SALT_HEX if encryption == ENCRYPTION_PASSPHRASE else "",
         created=1_700_000_000.5,
     )
@@ -179,8 +184,8 @@ def test_bit_flips_are_refused(tmp_path: Path, encryption: str) -> None:
     path = tmp_path / "chat.lkv"
     write(path, encryption)
     good = path.read_bytes()
-    # a flip that turns format_version 1 into 3, 5, 9 reads as a file from a newer version
-    version_digit = good.index(b'"format_version":1') + len(b'"format_version":')
+    # a flip that turns format_version 2 into 3, 6 reads as a file from a newer version
+    version_digit = good.index(b'"format_version":2') + len(b'"format_version":')
     header_end = len(MAGIC) + 4 + split_file(good)[0]
     offsets = [
         *range(header_end + 64),
@@ -245,6 +250,21 @@ def test_tampered_header_of_plain_file_is_detected(tmp_path: Path) -> None:
         read_snapshot(path, None)
 
 
+def test_a_format_1_header_is_refused_as_older() -> None:
+    fields = json.loads(make_header().to_bytes())
+    fields["format_version"] = 1
+    with pytest.raises(SnapshotOldFormatError, match="older LazyKV Chat"):
+        SnapshotHeader.from_bytes(json.dumps(fields).encode())
+
+
+def test_transcript_digest_covers_roles_and_contents_in_order() -> None:
+    a = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert transcript_digest(a) == transcript_digest([dict(m) for m in a])
+    assert transcript_digest(a) != transcript_digest(a[::-1])
+    assert transcript_digest(a) != transcript_digest([{"role": "assistant", "content": "hi"}, a[1]])
+    assert transcript_digest(a[:1]) != transcript_digest(a)
+
+
 def test_future_format_version(tmp_path: Path) -> None:
     header = dataclasses.replace(make_header(), format_version=FORMAT_VERSION + 1)
     fields = json.loads(header.to_bytes())
@@ -300,6 +320,11 @@ def _header_variants() -> list[tuple[str, object]]:
         ("created", "yesterday"),
         ("format_version", 0),
         ("format_version", "1"),
+        ("conversation_id", 0),
+        ("conversation_id", "7"),
+        ("n_messages", -1),
+        ("transcript_sha256", "CD" * 32),
+        ("transcript_sha256", ""),
     ]
 
 

@@ -15,7 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lazykv.core import store as store_module
-from lazykv.core.store import SCHEMA_VERSION, Store, StoreError, data_dir
+from lazykv.core.store import (
+    SCHEMA_VERSION,
+    ConversationNotFound,
+    Store,
+    StoreBusyError,
+    StoreError,
+    data_dir,
+)
 
 
 @pytest.fixture
@@ -94,24 +101,25 @@ def test_create_and_list_most_recently_updated_first(store: Store) -> None:
     )
 
 
-def test_missing_conversation_is_a_key_error(store: Store) -> None:
-    for call in (store.conversation, store.messages, store.delete, lambda i: store.rename(i, "x")):
-        with pytest.raises(KeyError):
+def test_missing_conversation_is_conversation_not_found_never_a_key_error(store: Store) -> None:
+    calls = (store.conversation, store.messages, store.delete, lambda i: store.rename(i, "x"),
+             lambda i: store.append_message(i, "user", "hi"), lambda i: store.set_settings(i, {}))
+    for call in calls:
+        with pytest.raises(ConversationNotFound, match="no longer exists") as caught:
             call(42)
-    with pytest.raises(KeyError):
-        store.append_message(42, "user", "hi")
+        assert not isinstance(caught.value, KeyError) and caught.value.conv == 42
 
 
-def test_append_and_replace_messages(store: Store) -> None:
+def test_append_and_edit_messages(store: Store) -> None:
     conv = store.create_conversation()
     store.append_message(conv, "user", "one")
     store.append_message(conv, "assistant", "two")
     store.append_message(conv, "user", "three")
     assert [m["content"] for m in store.messages(conv)] == ["one", "two", "three"]
-    before = store.conversation(conv).updated
-    store.replace_messages(conv, [{"role": "user", "content": "one, edited"}])
+    before = store.conversation(conv)
+    store.sync_transcript(before.uid, [{"role": "user", "content": "one, edited"}], synced=3)
     assert store.messages(conv) == [{"role": "user", "content": "one, edited"}]
-    assert store.conversation(conv).updated > before
+    assert store.conversation(conv).updated > before.updated
     store.append_message(conv, "assistant", "again")
     assert [m["content"] for m in store.messages(conv)] == ["one, edited", "again"]
 
@@ -122,7 +130,8 @@ def test_bad_messages_are_refused_and_change_nothing(store: Store) -> None:
     with pytest.raises(ValueError, match="role must be one of"):
         store.append_message(conv, "bot", "x")
     with pytest.raises(ValueError, match="message 2: content must be text"):
-        store.replace_messages(conv, [{"role": "user", "content": "a"}, {"role": "user", "content": 3}])
+        store.sync_transcript(store.conversation(conv).uid,
+                              [{"role": "user", "content": "a"}, {"role": "user", "content": 3}], 1)
     assert store.messages(conv) == [{"role": "user", "content": "kept"}]
 
 
@@ -165,7 +174,7 @@ def test_search_finds_messages_and_titles_with_snippets(store: Store) -> None:
 def test_search_follows_edits_and_deletes(store: Store) -> None:
     conv = store.create_conversation("Plain")
     store.append_message(conv, "user", "zebra")
-    store.replace_messages(conv, [{"role": "user", "content": "giraffe"}])
+    store.sync_transcript(store.conversation(conv).uid, [{"role": "user", "content": "giraffe"}], 1)
     assert store.search("zebra") == [] and [s.id for s in store.search("giraffe")] == [conv]
     store.rename(conv, "Savanna")
     assert store.search("plain") == [] and [s.id for s in store.search("savanna")] == [conv]
@@ -197,15 +206,15 @@ def test_delete_then_undelete_restores_everything_with_the_same_id(store: Store)
     digest = write_snapshot(store, "s", 10)
     store.set_snapshot(conv, digest, 10, 5, '{"n_ctx": 512}')
     before = store.conversation(conv)
-    record = store.delete(conv)
+    record = store.delete(conv).record
     assert record == before
-    with pytest.raises(KeyError):
+    with pytest.raises(ConversationNotFound):
         store.conversation(conv)
     assert [s.id for s in store.list_conversations()] == [keep]
     assert store.unreferenced(digest) and store.snapshot_path(digest).exists()  # undo can restore it
     newer = store.create_conversation("created after the delete")
     assert newer != conv
-    assert store.undelete(record) == conv
+    assert store.undelete(record).id == conv
     assert store.conversation(conv) == before
     assert [s.id for s in store.search("gone")] == [conv]
 
@@ -215,10 +224,10 @@ def test_undelete_takes_a_new_id_when_its_own_is_taken_and_drops_a_missing_snaps
     store.append_message(conv, "user", "hello")
     digest = write_snapshot(store, "s", 10)
     store.set_snapshot(conv, digest, 10, 5, "{}")
-    record = store.delete(conv)
-    first = store.undelete(record)
+    record = store.delete(conv).record
+    first = store.undelete(record).id
     store.snapshot_path(digest).unlink()
-    second = store.undelete(record)
+    second = store.undelete(record).id
     assert first == conv and second != conv
     assert store.messages(second) == [{"role": "user", "content": "hello"}]
     assert store.conversation(second).snapshot is None
@@ -265,8 +274,8 @@ def test_prune_deletes_least_recently_used_files_and_keeps_transcripts(store: St
         digests.append(write_snapshot(store, f"s{i}", 100))
         store.set_snapshot(conv, digests[-1], 100, 10, "{}")
     store.touch_snapshot(convs[0])  # now the most recently used; convs[1] is the oldest
-    assert store.prune_snapshots(400) == []
-    assert store.prune_snapshots(250) == [digests[1], digests[2]]
+    assert store.prune_snapshots(400).pruned == []
+    assert store.prune_snapshots(250).pruned == [digests[1], digests[2]]
     for i in (1, 2):
         assert not store.snapshot_path(digests[i]).exists()
         assert store.conversation(convs[i]).snapshot is None
@@ -274,7 +283,7 @@ def test_prune_deletes_least_recently_used_files_and_keeps_transcripts(store: St
     for i in (0, 3):
         assert store.snapshot_path(digests[i]).exists() and store.conversation(convs[i]).snapshot
     assert store.snapshot_bytes() == 200
-    assert store.prune_snapshots(0) == [digests[3], digests[0]]
+    assert store.prune_snapshots(0).pruned == [digests[3], digests[0]]
     assert store.snapshot_bytes() == 0 and list(store.snapshots_dir.iterdir()) == []
 
 
@@ -284,7 +293,7 @@ def test_a_shared_snapshot_counts_once_and_goes_for_all(store: Store) -> None:
     store.set_snapshot(a, digest, 100, 1, "{}")
     store.set_snapshot(b, digest, 100, 1, "{}")
     assert store.snapshot_bytes() == 100
-    assert store.prune_snapshots(99) == [digest]
+    assert store.prune_snapshots(99).pruned == [digest]
     assert store.conversation(a).snapshot is None and store.conversation(b).snapshot is None
 
 
@@ -303,7 +312,9 @@ def test_prune_removes_orphans_and_stale_temp_files(store: Store) -> None:
     unrelated = store.snapshots_dir / "README.txt"
     unrelated.write_text("not ours to delete")
     age(unrelated, 2 * 3600)
-    assert store.prune_snapshots(10**9) == [old_orphan]
+    result = store.prune_snapshots(10**9)
+    assert result.pruned == [] and (result.cleanup.orphans, result.cleanup.unfinished) == (1, 1)
+    assert result.cleanup.freed_bytes == 10 + len(b"partial")
     remaining = {p.name for p in store.snapshots_dir.iterdir()}
     assert remaining == {f"{kept}.lkv", f"{fresh_orphan}.lkv", new_temp.name, unrelated.name}
 
@@ -328,7 +339,7 @@ def test_export_json_and_import_round_trip(store: Store) -> None:
     assert exported["format"] == "lazykv-conversation" and exported["version"] == 1
     assert "snapshot" not in json.dumps(exported)
     data = json.loads(json.dumps(exported))
-    new = store.import_json(data)
+    new = store.import_json(data).id
     assert new != conv
     assert store.export_json(new) == exported
     assert store.conversation(new).snapshot is None
@@ -376,7 +387,7 @@ def test_import_refuses_missing_fields_and_non_objects(store: Store) -> None:
         store.import_json(data)
     with pytest.raises(ValueError, match="expected a JSON object"):
         store.import_json([1, 2])  # type: ignore[arg-type]
-    assert store.import_json(_valid()) > 0
+    assert store.import_json(_valid()).id > 0
 
 
 def test_a_locked_database_raises_store_error(store: Store) -> None:
@@ -385,7 +396,7 @@ def test_a_locked_database_raises_store_error(store: Store) -> None:
     other.execute("BEGIN EXCLUSIVE")
     try:
         started = time.monotonic()
-        with pytest.raises(StoreError, match="locked by another LazyKV Chat"):
+        with pytest.raises(StoreBusyError, match="another LazyKV Chat is writing"):
             store.append_message(conv, "user", "blocked")
         assert time.monotonic() - started < 5
         assert store.messages(conv) == []  # reading still works in WAL mode
@@ -425,7 +436,7 @@ def test_disk_full_raises_store_error_and_keeps_earlier_messages(store: Store) -
     with pytest.raises(StoreError, match="disk is full"):
         store.append_message(conv, "assistant", "x" * 200_000)
     with pytest.raises(StoreError, match="disk is full"):
-        store.replace_messages(conv, [{"role": "user", "content": "y" * 200_000}])
+        store.sync_transcript(store.conversation(conv).uid, [{"role": "user", "content": "y" * 200_000}], 1)
     assert store.messages(conv) == [{"role": "user", "content": "saved before the disk filled up"}]
     db.execute("PRAGMA max_page_count = 1073741823")
     store.append_message(conv, "assistant", "fits again")

@@ -1,12 +1,18 @@
 """Save a conversation's KV cache as a snapshot file and resume from it, or from the transcript.
 
-Runs on the engine's thread (it drives the EngineSession). Saving: capture the cache, write
-the encrypted file under a pending name (temp file, fsync, rename inside write_snapshot),
-rename it to its sha256, then point the database row at it: a crash at any step leaves the
-previous snapshot or the new one, and the transcript is never touched. Opening: the header
-is checked against the loaded engine before anything is decrypted, the payload is
-authenticated before it reaches native code, and any refusal falls back to re-reading the
-transcript, with a short note saying why.
+Runs on the engine's thread (it drives the EngineSession); database work goes through the
+process's one ``Database``. Saving: capture the cache, write the encrypted file under a pending
+name (temp file, fsync, rename inside write_snapshot), rename it to its sha256, then point the
+database row at it: a crash at any step leaves the previous snapshot or the new one, and the
+transcript is never touched. The header binds the file to its conversation and to the transcript
+it holds. Opening: the file must be the one the row recorded, for this conversation and for
+exactly the transcript being opened; its header is checked against the loaded engine before
+anything is decrypted, the payload is authenticated before it reaches native code, and any
+refusal falls back to re-reading the transcript, with a short note saying why (one line; the
+technical reason is in ``OpenResult.details``).
+
+``Persistence`` owns the snapshot crypto of the process: ``set_crypto(None)`` drops the key, and
+nothing is saved until another is set.
 """
 
 from __future__ import annotations
@@ -17,59 +23,90 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from lazykv import __version__
 from lazykv.core.engine import EngineSession, KvRestoreError
 from lazykv.core.fingerprint import model_sha256
-from lazykv.core.keys import key_from_passphrase
+from lazykv.core.keys import UnlockedPassphrase, key_from_passphrase
 from lazykv.core.snapshot import (
-    ENCRYPTION_KEYRING,
-    ENCRYPTION_NONE,
-    ENCRYPTION_PASSPHRASE,
-    FORMAT_VERSION,
+    Encryption,
+    SnapshotAuthError,
+    SnapshotCorruptError,
     SnapshotError,
     SnapshotHeader,
+    SnapshotOldFormatError,
     SnapshotVersionError,
     read_header,
     read_snapshot,
+    transcript_digest,
     write_snapshot,
 )
-from lazykv.core.store import Store
+from lazykv.core.store import PENDING_PREFIX, SNAPSHOT_SUFFIX, Change, Cleanup, Database, OpChanges, Store
+
+NOTE_MAX_CHARS = 200
+
+
+class SnapshotsOffError(SnapshotError):
+    """No snapshot protection is set (``set_crypto(None)``), so no snapshot is written."""
 
 
 @dataclass
 class Crypto:
-    """How snapshots are protected in this session. Keys live in memory only."""
+    """How snapshots are protected. Keys live in memory only.
 
-    scheme: str  # ENCRYPTION_KEYRING | ENCRYPTION_PASSPHRASE | ENCRYPTION_NONE
+    The keyring scheme needs its ``key``; the passphrase scheme an ``UnlockedPassphrase``, which
+    only ``keys.PassphraseLock`` makes (after checking the passphrase against its verifier, or
+    after a new one was typed twice): nothing is ever written under an unverified passphrase.
+    """
+
+    scheme: Encryption
     key: bytes | None = None  # the keyring key
-    passphrase: str = ""
-    salt: bytes = b""  # the passphrase scheme's salt for new snapshots
+    unlocked: UnlockedPassphrase | None = None
     _derived: dict[str, bytes] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        self.scheme = Encryption(self.scheme)
+        if self.scheme is Encryption.KEYRING and self.key is None:
+            raise ValueError("the keyring scheme needs its key")
+        if self.scheme is Encryption.PASSPHRASE and not isinstance(self.unlocked, UnlockedPassphrase):
+            raise ValueError("the passphrase scheme needs a checked passphrase (keys.PassphraseLock)")
+
     def key_for_writing(self) -> bytes | None:
-        if self.scheme == ENCRYPTION_KEYRING:
+        if self.scheme is Encryption.KEYRING:
             return self.key
-        if self.scheme == ENCRYPTION_PASSPHRASE:
-            return self._derive(self.salt.hex())
+        if self.scheme is Encryption.PASSPHRASE:
+            assert self.unlocked is not None
+            return self.unlocked.key
         return None
 
+    def salt_hex(self) -> str:
+        """The salt new passphrase snapshots record ("" for the other schemes)."""
+        return self.unlocked.salt.hex() if self.scheme is Encryption.PASSPHRASE and self.unlocked else ""
+
     def key_for_reading(self, header: SnapshotHeader) -> bytes | None:
-        if header.encryption == ENCRYPTION_NONE:
+        if header.encryption == Encryption.NONE:
             return None
-        if header.encryption == ENCRYPTION_KEYRING:
+        if header.encryption == Encryption.KEYRING:
             if self.key is None:
                 raise SnapshotError("it is encrypted with the keyring key, which is not available now")
             return self.key
-        if not self.passphrase:
+        if self.unlocked is None:
             raise SnapshotError("it is protected by a passphrase, which was not given in this session")
-        return self._derive(header.kdf_salt)
+        if header.kdf_salt == self.unlocked.salt.hex():
+            return self.unlocked.key
+        if header.kdf_salt not in self._derived:
+            self._derived[header.kdf_salt] = key_from_passphrase(
+                self.unlocked.passphrase, bytes.fromhex(header.kdf_salt)
+            )
+        return self._derived[header.kdf_salt]
 
-    def _derive(self, salt_hex: str) -> bytes:
-        if salt_hex not in self._derived:
-            self._derived[salt_hex] = key_from_passphrase(self.passphrase, bytes.fromhex(salt_hex))
-        return self._derived[salt_hex]
+
+class OpenHow(StrEnum):
+    RESTORED = "restored"  # the snapshot was restored
+    REBUILT = "rebuilt"  # the transcript was re-read (``note`` says why)
+    EMPTY = "empty"  # nothing to read
 
 
 @dataclass(frozen=True)
@@ -78,84 +115,129 @@ class SaveResult:
     size: int
     n_tokens: int
     seconds: float
-    pruned: list[str]
+    pruned: list[str]  # snapshots dropped by the budget (least recently used first)
+    cleanup: Cleanup  # leftovers removed (orphaned files, unfinished saves): not pruned snapshots
+    changes: OpChanges
 
 
 @dataclass(frozen=True)
 class OpenResult:
-    how: str  # restored | rebuilt | empty
-    note: str  # why it was rebuilt ("" when restored)
+    how: OpenHow
+    note: str  # why it was re-read: one short line for the user, never engine output ("" if restored)
     n_tokens: int
     seconds: float
+    details: str = ""  # the technical reason (e.g. the engine's), for a "details" disclosure
+
+
+class _Refused(Exception):
+    """A snapshot that is not restored: ``note`` for the user, ``details`` for whoever asks."""
+
+    def __init__(self, note: str, details: str = "") -> None:
+        super().__init__(note)
+        self.note = note
+        self.details = details or note
 
 
 class Persistence:
-    def __init__(self, store: Store, engine: EngineSession, crypto: Crypto, fingerprints: Path) -> None:
-        self.store = store
+    def __init__(
+        self, db: Database, engine: EngineSession, fingerprints: Path, crypto: Crypto | None = None
+    ) -> None:
+        self.db = db
         self.engine = engine
-        self.crypto = crypto
+        self._crypto = crypto
         self._fingerprints = fingerprints
-        self._model_sha: tuple[Path, str] | None = None
+
+    @property
+    def crypto(self) -> Crypto | None:
+        return self._crypto
+
+    def set_crypto(self, crypto: Crypto | None) -> None:
+        """How snapshots are protected from now on; None: none are saved, and no key is kept."""
+        self._crypto = crypto
 
     def model_sha(self) -> str:
-        path = self.engine.model_info().path
-        if self._model_sha is None or self._model_sha[0] != path:
-            self._model_sha = (path, model_sha256(path, self._fingerprints))
-        return self._model_sha[1]
+        """The loaded model's sha256 (the fingerprint cache avoids re-hashing an unchanged file)."""
+        return model_sha256(self.engine.model_info().path, self._fingerprints)
 
-    def save(self, conv_id: int, budget_bytes: int = 0) -> SaveResult:
-        """Snapshot the conversation's cache now; prune the least recently used ones past the budget."""
+    def save(self, conv_id: int, messages: Sequence[dict[str, str]], budget_bytes: int = 0) -> SaveResult:
+        """Snapshot the conversation's cache now; ``messages`` are the ones it holds (what the engine
+        was sent: ``Conversation.messages()``). Then prune the least recently used snapshots past
+        the budget (never this one) and the leftovers. SnapshotsOffError without a crypto."""
+        crypto = self._crypto
+        if crypto is None:
+            raise SnapshotsOffError("snapshots are off")
         t0 = time.perf_counter()
         kv = self.engine.capture_kv()
-        layout = kv.layout
-        header = SnapshotHeader(
+        header = self._header(kv.layout, len(kv.tokens), crypto, conv_id, messages)
+        pending = self.db.snapshots_dir / f"{PENDING_PREFIX}{uuid.uuid4().hex}{SNAPSHOT_SUFFIX}"
+        sha = write_snapshot(pending, header, kv.tokens, kv.state, crypto.key_for_writing())
+        final = self.db.snapshots_dir / f"{sha}{SNAPSHOT_SUFFIX}"
+        try:
+            os.replace(pending, final)
+        except OSError:
+            pending.unlink(missing_ok=True)
+            raise
+        size = final.stat().st_size
+        header_json = json.dumps(asdict(header))
+
+        def record(store: Store) -> tuple[list[str], Cleanup]:
+            previous = store.set_snapshot(conv_id, sha, size, len(kv.tokens), header_json)
+            if previous and previous != sha and store.unreferenced(previous):
+                store.snapshot_path(previous).unlink(missing_ok=True)
+            if budget_bytes <= 0:
+                return [], Cleanup()
+            pruned = store.prune_snapshots(budget_bytes, keep=sha)
+            return pruned.pruned, pruned.cleanup
+
+        pruned, cleanup = self.db.call(record)
+        changes = OpChanges(kinds=frozenset({Change.SNAPSHOT}), conv_ids=frozenset({conv_id}))
+        return SaveResult(sha, size, len(kv.tokens), time.perf_counter() - t0, pruned, cleanup, changes)
+
+    def _header(
+        self, layout: dict[str, object], n_tokens: int, crypto: Crypto, conv_id: int,
+        messages: Sequence[dict[str, str]],
+    ) -> SnapshotHeader:  # fmt: skip
+        return SnapshotHeader(
             app_version=__version__,
             engine_version=str(layout["engine_version"]),
             model_sha256=self.model_sha(),
-            n_ctx=int(layout["n_ctx"]),
+            n_ctx=int(layout["n_ctx"]),  # type: ignore[call-overload]
             type_k=str(layout["type_k"]),
             type_v=str(layout["type_v"]),
             kv_mode=str(layout["kv_mode"]),
             lazy_phase=str(layout["lazy_phase"]),
-            n_rot_k=int(layout["n_rot_k"]),
-            n_rot_v=int(layout["n_rot_v"]),
-            state_version=int(layout["state_version"]),
-            n_tokens=len(kv.tokens),
-            encryption=self.crypto.scheme,
-            kdf_salt=self.crypto.salt.hex() if self.crypto.scheme == ENCRYPTION_PASSPHRASE else "",
+            n_rot_k=int(layout["n_rot_k"]),  # type: ignore[call-overload]
+            n_rot_v=int(layout["n_rot_v"]),  # type: ignore[call-overload]
+            state_version=int(layout["state_version"]),  # type: ignore[call-overload]
+            n_tokens=n_tokens,
+            encryption=crypto.scheme,
+            conversation_id=conv_id,
+            n_messages=len(messages),
+            transcript_sha256=transcript_digest(messages),
+            kdf_salt=crypto.salt_hex(),
             created=time.time(),
         )
-        pending = self.store.snapshots_dir / f"pending-{uuid.uuid4().hex}.lkv"
-        pending.parent.mkdir(parents=True, exist_ok=True)
-        sha = write_snapshot(pending, header, kv.tokens, kv.state, self.crypto.key_for_writing())
-        final = self.store.snapshot_path(sha)
-        os.replace(pending, final)
-        size = final.stat().st_size
-        previous = self.store.set_snapshot(conv_id, sha, size, len(kv.tokens), json.dumps(asdict(header)))
-        if previous and previous != sha and self.store.unreferenced(previous):
-            self.store.snapshot_path(previous).unlink(missing_ok=True)
-        pruned = self.store.prune_snapshots(budget_bytes) if budget_bytes > 0 else []
-        return SaveResult(sha, size, len(kv.tokens), time.perf_counter() - t0, pruned)
 
     def open(
         self, conv_id: int, messages: Sequence[dict[str, str]], on_progress: Callable[[int, int], None]
     ) -> OpenResult:
-        """Restore the conversation's snapshot, or re-read ``messages`` (the transcript) when it cannot be."""
+        """Restore the conversation's snapshot, or re-read ``messages`` (the transcript, as the engine
+        is sent it) when it cannot be."""
         t0 = time.perf_counter()
-        record = self.store.conversation(conv_id)
-        note = "no snapshot was saved"
+        record = self.db.call(lambda store: store.conversation(conv_id))
+        note, details = "no snapshot was saved", ""
         if record.snapshot is not None:
             try:
-                n = self._restore(record.snapshot.path, _recorded_scheme(record.snapshot.header_json))
-            except (SnapshotError, KvRestoreError, OSError) as err:
-                note = str(err)
+                n = self._restore(record.snapshot.path, record.snapshot.header_json, conv_id, messages)
+            except _Refused as refused:
+                note, details = refused.note, refused.details
             else:
-                self.store.touch_snapshot(conv_id)
-                return OpenResult("restored", "", n, time.perf_counter() - t0)
+                self.db.call(lambda store: store.touch_snapshot(conv_id))
+                return OpenResult(OpenHow.RESTORED, "", n, time.perf_counter() - t0)
         if not any(m["role"] != "system" for m in messages):
-            return OpenResult("empty", "", 0, time.perf_counter() - t0)
+            return OpenResult(OpenHow.EMPTY, "", 0, time.perf_counter() - t0)
         n = self.engine.rebuild_kv(messages, on_progress)
-        return OpenResult("rebuilt", note, n, time.perf_counter() - t0)
+        return OpenResult(OpenHow.REBUILT, note, n, time.perf_counter() - t0, details)
 
     def mismatch(self, header: SnapshotHeader) -> str | None:
         """Why a snapshot with this header cannot go into the loaded cache (None when it can)."""
@@ -167,7 +249,7 @@ class Persistence:
                 f"it was saved by an engine with state format {header.state_version}, "
                 f"this one uses {layout['state_version']}"
             )
-        if header.n_tokens > int(layout["n_ctx"]):
+        if header.n_tokens > int(layout["n_ctx"]):  # type: ignore[call-overload]
             return f"it holds {header.n_tokens} tokens, more than this context of {layout['n_ctx']}"
         if not _layout_fits(header, layout):
             return (
@@ -177,31 +259,75 @@ class Persistence:
             )
         return None
 
-    def _restore(self, path: Path, scheme: str) -> int:
-        """``scheme`` is the protection recorded in the database when the snapshot was saved: a file
-        whose own header claims another one (e.g. a forged unencrypted file) is refused."""
+    def _restore(
+        self, path: Path, header_json: str, conv_id: int, messages: Sequence[dict[str, str]]
+    ) -> int:
+        """``header_json`` is the header the database recorded when the snapshot was saved: a file
+        with any other header (a forged unencrypted one, an older snapshot, another conversation's)
+        is refused, and so is one that holds anything but exactly ``messages``."""
         if not path.exists():
-            raise SnapshotError("its snapshot file is missing")
+            raise _Refused("its snapshot file is missing")
         try:
             header = read_header(path)
-        except SnapshotVersionError as err:
-            raise SnapshotError(f"it was saved by a newer LazyKV Chat (format > {FORMAT_VERSION})") from err
-        if header.encryption != scheme:
-            raise SnapshotError("its snapshot file is not the one saved (its protection differs)")
-        reason = self.mismatch(header)
-        if reason:
-            raise SnapshotError(reason)
-        header, tokens, state = read_snapshot(path, self.crypto.key_for_reading(header))
-        self.engine.restore_kv(tokens, state)
+            _check_binding(header, header_json, conv_id, messages)
+            reason = self.mismatch(header)
+            if reason:
+                raise _Refused(reason)
+            crypto = self._crypto or Crypto(Encryption.NONE)
+            _, tokens, state = read_snapshot(path, crypto.key_for_reading(header))
+            self.engine.restore_kv(tokens, state)
+        except (SnapshotError, KvRestoreError, OSError) as err:
+            raise _refusal(err) from err
         return len(tokens)
 
 
-def _recorded_scheme(header_json: str) -> str:
+def _check_binding(
+    header: SnapshotHeader, header_json: str, conv_id: int, messages: Sequence[dict[str, str]]
+) -> None:
+    recorded = _recorded_header(header_json)
+    if recorded.get("encryption") != header.encryption:
+        raise _Refused("its snapshot file is not the one saved (its protection differs)")
+    if recorded != asdict(header):
+        raise _Refused("its snapshot file is not the one saved for it (replaced or older)")
+    if header.conversation_id != conv_id:
+        raise _Refused("its snapshot belongs to another conversation")
+    if header.n_messages != len(messages) or transcript_digest(messages) != header.transcript_sha256:
+        raise _Refused("its snapshot holds another version of this conversation")
+
+
+def _recorded_header(header_json: str) -> dict:
     try:
-        scheme = json.loads(header_json).get("encryption")
-    except (ValueError, AttributeError):
-        scheme = None
-    return scheme if isinstance(scheme, str) else "unknown"
+        recorded = json.loads(header_json)
+    except ValueError:
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def _refusal(err: Exception) -> _Refused:
+    """A one-line note for the user from an error; the error's own text goes to ``details``."""
+    details = str(err)
+    if isinstance(err, _Refused):
+        return err
+    if isinstance(err, SnapshotVersionError):
+        note = "its snapshot was saved by a newer LazyKV Chat"
+    elif isinstance(err, SnapshotOldFormatError):
+        note = "its snapshot was saved by an older LazyKV Chat"
+    elif isinstance(err, SnapshotAuthError):
+        note = "its snapshot could not be authenticated (wrong key, or the file was modified or damaged)"
+    elif isinstance(err, SnapshotCorruptError):
+        note = "its snapshot file is damaged"
+    elif isinstance(err, KvRestoreError):
+        note = "the engine could not take the saved state into this cache"
+    elif isinstance(err, OSError):
+        note = "its snapshot file could not be read"
+    else:
+        note = details
+    return _Refused(_one_line(note), details)
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= NOTE_MAX_CHARS else line[: NOTE_MAX_CHARS - 1] + "…"
 
 
 def _layout_fits(header: SnapshotHeader, layout: dict[str, object]) -> bool:
@@ -215,11 +341,3 @@ def _layout_fits(header: SnapshotHeader, layout: dict[str, object]) -> bool:
         return (header.n_rot_k, header.n_rot_v) == (layout["lazy_rot_k"], layout["lazy_rot_v"])
     saved_f16_unrotated = header.type_k == header.type_v == "f16" and not (header.n_rot_k or header.n_rot_v)
     return saved_f16_unrotated and layout["type_k"] == layout["type_v"] == "q8_0"
-
-
-def scheme_label(scheme: str) -> str:
-    return {
-        ENCRYPTION_KEYRING: "encrypted with a key in the OS keyring",
-        ENCRYPTION_PASSPHRASE: "encrypted with your passphrase",
-        ENCRYPTION_NONE: "not encrypted",
-    }[scheme]

@@ -31,6 +31,7 @@ import tempfile
 import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -39,12 +40,21 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 MAGIC = b"LKVSNAP\x00"
-FORMAT_VERSION = 1
+# 2: the header binds the snapshot to its conversation and the transcript it holds (format 1 files
+# are refused as older: the transcript is re-read and saved again in format 2)
+FORMAT_VERSION = 2
 
-ENCRYPTION_KEYRING = "aes-256-gcm/keyring"
-ENCRYPTION_PASSPHRASE = "aes-256-gcm/scrypt"
-ENCRYPTION_NONE = "none"
-ENCRYPTIONS = (ENCRYPTION_KEYRING, ENCRYPTION_PASSPHRASE, ENCRYPTION_NONE)
+
+class Encryption(StrEnum):
+    KEYRING = "aes-256-gcm/keyring"
+    PASSPHRASE = "aes-256-gcm/scrypt"
+    NONE = "none"
+
+
+ENCRYPTION_KEYRING = Encryption.KEYRING
+ENCRYPTION_PASSPHRASE = Encryption.PASSPHRASE
+ENCRYPTION_NONE = Encryption.NONE
+ENCRYPTIONS = tuple(Encryption)
 
 # the payload is a zlib stream; a KV cache's f16/q8_0 cells barely compress (~7% at level 1 for
 # SmolLM2) while inflating 20 MiB took 200+ ms of a resume and deflating 1.2 s of a save, so the
@@ -89,6 +99,10 @@ class SnapshotVersionError(SnapshotError):
     """The file was written in a newer format than this version understands."""
 
 
+class SnapshotOldFormatError(SnapshotError):
+    """The file was written in an older format that this version no longer opens."""
+
+
 class _Invalid(Exception):
     """A header field is out of range (turned into SnapshotCorruptError or ValueError)."""
 
@@ -108,6 +122,9 @@ class SnapshotHeader:
     state_version: int  # the engine's sequence-state format version
     n_tokens: int
     encryption: str  # one of ENCRYPTIONS
+    conversation_id: int  # the conversation it was saved for: another one's file is refused
+    n_messages: int  # how many of the conversation's messages (as sent to the engine) it holds
+    transcript_sha256: str  # transcript_digest() of those messages: an older or other transcript is refused
     kdf_salt: str = ""  # hex, only for ENCRYPTION_PASSPHRASE
     created: float = 0.0  # unix time
     format_version: int = FORMAT_VERSION
@@ -134,6 +151,11 @@ class SnapshotHeader:
             raise SnapshotVersionError(
                 f"This snapshot was made by a newer LazyKV Chat (snapshot format {version}; "
                 f"this version reads format {FORMAT_VERSION}). Update LazyKV Chat to open it."
+            )
+        if _is_int(version) and 0 < version < FORMAT_VERSION:
+            raise SnapshotOldFormatError(
+                f"This snapshot was made by an older LazyKV Chat (snapshot format {version}), "
+                "before snapshots were bound to their conversation; it is not opened."
             )
         try:
             _check_fields(obj)
@@ -192,6 +214,10 @@ def _check_fields(obj: dict[str, Any]) -> None:
     integer("n_rot_k", 0, 65536)
     integer("n_rot_v", 0, 65536)
     integer("state_version", 0, _UINT32_MAX)
+    integer("conversation_id", 1, 2**63 - 1)
+    integer("n_messages", 0, _UINT32_MAX)
+    if not isinstance(obj["transcript_sha256"], str) or not _HEX64.fullmatch(obj["transcript_sha256"]):
+        raise _Invalid("transcript_sha256 is not 64 lowercase hex digits")
     choice("type_k", CACHE_TYPES)
     choice("type_v", CACHE_TYPES)
     choice("kv_mode", KV_MODES)
@@ -211,6 +237,13 @@ def _check_fields(obj: dict[str, Any]) -> None:
         or created < 0
     ):
         raise _Invalid("created is not a time")
+
+
+def transcript_digest(messages: Sequence[dict[str, str]]) -> str:
+    """sha256 of the messages' roles and contents (canonical JSON): what a snapshot is bound to."""
+    canonical = [[m["role"], m["content"]] for m in messages]
+    text = json.dumps(canonical, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 # --- writing ---------------------------------------------------------------------------------------

@@ -30,13 +30,30 @@ from PySide6.QtWidgets import (
 from lazykv.core.conversation import Conversation
 from lazykv.core.engine import ModelInfo, SamplingSettings
 from lazykv.core.files import write_text_atomic
-from lazykv.core.keys import KeyringUnavailableError, load_or_create_key, new_salt
+from lazykv.core.keys import (
+    PASSPHRASE_FILE,
+    KeyringUnavailableError,
+    PassphraseError,
+    PassphraseLock,
+    UnlockedPassphrase,
+    load_or_create_key,
+)
 from lazykv.core.kinds import ExportFormat
 from lazykv.core.memory import fmt_bytes
 from lazykv.core.persistence import Crypto, OpenResult, SaveResult
 from lazykv.core.settings import Settings
 from lazykv.core.snapshot import ENCRYPTION_KEYRING, ENCRYPTION_NONE, ENCRYPTION_PASSPHRASE
-from lazykv.core.store import ConversationRecord, ConversationSummary, Store
+from lazykv.core.store import (
+    Cleanup,
+    ConversationRecord,
+    ConversationSummary,
+    Database,
+    Deleted,
+    Store,
+    Synced,
+    data_dir,
+    new_uid,
+)
 from lazykv.qt.background import Background
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.operations import EngineClient
@@ -57,6 +74,7 @@ class ConversationsHost(Protocol):
 
     conversations_panel: ConversationsPanel
     background: Background
+    database: Database
     engine: EngineClient
     model_info: ModelInfo | None
     settings: Settings
@@ -76,11 +94,14 @@ class ConversationsHost(Protocol):
 
 
 class SavedAs:
-    """Where a chat is saved. Only database jobs set ``id`` (they run one at a time, in order), so a
-    second save queued behind a slow first one finds the conversation the first one created."""
+    """Where a chat is saved. Only database jobs set ``id`` and ``synced`` (they run one at a time, in
+    order, on the database thread), so a second save queued behind a slow first one finds the
+    conversation the first one created; ``uid`` makes that so in the database itself."""
 
-    def __init__(self, conv_id: int | None = None) -> None:
+    def __init__(self, conv_id: int | None = None, uid: str | None = None, synced: int = 0) -> None:
         self.id = conv_id
+        self.uid = uid or new_uid()
+        self.synced = synced  # how many of the chat's saved turns the database holds
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,6 +119,7 @@ class _Persisted:
     conv_id: int
     created: bool
     summary: ConversationSummary | None
+    synced: Synced
 
 
 class Conversations(QObject):
@@ -118,7 +140,7 @@ class Conversations(QObject):
         self.private = False
         self.crypto: Crypto | None = None
         self.last_saved: SaveResult | None = None
-        self._store: Store | None = None  # lives on the background thread
+        self._keyring = Background(self)  # its own thread: a keyring that hangs holds up no database job
         self._deleted: ConversationRecord | None = None
         self._opening: int | None = None  # the id being read from the database to open
         self.resume: OpenConversation | None = None  # the engine request resuming the chat on screen
@@ -150,23 +172,25 @@ class Conversations(QObject):
     def call(self, fn: Callable[[Store], Any], on_done: Callable[[Any], None] | None = None,
              what: str = "The conversation database",
              on_error: Callable[[Exception], None] | None = None) -> None:
-        def job() -> Any:
-            if self._store is None:
-                self._store = Store()
-            return fn(self._store)
-
         def failed(err: Exception) -> None:
             self.host.show_error(f"{what} failed", str(err) or type(err).__name__)
 
-        self.host.background.run(job, on_done, on_error or failed, what)
+        database = self.host.database  # the process's one connection; the pool thread waits, not the GUI
+        self.host.background.run(lambda: database.call(fn), on_done, on_error or failed, what)
 
-    def close(self) -> None:
-        def job() -> None:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
+    def start_up(self) -> None:
+        """Remove what interrupted saves left (also when snapshots are off), saying what went; say so
+        when the history is read-only."""
+        def done(answer: tuple[Cleanup, str]) -> None:
+            cleanup, notice = answer
+            if notice:
+                self.host.show_error("The conversation history is read-only", notice)
+            elif cleanup.orphans or cleanup.unfinished:
+                self.host.statusBar().showMessage(
+                    f"Removed {cleanup.unfinished} unfinished and {cleanup.orphans} orphaned snapshot "
+                    f"files ({fmt_bytes(cleanup.freed_bytes)})", 10_000)
 
-        self.host.background.run(job, what="Closing the conversation database")
+        self.call(lambda s: (s.clean_up(), s.notice), done, "Opening the conversation history")
 
     # -- the chat on screen -------------------------------------------------------------------------
 
@@ -205,22 +229,23 @@ class Conversations(QObject):
         system = chat.conversation.system_prompt
         settings = self._conversation_settings()
         saved = chat.saved
+        messages = chat.conversation.messages()  # what the KV cache holds: the snapshot's binding
 
         def job(store: Store) -> _Persisted:
-            created = saved.id is None
-            if saved.id is None:
-                saved.id = store.create_conversation(title_from(turns), system, settings)
-            store.replace_messages(saved.id, turns)
-            store.set_system_prompt(saved.id, system)
-            store.set_settings(saved.id, settings)
-            return _Persisted(saved.id, created, _summary(store, saved.id))
+            # appended, or compare-and-swapped for an edit or a taken-back turn: never replaced wholesale
+            result = store.sync_transcript(saved.uid, turns, saved.synced, title=title_from(turns),
+                                           system_prompt=system, settings=settings, create=saved.id is None)
+            saved.id, saved.synced = result.id, len(result.messages)
+            return _Persisted(result.id, result.created, _summary(store, result.id), result)
 
         def done(persisted: _Persisted) -> None:
             if persisted.summary is not None:
                 self.host.conversations_panel.upsert(persisted.summary, selected=self.chat.saved is saved)
             self.saved.emit(persisted.conv_id)
-            if snapshot and self.chat.saved is saved:
-                self._save_snapshot(persisted.conv_id)
+            if persisted.synced.merged and self.chat.saved is saved:
+                self._adopt(persisted.synced.messages)
+            elif snapshot and self.chat.saved is saved and chat.first_saved == 0:  # no private turns
+                self._save_snapshot(persisted.conv_id, messages)
 
         self.call(job, done, "Saving the conversation")
 
@@ -236,7 +261,7 @@ class Conversations(QObject):
         saved = chat.saved
 
         def job(store: Store) -> int | None:  # after the turn's own save, which may still be queued
-            removed, saved.id = saved.id, None
+            removed, saved.id, saved.synced = saved.id, None, 0
             if removed is not None:
                 store.delete(removed)
             return removed
@@ -256,12 +281,24 @@ class Conversations(QObject):
             "sampling": dataclasses.asdict(self.host.sampling()),
         }
 
-    def _save_snapshot(self, conv_id: int) -> None:
+    def _adopt(self, stored: list[dict[str, str]]) -> None:
+        """Another LazyKV Chat wrote turns into this conversation: they were kept, so show them."""
+        chat = self.chat
+        conversation = Conversation(chat.conversation.system_prompt)
+        for message in [*chat.conversation.turns()[: chat.first_saved], *stored]:
+            if message["role"] != "system":
+                conversation.add(message["role"], message["content"])
+        chat.conversation = conversation
+        self.host.show_chat(None)
+        self.host.statusBar().showMessage(
+            "Another LazyKV Chat window added turns to this conversation; they are shown here.", 10_000)
+
+    def _save_snapshot(self, conv_id: int, messages: list[dict[str, str]]) -> None:
         if self.crypto is None or self.host.model_info is None:
             return
         budget = self.host.setting("snapshot_budget_mb") * 1024 * 1024
-        self.host.engine.submit(SaveSnapshot(conv_id, budget), lambda r: self._snapshot_saved(conv_id, r),
-                                self._snapshot_failed)
+        self.host.engine.submit(SaveSnapshot(conv_id, messages, budget),
+                                lambda r: self._snapshot_saved(conv_id, r), self._snapshot_failed)
 
     def _snapshot_saved(self, conv_id: int, result: SaveResult | None) -> None:
         if result is None:
@@ -307,7 +344,7 @@ class Conversations(QObject):
             return  # another chat was chosen, or this one deleted, while it was read
         self._opening = None
         self._cancel_resume()
-        self.chat = Chat(conversation, SavedAs(record.id))
+        self.chat = Chat(conversation, SavedAs(record.id, record.uid, len(record.messages)))
         self.host.show_chat(record.title)
         self.host.conversations_panel.select(record.id)
         if self.host.model_info is None:
@@ -379,8 +416,8 @@ class Conversations(QObject):
             self.host.stop_reply()
             self.new_chat(self.chat.conversation.system_prompt)
 
-        def done(record: ConversationRecord) -> None:
-            self._deleted = record
+        def done(deleted: Deleted) -> None:
+            record = self._deleted = deleted.record
             self.host.statusBar().showMessage(f"Deleted “{record.title}”", self._undo_ms)
             self.undo_button.show()
             self._undo_timer.start(self._undo_ms)
@@ -443,8 +480,7 @@ class Conversations(QObject):
             def use_key(key: bytes) -> None:
                 self._use(Crypto(ENCRYPTION_KEYRING, key))
 
-            self.host.background.run(load_or_create_key, use_key, self._keyring_missing,
-                                     "Reading the keyring")
+            self._keyring.run(load_or_create_key, use_key, self._keyring_missing, "Reading the keyring")
 
     def _use(self, crypto: Crypto | None) -> None:
         self.crypto = crypto
@@ -485,17 +521,40 @@ class Conversations(QObject):
         dialog.textValueSelected.connect(self.use_passphrase)
         dialog.open()
 
-    def use_passphrase(self, passphrase: str) -> None:
+    def use_passphrase(self, passphrase: str, confirmation: str | None = None) -> None:
+        """Unlock with the chosen passphrase (a wrong one is asked again), or choose it, typed twice:
+        nothing is ever written under an unchecked passphrase."""
         if not passphrase:
             self._use(None)
             return
-        settings = self.host.settings
-        salt_hex = settings["passphrase_salt"]
-        if not salt_hex:
-            salt_hex = new_salt().hex()
-            settings.set("passphrase_salt", salt_hex)
-            self.host.save_settings()
-        self._use(Crypto(ENCRYPTION_PASSPHRASE, passphrase=passphrase, salt=bytes.fromhex(salt_hex)))
+        lock = PassphraseLock(data_dir() / PASSPHRASE_FILE)
+        if not lock.is_set() and confirmation is None:
+            self._confirm_passphrase(passphrase)
+            return
+        salt_hex = self.host.settings["passphrase_salt"]  # kept: snapshots saved before the verifier
+
+        def check() -> UnlockedPassphrase:
+            if lock.is_set():
+                return lock.unlock(passphrase)
+            return lock.create(passphrase, confirmation or "", bytes.fromhex(salt_hex) if salt_hex else None)
+
+        def refused(err: Exception) -> None:
+            self.host.show_error("The passphrase was not accepted", str(err))
+            if isinstance(err, PassphraseError):
+                self.ask_passphrase()
+
+        self.host.background.run(check, lambda unlocked: self._use(Crypto(ENCRYPTION_PASSPHRASE,
+                                 unlocked=unlocked)), refused, "Checking the passphrase")  # fmt: skip
+
+    def _confirm_passphrase(self, passphrase: str) -> None:
+        dialog = QInputDialog(self._dialogs)
+        dialog.setObjectName("passphrase-confirm-dialog")
+        dialog.setWindowTitle("Confirm the passphrase")
+        dialog.setLabelText("Type the new passphrase again:")
+        dialog.setTextEchoMode(QLineEdit.EchoMode.Password)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.textValueSelected.connect(lambda again: self.use_passphrase(passphrase, again))
+        dialog.open()
 
 
 def _load(store: Store, conv_id: int) -> tuple[ConversationRecord, Conversation]:

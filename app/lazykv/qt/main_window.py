@@ -44,6 +44,7 @@ from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
 from lazykv.core.model_fetch import models_dir
 from lazykv.core.persistence import OpenResult
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
+from lazykv.core.store import Database
 from lazykv.qt import theme, window_state
 from lazykv.qt.background import Background
 from lazykv.qt.chat_input import ChatInput
@@ -136,6 +137,7 @@ class MainWindow(QMainWindow):
         self.background = Background(self, self.ops)
         self.background.unhandled.connect(lambda what, err: self.show_error(f"{what} failed", str(err)))
 
+        self.database = Database()  # the process's one connection to the conversation database
         self._build_ui()
         theme.apply(QApplication.instance(), self.setting("theme"))
         window_state.restore(self)
@@ -154,6 +156,7 @@ class MainWindow(QMainWindow):
         self.show_chat(None)
         if reopen_last:
             self.conversations_panel.listed.connect(self._open_last_conversation)
+        self.conversations.start_up()
         self.conversations.refresh()
         self.conversations.setup_crypto()
         if self.settings.problems:
@@ -425,7 +428,7 @@ class MainWindow(QMainWindow):
     def _start_worker(self, session: EngineSession | None) -> None:
         self._thread = QThread(self)
         self._thread.setObjectName("lazykv-engine")
-        self._worker = EngineWorker(session)
+        self._worker = EngineWorker(self.database, session)
         self._worker.moveToThread(self._thread)
         self._thread.finished.connect(self._worker.deleteLater)
         self.shutdown_requested.connect(self._worker.shutdown)
@@ -846,7 +849,6 @@ class MainWindow(QMainWindow):
             print(f"lazykv: finishing before exit: {', '.join(waiting)}", file=sys.stderr)
         self._worker.close()
         self.engine.close()
-        self.conversations.close()
         deadline = QDeadlineTimer(self.timings.shutdown_deadline_ms)
         disk_done = self.background.wait(max(0, deadline.remainingTime()))
         engine_done = not self._thread.isRunning()
@@ -855,7 +857,8 @@ class MainWindow(QMainWindow):
             engine_done = self._thread.wait(deadline)
         if not engine_done:
             print("lazykv: the engine did not stop in time; exiting without it", file=sys.stderr)
-        self._shut_down = disk_done and engine_done
+        database_done = self.database.close(max(500, deadline.remainingTime()) / 1000)
+        self._shut_down = disk_done and engine_done and database_done
         return self._shut_down
 
     def closeEvent(self, event: QCloseEvent) -> None:

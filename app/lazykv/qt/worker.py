@@ -28,8 +28,8 @@ from lazykv.core.engine import (
 )
 from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, ConversionStage, KvMode
 from lazykv.core.persistence import Crypto, Persistence
-from lazykv.core.snapshot import ENCRYPTION_NONE, SnapshotError
-from lazykv.core.store import Store, StoreError, data_dir
+from lazykv.core.snapshot import SnapshotError
+from lazykv.core.store import Database, StoreError, data_dir
 
 STATUS_INTERVAL_S = 0.1  # kv_status while streaming, at most this often
 
@@ -96,6 +96,7 @@ class SetCrypto(Request):
 class SaveSnapshot(Request):
     what: ClassVar[str] = "Saving the KV snapshot"
     conv_id: int
+    messages: list[dict[str, str]]  # what the cache holds (Conversation.messages()): the snapshot's binding
     budget_bytes: int
 
 
@@ -134,12 +135,13 @@ class EngineWorker(QObject):
     conversion = Signal(object)  # ConversionEvent, also when a conversion happens inside a reply
     _queued = Signal(object)
 
-    def __init__(self, session: EngineSession | None = None) -> None:
+    def __init__(self, database: Database, session: EngineSession | None = None) -> None:
         super().__init__()
         self._session = session if session is not None else EngineSession()
         self._session.set_conversion_listener(self._on_conversion)
-        self._crypto: Crypto | None = None  # None: snapshots are not saved
-        self._persistence: Persistence | None = None
+        # owns the snapshot crypto (None: snapshots are not saved, no key kept); the database is the
+        # process's one (the window's)
+        self._persistence = Persistence(database, self._session, data_dir() / "fingerprints.json")
         self._closing = threading.Event()
         self._running: Request | None = None
         self._handlers: dict[type[Request], Callable[[Any], Any]] = {
@@ -214,40 +216,23 @@ class EngineWorker(QObject):
         return self._session.convert_kv_now()
 
     def _set_crypto(self, request: SetCrypto) -> None:
-        self._crypto = request.crypto
-        if self._persistence is not None:  # None: no key kept for reading either
-            self._persistence.crypto = request.crypto or Crypto(ENCRYPTION_NONE)
+        self._persistence.set_crypto(request.crypto)  # None: no key kept for reading either
 
     def _save_snapshot(self, request: SaveSnapshot) -> Any:
         """After a completed reply: the conversation's KV cache into its snapshot file (None: not saved)."""
-        persistence = self._persistence_or_none()
-        if persistence is None:
+        if self._persistence.crypto is None:
             return None
-        return persistence.save(request.conv_id, request.budget_bytes)
+        return self._persistence.save(request.conv_id, request.messages, request.budget_bytes)
 
     def _open(self, request: OpenConversation) -> Any:
-        persistence = self._persistence_or_none(any_crypto=True)
-        assert persistence is not None
-        return persistence.open(request.conv_id, request.messages,
-                                lambda done, total: self.progress.emit(request, (done, total)))
+        return self._persistence.open(request.conv_id, request.messages,
+                                      lambda done, total: self.progress.emit(request, (done, total)))
 
     @Slot()
     def shutdown(self) -> None:
-        """Free the model and the database connection, then end the worker's thread's event loop."""
+        """Free the model, then end the worker's thread's event loop (the window closes the database)."""
         self._session.close()
-        if self._persistence is not None:
-            self._persistence.store.close()
         QThread.currentThread().quit()
-
-    def _persistence_or_none(self, any_crypto: bool = False) -> Persistence | None:
-        """The persistence of this thread (its own database connection), made on first use."""
-        if self._crypto is None and not any_crypto:
-            return None
-        if self._persistence is None:
-            store = Store()
-            crypto = self._crypto or Crypto(ENCRYPTION_NONE)
-            self._persistence = Persistence(store, self._session, crypto, data_dir() / "fingerprints.json")
-        return self._persistence
 
     def _emit_status(self) -> None:
         try:

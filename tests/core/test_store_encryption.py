@@ -1,0 +1,121 @@
+"""The conversation database encrypted at rest (SQLCipher): search works, a plain database is encrypted
+in place crash-safely, a wrong or missing key is refused with a sentence, files stay owner-only."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from lazykv.core import store as store_module
+from lazykv.core.keys import database_key
+from lazykv.core.store import Store, StoreLockedError, new_uid
+
+KEY = database_key(bytes(range(32)))
+SECRET = "the secret word is pomegranate"
+
+
+def _fill(store: Store) -> int:
+    conv = store.sync_transcript(new_uid(), [{"role": "user", "content": SECRET}], 0, title="Fruit",
+                                 create=True).id  # fmt: skip
+    store.append_message(conv, "assistant", "noted")
+    return conv
+
+
+def _all_bytes(tmp_path: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+
+
+def test_an_encrypted_database_keeps_no_plain_text_and_still_searches(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
+    try:
+        conv = _fill(store)
+        assert [s.id for s in store.search("pomegr")] == [conv]  # full-text search, prefix included
+        assert store.search("fruit")[0].snippet == "[Fruit]"
+        assert b"pomegranate" not in _all_bytes(tmp_path) and b"SQLite format 3" not in _all_bytes(tmp_path)
+        for path in tmp_path.glob("c.sqlite3*"):
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    finally:
+        store.close()
+    again = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
+    try:
+        assert again.messages(conv)[0]["content"] == SECRET
+    finally:
+        again.close()
+
+
+def test_a_plain_database_is_encrypted_in_place(tmp_path: Path) -> None:
+    plain = Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
+    conv = _fill(plain)
+    plain.close()
+    assert b"pomegranate" in (tmp_path / "c.sqlite3").read_bytes()
+    store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
+    try:
+        assert store.messages(conv)[0]["content"] == SECRET and store.conversation(conv).title == "Fruit"
+        assert [s.id for s in store.search("pomegranate")] == [conv]
+        store.append_message(conv, "user", "after the migration")
+    finally:
+        store.close()
+    assert b"pomegranate" not in _all_bytes(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.sqlite3", "snaps"]
+
+
+def test_a_crash_during_the_migration_leaves_the_plain_database_and_is_redone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
+    conv = _fill(plain)
+    plain.close()
+    before = (tmp_path / "c.sqlite3").read_bytes()
+
+    def crash(src: object, dst: object) -> None:
+        raise OSError("killed before the rename")
+
+    monkeypatch.setattr(store_module.os, "replace", crash)
+    with pytest.raises(Exception, match="killed before the rename"):
+        Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
+    monkeypatch.undo()
+    assert (tmp_path / "c.sqlite3").read_bytes() == before  # untouched; the side file is a leftover
+    store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
+    try:
+        assert store.messages(conv)[0]["content"] == SECRET
+    finally:
+        store.close()
+    assert not (tmp_path / "c.sqlite3.encrypting").exists()
+
+
+def test_a_wrong_or_missing_key_is_refused_with_a_sentence_and_changes_nothing(tmp_path: Path) -> None:
+    Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY).close()
+    before = (tmp_path / "c.sqlite3").read_bytes()
+    with pytest.raises(StoreLockedError, match="could not be unlocked with this key"):
+        Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=database_key(bytes(32)))
+    with pytest.raises(StoreLockedError, match="encrypted and no key was given"):
+        Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
+    assert (tmp_path / "c.sqlite3").read_bytes() == before
+
+
+def test_an_encrypted_database_opens_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
+    conv = _fill(writer)
+    writer.close()
+    monkeypatch.setattr(store_module.os, "access", lambda path, mode: not mode & os.W_OK)
+    store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
+    try:
+        assert store.read_only and store.messages(conv)[0]["content"] == SECRET
+    finally:
+        store.close()
+
+
+def test_the_database_owner_switches_to_the_key_in_order(tmp_path: Path) -> None:
+    from lazykv.core.store import Database
+
+    db = Database(tmp_path / "c.sqlite3", tmp_path / "snaps")
+    try:
+        conv = db.call(_fill)
+        db.set_key(KEY)  # queued: the next operation opens (and encrypts) with it
+        assert db.call(lambda s: (s.encrypted, s.messages(conv)[0]["content"])) == (True, SECRET)
+        assert b"pomegranate" not in _all_bytes(tmp_path)
+    finally:
+        db.close(10)
