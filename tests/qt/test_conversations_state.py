@@ -144,7 +144,9 @@ def test_reopening_rebuilds_and_the_banner_can_stop_it(
     fake.release()
     with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS) as opened:
         pass
-    assert opened.args[1].how == "rebuilt" and "the test refuses the snapshot" in w.resume_note
+    result = opened.args[1]
+    assert result.how == "rebuilt" and "the test refuses the snapshot" in result.details
+    assert result.note in w.resume_note and "the test refuses" not in w.resume_note  # one plain line
     w.new_chat()
     held(qtbot, fake, lambda: w.conversations.open(conv))
     qtbot.waitUntil(lambda: w.banner.stop_button.isVisible(), timeout=WAIT_MS)
