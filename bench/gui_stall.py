@@ -35,7 +35,7 @@ def main() -> int:
 
     from lazykv.__main__ import default_model_path
     from lazykv.core.settings import Settings
-    from lazykv.core.store import Store
+    from lazykv.core.store import new_uid
     from lazykv.qt.main_window import MainWindow
     from lazykv.qt.stall_meter import StallMeter
 
@@ -77,10 +77,8 @@ def main() -> int:
     measure(f"code-heavy Markdown reply streamed ({len(stream.pieces)} pieces, {len(stream.text) // 1024} KB,"
             f" {stream.text.count('```') // 2} code blocks, a piece every {TOKEN_INTERVAL_MS} ms)",
             stream.start, stream.done)
-    store = Store()
-    long_id = store.create_conversation("A long conversation")
-    store.replace_messages(long_id, long_conversation(LONG_CONVERSATION))
-    store.close()
+    long_id = window.database.call(lambda store: store.sync_transcript(
+        new_uid(), long_conversation(LONG_CONVERSATION), 0, title="A long conversation", create=True)).id
     measure(f"open a saved {LONG_CONVERSATION:,}-message conversation (read, shown, resume started; 1.5 s)",
             lambda: window.conversations.open(long_id), _timer_signal(app, 1500))
     measure(f"scroll to the top of the {LONG_CONVERSATION:,}-message conversation, 20 times",
