@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
 import random
@@ -208,20 +209,28 @@ def _kv_cache_params(kv_mode: KvMode, flash_attn: bool) -> dict[str, object]:
 
 class _AbortWatch:
     """The context's abort callback: a decode in progress stops between graph nodes once the watched
-    token is set (llama_decode then returns 2 and keeps the micro-batches it finished)."""
+    token is set (llama_decode then returns 2 and keeps the micro-batches it finished).
+
+    Installed only around long decodes (a prompt being read, a transcript re-read): the callback is
+    Python, called once per graph node, and needs the GIL each time; while tokens stream, the GUI
+    thread runs Python and the reply is stopped between pieces instead."""
 
     def __init__(self, ctx: llama_cpp.llama_context_p, token: Callable[[], threading.Event | None]) -> None:
         self._ctx = ctx
         self._token = token
-        self._callback = llama_cpp.ggml_abort_callback(self._aborted)  # kept alive while installed
-        llama_cpp.llama_set_abort_callback(ctx, self._callback, None)
+        self._callback = llama_cpp.ggml_abort_callback(self._aborted)  # kept alive with this object
 
     def _aborted(self, _data: ctypes.c_void_p) -> bool:
         token = self._token()
         return token is not None and token.is_set()
 
-    def remove(self) -> None:
-        llama_cpp.llama_set_abort_callback(self._ctx, llama_cpp.ggml_abort_callback(), None)
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        llama_cpp.llama_set_abort_callback(self._ctx, self._callback, None)
+        try:
+            yield
+        finally:
+            llama_cpp.llama_set_abort_callback(self._ctx, llama_cpp.ggml_abort_callback(), None)
 
 
 def default_threads() -> int:
@@ -426,8 +435,10 @@ class EngineSession:
         stopped = "stopped before the conversation was read to the end"
         if self._cancel is not None and self._cancel.is_set():
             raise CancelledError(stopped)
+        assert self._abort is not None
         try:
-            llama.eval(tokens)
+            with self._abort.installed():
+                llama.eval(tokens)
         except RuntimeError as err:  # llama_decode returned 2: aborted
             if self._cancel is not None and self._cancel.is_set():
                 raise CancelledError(stopped) from err
@@ -499,7 +510,10 @@ class EngineSession:
                 max_tokens=max_tokens if max_tokens else -1,
             )
             try:
-                for chunk in chunks:
+                assert self._abort is not None
+                with self._abort.installed():  # the prompt is read inside the first step
+                    first = next(chunks, None)
+                for chunk in itertools.chain([first] if first is not None else [], chunks):
                     if cancel.is_set():
                         finish_reason = FinishReason.CANCELLED
                         break
@@ -525,8 +539,6 @@ class EngineSession:
         if self._llama is not None:
             if self._info is not None and self._info.kv_mode is KvMode.LAZY:
                 self._llama.set_kv_lazy_progress_callback(None)
-            if self._abort is not None:
-                self._abort.remove()
             self._llama.close()
         self._llama, self._info, self._formatter, self._last_prompt = None, None, None, None
         self._abort = None
