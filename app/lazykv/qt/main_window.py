@@ -42,7 +42,7 @@ from lazykv.core.engine import (
 from lazykv.core.idle import IDLE_DELAY_S, wants_idle_conversion
 from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
 from lazykv.core.model_fetch import models_dir
-from lazykv.core.persistence import OpenResult
+from lazykv.core.persistence import OpenHow, OpenResult
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 from lazykv.core.store import Database
 from lazykv.qt import theme, window_state
@@ -808,9 +808,9 @@ class MainWindow(QMainWindow):
                 self.resume_note = "Stopped re-reading; the next reply reads the rest of the conversation"
                 self.statusBar().showMessage(self.resume_note, 10_000)
             return
-        if result.how == "restored":
+        if result.how is OpenHow.RESTORED:
             text = f"Resumed from the snapshot: {result.n_tokens} tokens in {1000 * result.seconds:.0f} ms"
-        elif result.how == "rebuilt":
+        elif result.how is OpenHow.REBUILT:
             text = (f"Re-read from the transcript ({result.n_tokens} tokens in {result.seconds:.1f} s) "
                     f"because {result.note}")
         else:
