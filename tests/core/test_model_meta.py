@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import replace
 from pathlib import Path
 
 import llama_cpp
 import pytest
 
-from lazykv.core.memory import Fit, estimate, fmt_bytes, process_rss
-from lazykv.core.model_meta import GGUFError, padded_ctx, read_model_meta
+from lazykv.core.memory import MAX_BYTES, Fit, estimate, fmt_bytes, process_rss
+from lazykv.core.model_meta import GGML_BLOCKS, GGUFError, padded_ctx, read_model_meta
 from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
 
 
@@ -96,7 +97,26 @@ def test_estimate_is_coloured_against_available_ram(smollm2_path: Path) -> None:
     assert estimate(meta, 4096, "lazy", 10**12).kv_cache < estimate(meta, 4096, "f16", 10**12).kv_cache
 
 
+def test_estimate_never_raises_on_absurd_values(smollm2_path: Path) -> None:
+    """It runs on the GUI thread: 1e308 (a float in a crafted file) used to raise OverflowError."""
+    absurd = replace(read_model_meta(smollm2_path), n_embd=1e308, head_k=10**400, n_layer=float("nan"),
+                     n_vocab=-1)
+    for kv_mode in ("f16", "q8_0", "lazy"):
+        est = estimate(absurd, 10**30, kv_mode, available=10**10)
+        assert est.fit is Fit.RED and est.total <= MAX_BYTES
+        assert "GiB" in est.summary()
+
+
 def test_helpers() -> None:
     assert padded_ctx(1) == 256 and padded_ctx(1000) == 1024 and padded_ctx(4096) == 4096
     assert fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(3 * 1024**3) == "3.0 GiB"
     assert process_rss() > 10 * 1024 * 1024
+
+
+def test_ggml_block_sizes_are_the_engines() -> None:
+    """model_meta's table (to find files shorter than their tensors) is ggml's own, type by type."""
+    lib = ctypes.CDLL(str(next((Path(llama_cpp.__file__).parent / "lib").glob("libggml-base.*"))))
+    lib.ggml_blck_size.restype, lib.ggml_blck_size.argtypes = ctypes.c_int64, [ctypes.c_int]
+    lib.ggml_type_size.restype, lib.ggml_type_size.argtypes = ctypes.c_size_t, [ctypes.c_int]
+    engine = {t: (lib.ggml_blck_size(t), lib.ggml_type_size(t)) for t in range(max(GGML_BLOCKS) + 1)}
+    assert GGML_BLOCKS == {t: sizes for t, sizes in engine.items() if sizes[0] > 0}

@@ -187,7 +187,7 @@ def read_checked_meta(path: Path) -> ModelMeta:
     try:
         return read_model_meta(path)
     except GGUFError as err:
-        raise ModelFileError(str(err)) from err
+        raise ModelFileError(str(err), err.details) from err
 
 
 def _kv_mode(kv_mode: str) -> KvMode:

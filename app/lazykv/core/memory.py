@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import enum
+import math
 import os
 import resource
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lazykv.core.model_meta import ModelMeta, padded_ctx
+from lazykv.core.model_meta import Q8_0_BLOCK, ModelMeta, padded_ctx
 
 MiB = 1024 * 1024
 N_UBATCH = 512  # llama-cpp-python's default micro-batch
 BASE_OVERHEAD = 40 * MiB  # engine, Python and Qt on top of weights, KV cache and compute buffers
 GREEN_BELOW = 0.6  # share of the available RAM
 YELLOW_BELOW = 0.9
+MAX_BYTES = 1 << 60  # no figure goes above this (1 EiB): more than any machine has
 
 
 class Fit(enum.Enum):
@@ -47,15 +49,32 @@ def estimate(meta: ModelMeta, n_ctx: int, kv_mode: str, available: int | None = 
     The KV cache is exact (as the engine allocates it: n_ctx padded to 256 cells, a lazy
     cache as q8_0); the compute buffers are an approximation for the CPU backend: the
     attention and feed-forward activations of one micro-batch plus the output logits.
+    Whole-number arithmetic, each figure capped at ``MAX_BYTES``: it runs on the GUI thread
+    and must not raise whatever a file declares.
     """
-    kv = int(padded_ctx(n_ctx) * meta.kv_bytes_per_cell(kv_mode))
-    activations = 4 * N_UBATCH * (4 * meta.n_embd + meta.n_head * 64)
-    compute = activations + 4 * meta.n_vocab * 2 + BASE_OVERHEAD
-    total = meta.file_size + kv + compute
+    per_cell = _whole(meta.n_layer) * _whole(meta.n_head_kv) * (_whole(meta.head_k) + _whole(meta.head_v))
+    elements = padded_ctx(_whole(n_ctx)) * per_cell  # K and V elements over all layers
+    kv = _capped(elements * 2 if kv_mode == "f16" else elements * (2 + Q8_0_BLOCK) // Q8_0_BLOCK)
+    activations = 4 * N_UBATCH * (4 * _whole(meta.n_embd) + _whole(meta.n_head) * 64)
+    compute = _capped(activations + 4 * _whole(meta.n_vocab) * 2 + BASE_OVERHEAD)
+    total = _capped(_whole(meta.file_size) + kv + compute)
     available = available_ram() if available is None else available
     share = total / available if available > 0 else float("inf")
     fit = Fit.GREEN if share < GREEN_BELOW else Fit.YELLOW if share < YELLOW_BELOW else Fit.RED
-    return Estimate(meta.file_size, kv, compute, total, available, fit)
+    return Estimate(_whole(meta.file_size), kv, compute, total, available, fit)
+
+
+def _whole(x: float) -> int:
+    """``x`` as a whole number of at most MAX_BYTES (NaN and negative values count as 0)."""
+    if isinstance(x, float):
+        if math.isnan(x) or x <= 0:
+            return 0
+        return MAX_BYTES if x >= MAX_BYTES else int(x)
+    return _capped(max(0, x))
+
+
+def _capped(n: int) -> int:
+    return min(n, MAX_BYTES)
 
 
 def available_ram() -> int:

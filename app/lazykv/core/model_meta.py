@@ -2,12 +2,18 @@
 
 Used before loading: to show what a model is, to say whether a q8_0 or lazy KV cache can
 work with it (and why not), and to estimate the memory a model × context × KV mode needs.
+
+It is also the gate in front of llama.cpp: llama.cpp aborts the process (``GGML_ASSERT``)
+on some implausible hyper-parameters, so every file is read here first, in bounded memory
+and time whatever it declares, and refused with one sentence unless its header parses and
+its hyper-parameters are within what a real model has.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,13 +29,90 @@ _SCALARS = {
     0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
     6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
 }
+_INTEGERS = frozenset({0, 1, 2, 3, 4, 5, 10, 11})
 _STRING, _ARRAY = 8, 9
 _MAX_STRING = 1 << 24  # a longer metadata string means a damaged file
-_MAX_COUNT = 1 << 32
+_MAX_KEY = 1 << 16
+_MAX_KV = 1 << 16  # metadata entries (real models: under a hundred)
+_MAX_TENSORS = 1 << 20  # tensors (real models: a few thousand)
+_MAX_TENSOR_NAME = 64  # ggml's GGML_MAX_NAME
+_MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+_MAX_KEPT_ARRAY = 4096  # per-layer arrays longer than this are only counted
+_MAX_KEPT_KEYS = 256  # hyper-parameter keys kept (a real model has ~20)
+_MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, a one-byte value
+_MIN_TENSOR_BYTES = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type, offset
+
+# the engine's own limits (llama-hparams.h), beyond which it aborts instead of failing
+LLAMA_MAX_LAYERS = 512
+LLAMA_MAX_EXPERTS = 1024
+ROPE_SCALING_TYPES = frozenset({"none", "linear", "yarn", "longrope"})
+
+# hyper-parameters read after "<architecture>.": what they are called in a sentence, and bounds
+_HPARAMS: dict[str, tuple[str, int, int]] = {
+    "block_count": ("{} layers", 1, LLAMA_MAX_LAYERS),
+    "context_length": ("a training context of {} tokens", 1, 1 << 24),
+    "embedding_length": ("an embedding length of {}", 1, 1 << 18),
+    "feed_forward_length": ("a feed-forward length of {}", 0, 1 << 20),
+    "attention.head_count": ("{} attention heads", 0, 4096),
+    "attention.head_count_kv": ("{} KV heads", 0, 4096),
+    "attention.key_length": ("a K head size of {}", 1, 4096),
+    "attention.value_length": ("a V head size of {}", 1, 4096),
+    "attention.sliding_window": ("a sliding window of {} tokens", 0, 1 << 24),
+    "vocab_size": ("a vocabulary of {} tokens", 1, 1 << 22),
+    "expert_count": ("{} experts", 0, LLAMA_MAX_EXPERTS),
+    "expert_used_count": ("{} experts used per token", 0, LLAMA_MAX_EXPERTS),
+    "expert_group_count": ("{} expert groups", 0, LLAMA_MAX_EXPERTS),
+    "expert_group_used_count": ("{} expert groups used", 0, LLAMA_MAX_EXPERTS),
+    "nextn_predict_layers": ("{} next-token prediction layers", 0, LLAMA_MAX_LAYERS),
+    "rope.dimension_count": ("a RoPE dimension count of {}", 0, 4096),
+}
+_PER_LAYER = frozenset({"feed_forward_length", "attention.head_count", "attention.head_count_kv",
+                        "expert_used_count"})
+_MAX_KEPT_STRING = 256  # bytes kept of a string value (general.name, rope.scaling.type, ...)
+_MAX_VOCAB = 1 << 22
+_DEFAULT_ALIGNMENT = 32
+# ggml tensor types: (elements per block, bytes per block); a test checks it against the engine's ggml
+GGML_BLOCKS = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 36),
+    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110),
+    22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8),
+    29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
+    42: (64, 18),
+}
 
 
 class GGUFError(ValueError):
-    """Not a GGUF file, or a damaged one."""
+    """Not a usable GGUF model file.
+
+    ``str(err)`` is one sentence for the user; ``details`` says exactly what was wrong (also a note
+    of the exception, so tracebacks show it).
+    """
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details or message
+        self.add_note(self.details)
+
+
+class ImplausibleModelError(GGUFError):
+    """A GGUF file that parses but declares hyper-parameters no real model has (crafted or corrupt)."""
+
+
+class _Damaged(Exception):
+    """Raised while parsing: ``reason`` ends "<file> is damaged: ..." (or "<file> ..." if not ``damaged``)."""
+
+    def __init__(self, reason: str, details: str = "", damaged: bool = True) -> None:
+        super().__init__(reason)
+        self.reason, self.details, self.damaged = reason, details or reason, damaged
+
+
+class _Implausible(Exception):
+    """Raised while validating: ``what`` completes "<file> is not a usable model: it declares ..."."""
+
+    def __init__(self, what: str, details: str) -> None:
+        super().__init__(what)
+        self.what, self.details = what, details
 
 
 @dataclass(frozen=True)
@@ -78,11 +161,6 @@ class ModelMeta:
             return KvSupport(True, False, False, "a q8_0 V cache needs flash attention, which is off")
         return KvSupport(True, True, True, "")
 
-    def kv_bytes_per_cell(self, kv_mode: str) -> float:
-        """K and V bytes of one cell over all layers (a lazy cache is allocated as q8_0)."""
-        elements = self.n_layer * self.n_head_kv * (self.head_k + self.head_v)
-        return elements * (2.0 if kv_mode == "f16" else (2 + Q8_0_BLOCK) / Q8_0_BLOCK)
-
     def lazy_f16_cells(self, n_ctx: int) -> int:
         """Cells of the lazy cache's f16 view: floor(34/64 n), down to the 256-cell padding (engine rule)."""
         n = padded_ctx(n_ctx)
@@ -92,117 +170,314 @@ class ModelMeta:
 
 def padded_ctx(n_ctx: int) -> int:
     """llama.cpp pads the KV cache to a multiple of 256 cells."""
-    return max(256, math.ceil(n_ctx / 256) * 256)
+    return max(256, -(-n_ctx // 256) * 256)
 
 
 def read_model_meta(path: Path | str) -> ModelMeta:
-    """Read the header of a GGUF file; raise GGUFError (with the reason) if it is not one."""
+    """Read and check the header of a GGUF file; raise GGUFError (one sentence, ``details``) if unusable.
+
+    Memory stays bounded whatever the file declares: only the few values used here are kept.
+    """
     path = Path(path)
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
-            return _parse(f, path, size)
+            kv, version, n_params = _parse(_Reader(f, size))
     except OSError as err:
-        raise GGUFError(f"cannot read {path}: {err.strerror or err}") from err
+        raise GGUFError(f"Cannot read {path}: {err.strerror or err}.", repr(err)) from err
+    except _Damaged as err:
+        sentence = f"{path.name} is damaged: {err.reason}." if err.damaged else f"{path.name} {err.reason}."
+        raise GGUFError(sentence, err.details) from None
     except (struct.error, UnicodeDecodeError, OverflowError, MemoryError) as err:
-        raise GGUFError(f"{path.name} is damaged: its GGUF header does not parse ({err})") from err
+        raise GGUFError(f"{path.name} is damaged: its GGUF header does not parse.", repr(err)) from err
+    try:
+        return _meta_from(kv, path, size, version, n_params)
+    except _Implausible as err:
+        raise ImplausibleModelError(f"{path.name} is not a usable model: it declares {err.what}.",
+                                    err.details) from None
 
 
-def _parse(f: BinaryIO, path: Path, size: int) -> ModelMeta:
-    if f.read(4) != GGUF_MAGIC:
-        raise GGUFError(f"{path.name} is not a GGUF model file (no GGUF magic)")
-    (version,) = struct.unpack("<I", _read(f, 4))
-    if version < 2:
-        raise GGUFError(f"{path.name} is GGUF version {version}, too old for this engine")
-    n_tensors, n_kv = struct.unpack("<QQ", _read(f, 16))
-    if n_tensors > _MAX_COUNT or n_kv > _MAX_COUNT:
-        raise GGUFError(f"{path.name} is damaged: implausible tensor/metadata counts")
+class _Reader:
+    """Reads a GGUF header, refusing any length that reaches past the end of the file."""
+
+    def __init__(self, f: BinaryIO, size: int) -> None:
+        self.f, self.size = f, size
+
+    def left(self) -> int:
+        return self.size - self.f.tell()
+
+    def read(self, n: int) -> bytes:
+        data = self.f.read(n) if n <= self.left() else b""
+        if len(data) != n:
+            raise _Damaged("the file ends inside its GGUF header (truncated download?)",
+                           f"needed {n} bytes at offset {self.f.tell()} of {self.size}")
+        return data
+
+    def skip(self, n: int) -> None:
+        if n > self.left():
+            raise _Damaged("the file ends inside its GGUF header (truncated download?)",
+                           f"skipping {n} bytes at offset {self.f.tell()} of {self.size}")
+        self.f.seek(n, 1)
+
+    def unpack(self, fmt: str) -> tuple[Any, ...]:
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))
+
+    def length(self, limit: int, what: str) -> int:
+        (n,) = self.unpack("<Q")
+        if n > limit:
+            raise _Damaged(f"it holds a {what} of {n} bytes", f"{what} length {n} > {limit}")
+        return n
+
+    def string(self, limit: int = _MAX_STRING, what: str = "metadata string") -> str:
+        return self.read(self.length(limit, what)).decode("utf-8")
+
+    def string_head(self, keep: int) -> str:
+        """A metadata string's first ``keep`` bytes (the rest is skipped, never held)."""
+        n = self.length(_MAX_STRING, "metadata string")
+        head = self.read(min(n, keep))
+        self.skip(n - len(head))
+        return head.decode("utf-8", errors="replace")
+
+
+def _parse(r: _Reader) -> tuple[dict[str, Any], int, int]:
+    if r.read(4) != GGUF_MAGIC:
+        raise _Damaged("is not a GGUF model file (no GGUF magic)", damaged=False)
+    (version,) = r.unpack("<I")
+    if not 2 <= version <= 3:
+        raise _Damaged(f"is GGUF version {version}; this engine reads versions 2 and 3", damaged=False)
+    n_tensors, n_kv = r.unpack("<QQ")
+    _check_count(n_kv, _MAX_KV, _MIN_KV_BYTES, r.left(), "metadata entries")
+    _check_count(n_tensors, _MAX_TENSORS, _MIN_TENSOR_BYTES, r.left(), "tensors")
     kv: dict[str, Any] = {}
     for _ in range(n_kv):
-        key = _read_string(f)
-        (vtype,) = struct.unpack("<I", _read(f, 4))
-        kv[key] = _read_value(f, vtype, keep_arrays=not key.startswith("tokenizer.ggml."))
-    n_params = 0
+        key = r.string(_MAX_KEY, "metadata key")
+        (vtype,) = r.unpack("<I")
+        value = _read_value(r, vtype, _wanted(key))
+        if value is not _SKIPPED:
+            if key not in kv and len(kv) >= _MAX_KEPT_KEYS:
+                raise _Damaged("it holds implausibly many hyper-parameters",
+                               f"over {_MAX_KEPT_KEYS} kept keys")
+            kv[key] = value
+    return kv, version, _read_tensor_infos(r, n_tensors, _alignment(kv))
+
+
+def _alignment(kv: dict[str, Any]) -> int:
+    value = kv.get("general.alignment")
+    if value is None:
+        return _DEFAULT_ALIGNMENT
+    if not isinstance(value, _Scalar) or value.vtype not in _INTEGERS or value.value <= 0 \
+            or value.value & (value.value - 1):
+        raise _Damaged("its tensor alignment is not a power of two",
+                       f"general.alignment = {getattr(value, 'value', value)!r}")
+    return int(value.value)
+
+
+def _check_count(n: int, limit: int, min_bytes: int, left: int, what: str) -> None:
+    details = f"{n} {what}: at most {limit}, and {left} bytes left hold at most {left // min_bytes}"
+    if n > limit:
+        raise _Damaged(f"its GGUF header declares {n} {what}", details)
+    if n * min_bytes > left:
+        raise _Damaged(f"the file ends before the {n} {what} its header declares (truncated download?)",
+                       details)
+
+
+def _read_tensor_infos(r: _Reader, n_tensors: int, alignment: int) -> int:
+    """The parameter count; refuses a file too short for the tensor data its header declares."""
+    n_params, data_end = 0, 0
     for _ in range(n_tensors):
-        _skip(f, struct.unpack("<Q", _read(f, 8))[0])  # name
-        (n_dims,) = struct.unpack("<I", _read(f, 4))
-        if n_dims > 8:
-            raise GGUFError(f"{path.name} is damaged: a tensor with {n_dims} dimensions")
-        dims = struct.unpack(f"<{n_dims}Q", _read(f, 8 * n_dims))
-        _read(f, 12)  # type, offset
-        n_params += math.prod(dims)
-    return _meta_from(kv, path, size, version, n_params)
+        r.skip(r.length(_MAX_TENSOR_NAME, "tensor name"))
+        (n_dims,) = r.unpack("<I")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise _Damaged(f"a tensor has {n_dims} dimensions", f"n_dims {n_dims} not in 1..{_MAX_DIMS}")
+        dims = r.unpack(f"<{n_dims}Q")
+        ttype, offset = r.unpack("<IQ")
+        n = math.prod(dims)
+        if n >= 1 << 63:
+            raise _Damaged("a tensor has more elements than a file can hold", f"dims {dims}")
+        n_params += n
+        if ttype in GGML_BLOCKS:
+            block, size = GGML_BLOCKS[ttype]
+            data_end = max(data_end, offset + -(-n // block) * size)
+    data_start = -(-r.f.tell() // alignment) * alignment
+    if data_start + data_end > r.size:
+        raise _Damaged("the file is shorter than the tensors it declares (truncated download?)",
+                       f"tensor data needs {data_start + data_end} bytes, the file has {r.size}")
+    return n_params
+
+
+_SKIPPED = object()
+
+
+@dataclass(frozen=True)
+class _Scalar:
+    vtype: int
+    value: Any
+
+
+@dataclass(frozen=True)
+class _Array:
+    """A metadata array as kept: element type, length, and min/max when short and numeric."""
+
+    etype: int
+    count: int
+    low: Any = None
+    high: Any = None
+
+
+def _wanted(key: str) -> str:
+    """How a key's value is kept: "value" (scalars), "array" (min/max too), "count", or "" (skipped)."""
+    if key in ("general.architecture", "general.name", "general.alignment", "tokenizer.chat_template"):
+        return "value"
+    if key == "tokenizer.ggml.tokens":
+        return "count"
+    suffix = key.partition(".")[2]
+    if suffix in _HPARAMS or suffix == "rope.scaling.type":
+        return "array"
+    return ""
+
+
+def _read_value(r: _Reader, vtype: int, keep: str) -> Any:
+    if vtype in _SCALARS:
+        fmt, n = _SCALARS[vtype]
+        if not keep:
+            r.skip(n)
+            return _SKIPPED
+        return _Scalar(vtype, struct.unpack(fmt, r.read(n))[0])
+    if vtype == _STRING:
+        if keep in ("value", "array"):
+            return _Scalar(vtype, r.string_head(_MAX_KEPT_STRING))
+        r.skip(r.length(_MAX_STRING, "metadata string"))
+        return _SKIPPED
+    if vtype == _ARRAY:
+        etype, count = r.unpack("<IQ")
+        return _read_array(r, etype, count, keep)
+    raise _Damaged(f"it holds a metadata value of unknown type {vtype}", f"value type {vtype}")
+
+
+def _read_array(r: _Reader, etype: int, count: int, keep: str) -> Any:
+    if etype in _SCALARS:
+        size = _SCALARS[etype][1]
+        if count > r.left() // size:
+            raise _Damaged(f"it holds an array of {count} values",
+                           f"{count} × {size} bytes > {r.left()} left")
+        if keep == "array" and count <= _MAX_KEPT_ARRAY and etype in _INTEGERS:
+            values = struct.unpack(f"<{count}{_SCALARS[etype][0][1]}", r.read(size * count))
+            return _Array(etype, count, min(values, default=None), max(values, default=None))
+        r.skip(size * count)
+    elif etype == _STRING:
+        if count > r.left() // 8:
+            raise _Damaged(f"it holds an array of {count} strings", f"{count} strings, {r.left()} bytes left")
+        for _ in range(count):  # tokenizer vocabularies are large: only the count is kept
+            r.skip(r.length(_MAX_STRING, "metadata string"))
+    else:
+        raise _Damaged(f"it holds an array of unknown element type {etype}", f"array element type {etype}")
+    return _Array(etype, count) if keep else _SKIPPED
 
 
 def _meta_from(kv: dict[str, Any], path: Path, size: int, version: int, n_params: int) -> ModelMeta:
-    arch = str(kv.get("general.architecture", "unknown"))
-
-    def num(key: str, default: int = 0) -> int:
-        value = kv.get(f"{arch}.{key}", default)
-        if isinstance(value, list):  # per-layer values (e.g. head_count_kv): the largest
-            value = max(value, default=default)
-        return int(value)
-
+    arch_value = kv.get("general.architecture")
+    if arch_value is not None and arch_value.vtype != _STRING:
+        raise _Implausible("an architecture that is not a name",
+                           f"general.architecture has type {arch_value.vtype}")
+    arch = arch_value.value if arch_value is not None else "unknown"
+    num = _hparam_reader(kv, arch)
+    n_layer = num("block_count")
     n_embd, n_head = num("embedding_length"), num("attention.head_count")
+    n_head_kv = num("attention.head_count_kv", n_head)
+    _check_relations(kv, arch, num, n_layer, n_head, n_head_kv)
     head_default = n_embd // n_head if n_head else 0
     vocab = kv.get("tokenizer.ggml.tokens")
+    n_vocab = vocab.count if isinstance(vocab, _Array) else num("vocab_size")
+    if n_vocab > _MAX_VOCAB:
+        raise _Implausible(f"a vocabulary of {n_vocab} tokens",
+                           f"tokenizer.ggml.tokens: {n_vocab} > {_MAX_VOCAB}")
+    name = kv.get("general.name")
     return ModelMeta(
         path=path,
         file_size=size,
         gguf_version=version,
         architecture=arch,
-        name=str(kv.get("general.name", path.stem)),
+        name=str(name.value) if isinstance(name, _Scalar) else path.stem,
         n_params=n_params,
         n_ctx_train=num("context_length"),
-        n_layer=num("block_count"),
+        n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
-        n_head_kv=num("attention.head_count_kv", n_head),
+        n_head_kv=n_head_kv,
         head_k=num("attention.key_length", head_default),
         head_v=num("attention.value_length", head_default),
-        n_vocab=vocab if isinstance(vocab, int) else num("vocab_size"),
+        n_vocab=n_vocab,
         sliding_window=num("attention.sliding_window"),
         has_chat_template="tokenizer.chat_template" in kv,
     )
 
 
-def _read(f: BinaryIO, n: int) -> bytes:
-    data = f.read(n)
-    if len(data) != n:
-        raise GGUFError("the file ends inside its GGUF header (truncated download?)")
-    return data
+def _hparam_reader(kv: dict[str, Any], arch: str) -> Callable[..., int]:
+    """``num(key, default)``: the checked whole number of ``<arch>.<key>`` (per-layer arrays: the largest)."""
+
+    def num(key: str, default: int = 0) -> int:
+        label, low, high = _HPARAMS[key]
+        full = f"{arch}.{key}"
+        value = kv.get(full)
+        if value is None:
+            return default
+        if isinstance(value, _Array):
+            if key not in _PER_LAYER or value.etype not in _INTEGERS:
+                raise _Implausible(f"a list where {full} takes one value", f"{full} is an array")
+            if value.high is None:
+                raise _Implausible(f"per-layer values for {value.count} layers",
+                                   f"{full}: {value.count} values")
+            values = (value.low, value.high)
+        elif value.vtype in _INTEGERS:
+            values = (value.value,)
+        else:
+            shown = repr(value.value)[:40]
+            raise _Implausible(f"{label.format(shown)}, which is not a whole number",
+                               f"{full} = {shown} (GGUF type {value.vtype})")
+        for v in values:
+            if not low <= v <= high:
+                raise _Implausible(label.format(v), f"{full} = {v}, plausible: {low}..{high}")
+        return max(values)
+
+    return num
 
 
-def _skip(f: BinaryIO, n: int) -> None:
-    if n > _MAX_STRING:
-        raise GGUFError("implausible string length in the GGUF header")
-    f.seek(n, 1)
+def _check_relations(kv: dict[str, Any], arch: str, num: Callable[..., int],
+                     n_layer: int, n_head: int, n_head_kv: int) -> None:
+    """The cross-checks llama.cpp asserts (aborting) rather than reports, plus per-layer array lengths."""
+    for key in _PER_LAYER:
+        value = kv.get(f"{arch}.{key}")
+        if isinstance(value, _Array) and value.count != n_layer:
+            raise _Implausible(f"{n_layer} layers but {key} values for {value.count}",
+                               f"{arch}.{key} has {value.count} values, block_count is {n_layer}")
+    if n_head_kv > n_head:
+        raise _Implausible(f"{n_head_kv} KV heads for {n_head} attention heads",
+                           f"{arch}.attention.head_count_kv {n_head_kv} > head_count {n_head}")
+    if num("nextn_predict_layers") > n_layer:
+        raise _Implausible(f"more next-token prediction layers than its {n_layer} layers",
+                           f"{arch}.nextn_predict_layers > block_count {n_layer}")
+    _check_experts(arch, num("expert_count"), num("expert_used_count"),
+                   num("expert_group_count"), num("expert_group_used_count"))
+    scaling = kv.get(f"{arch}.rope.scaling.type")
+    if scaling is not None and (not isinstance(scaling, _Scalar) or scaling.value not in ROPE_SCALING_TYPES):
+        shown = repr(getattr(scaling, "value", "a list"))[:40]
+        raise _Implausible(f"an unknown RoPE scaling type {shown}",
+                           f"{arch}.rope.scaling.type = {shown}; known: {sorted(ROPE_SCALING_TYPES)}")
 
 
-def _read_string(f: BinaryIO) -> str:
-    (n,) = struct.unpack("<Q", _read(f, 8))
-    if n > _MAX_STRING:
-        raise GGUFError("implausible string length in the GGUF header")
-    return _read(f, n).decode("utf-8")
-
-
-def _read_value(f: BinaryIO, vtype: int, keep_arrays: bool = True) -> Any:
-    if vtype in _SCALARS:
-        fmt, n = _SCALARS[vtype]
-        return struct.unpack(fmt, _read(f, n))[0]
-    if vtype == _STRING:
-        return _read_string(f)
-    if vtype == _ARRAY:
-        etype, count = struct.unpack("<IQ", _read(f, 12))
-        if count > _MAX_COUNT:
-            raise GGUFError("implausible array length in the GGUF header")
-        if etype in _SCALARS:
-            fmt, n = _SCALARS[etype]
-            data = _read(f, n * count)
-            return list(struct.unpack(f"<{count}{fmt[1]}", data)) if keep_arrays else count
-        if etype == _STRING:
-            for _ in range(count):  # skipped: tokenizer vocabularies are large; only the count is kept
-                _skip(f, struct.unpack("<Q", _read(f, 8))[0])
-            return count
-        raise GGUFError(f"unsupported GGUF array element type {etype}")
-    raise GGUFError(f"unknown GGUF value type {vtype}")
+def _check_experts(arch: str, n_expert: int, n_used: int, n_groups: int, n_groups_used: int) -> None:
+    """llama.cpp's load_hparams asserts on the expert counts; refuse what it would abort on."""
+    details = (f"{arch}: expert_count {n_expert}, expert_used_count {n_used}, "
+               f"expert_group_count {n_groups}, expert_group_used_count {n_groups_used}")
+    if n_used > n_expert:
+        raise _Implausible(f"{n_used} experts used per token of {n_expert} experts", details)
+    if n_expert == 0:
+        if n_groups:
+            raise _Implausible(f"{n_groups} expert groups without experts", details)
+        return
+    if n_used == 0:
+        raise _Implausible(f"{n_expert} experts of which none is used", details)
+    if n_groups >= n_expert:
+        raise _Implausible(f"{n_groups} expert groups for {n_expert} experts", details)
+    if n_groups > 1 and (n_expert % n_groups or not 0 < n_groups_used < n_groups):
+        raise _Implausible(f"{n_groups} expert groups that do not fit its {n_expert} experts", details)
