@@ -161,7 +161,7 @@ def test_dropping_the_key_leaves_no_key_for_reading_either(
     qtbot: QtBot, fake_window: FakeWindow
 ) -> None:
     w = fake_window(snapshot_encryption="keyring")
-    qtbot.waitUntil(lambda: w.conversations.crypto is not None, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: w.conversations.snapshots_on, timeout=WAIT_MS)
     with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
         w.send_text("Encrypted")
     conv = w.conversations.current

@@ -105,7 +105,7 @@ def test_without_a_keyring_the_user_chooses_and_conversations_are_still_saved(
     chat(qtbot, w, "Saved anyway?")  # no snapshot key yet: the transcript only
     assert [title for title, _ in stored()] == ["Saved anyway?"]
     next(b for b in box.buttons() if b.text() == "Save without encryption").click()
-    qtbot.waitUntil(lambda: w.conversations.crypto is not None, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: w.conversations.snapshots_on, timeout=WAIT_MS)
     with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
         w.send_text("And now?")
     settle(qtbot, w)

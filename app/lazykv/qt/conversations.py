@@ -123,10 +123,11 @@ class _Persisted:
 
 
 class Conversations(QObject):
-    """Owns the chat on screen, the GUI-side database connection and the snapshot crypto."""
+    """Owns the chat on screen and asks for the snapshot protection (the key itself lives only in the
+    engine worker's Persistence: the GUI knows whether snapshots are on, not the key)."""
 
     private_changed = Signal(bool)
-    crypto_changed = Signal(object)  # Crypto | None
+    snapshots_changed = Signal(bool)  # whether snapshots are saved from now on
     saved = Signal(int)  # conversation id: its transcript was written
     snapshot_saved = Signal(int, object)  # conversation id, SaveResult
     opened = Signal(int, object)  # conversation id, OpenResult (after the window has shown it)
@@ -138,7 +139,7 @@ class Conversations(QObject):
         self._dialogs = dialog_parent
         self.chat = Chat(Conversation(system_prompt))
         self.private = False
-        self.crypto: Crypto | None = None
+        self.snapshots_on = False
         self.last_saved: SaveResult | None = None
         self._keyring = Background(self)  # its own thread: a keyring that hangs holds up no database job
         self._deleted: ConversationRecord | None = None
@@ -294,7 +295,7 @@ class Conversations(QObject):
             "Another LazyKV Chat window added turns to this conversation; they are shown here.", 10_000)
 
     def _save_snapshot(self, conv_id: int, messages: list[dict[str, str]]) -> None:
-        if self.crypto is None or self.host.model_info is None:
+        if not self.snapshots_on or self.host.model_info is None:
             return
         budget = self.host.setting("snapshot_budget_mb") * 1024 * 1024
         self.host.engine.submit(SaveSnapshot(conv_id, messages, budget),
@@ -483,9 +484,10 @@ class Conversations(QObject):
             self._keyring.run(load_or_create_key, use_key, self._keyring_missing, "Reading the keyring")
 
     def _use(self, crypto: Crypto | None) -> None:
-        self.crypto = crypto
+        """Hand the protection to its one owner (the worker's Persistence); keep no key here."""
+        self.snapshots_on = crypto is not None
         self.host.engine.submit(SetCrypto(crypto))
-        self.crypto_changed.emit(crypto)
+        self.snapshots_changed.emit(self.snapshots_on)
 
     def _keyring_missing(self, err: Exception) -> None:
         self._use(None)
