@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import re
-import time
 
 import pytest
 from PySide6.QtCore import QPoint, QUrl
@@ -160,21 +159,6 @@ def _messages(n: int) -> list[dict[str, str]]:
     return out
 
 
-class CpuStallMeter(StallMeter):
-    """StallMeter in the GUI thread's CPU time: what the GUI thread itself computed between two ticks,
-    without the time other processes on a shared test machine held the CPU (bench/gui_stall.py
-    reports the wall-clock gaps)."""
-
-    def start(self) -> None:
-        super().start()
-        self._last = time.thread_time()
-
-    def _tick(self) -> None:
-        now = time.thread_time()
-        self.gaps_ms.append(1000 * (now - self._last))
-        self._last = now
-
-
 @pytest.mark.parametrize("n", [4000, 100_000])
 def test_opening_a_long_conversation_keeps_the_gui_responsive(
     view: TranscriptView, qtbot: QtBot, n: int
@@ -182,12 +166,13 @@ def test_opening_a_long_conversation_keeps_the_gui_responsive(
     view.show_messages(_messages(10))  # the first render loads Pygments' lexers: not what is measured
     messages = _messages(n)
     gc.collect()  # a full collection of the test's own 100,000 fresh dicts is not the view's work
-    meter = CpuStallMeter()
+    meter = StallMeter()
     meter.start()
     view.show_messages(messages)
     qtbot.wait(500)
     meter.stop()
-    assert meter.max_gap_ms < 50, f"longest event-loop gap {meter.max_gap_ms:.0f} ms"
+    # the GUI thread's own work between ticks: other processes on a shared machine cannot fail it
+    assert meter.max_cpu_gap_ms < 50, f"longest GUI-thread work between ticks {meter.max_cpu_gap_ms:.0f} ms"
     assert view.message_count() == n
     assert 0 < view.rendered_count() < 100
     assert f"Answer {n - 1}:" in view.toPlainText()
@@ -200,13 +185,14 @@ def test_scrolling_up_renders_older_messages_without_stalling(view: TranscriptVi
     view.show_messages(_messages(2000))
     qtbot.wait(200)
     before = view.rendered_count()
-    meter = CpuStallMeter()
+    meter = StallMeter()
     meter.start()
     for _ in range(10):
         view.verticalScrollBar().setValue(0)
         qtbot.wait(30)
     meter.stop()
-    assert meter.max_gap_ms < 50, f"longest event-loop gap {meter.max_gap_ms:.0f} ms"
+    # the GUI thread's own work between ticks: other processes on a shared machine cannot fail it
+    assert meter.max_cpu_gap_ms < 50, f"longest GUI-thread work between ticks {meter.max_cpu_gap_ms:.0f} ms"
     assert view.rendered_count() > before
     assert not view.following()
     first = 2000 - view.rendered_count()
