@@ -177,3 +177,13 @@ def test_each_reply_shows_time_to_first_token_and_speed(qtbot: QtBot, window: Ma
     text = " ".join(window.transcript.toPlainText().split())
     assert f"{clock.time_to_first_token:.2f} s to first token · {clock.tokens_per_second:.1f} tokens/s" \
         in text
+
+
+def test_on_first_run_the_transcript_gets_most_of_the_width(qtbot: QtBot) -> None:
+    w = MainWindow(Settings(), timings=FAST)
+    qtbot.addWidget(w)
+    w.show()  # the default size, 1100 px wide
+    qtbot.waitExposed(w)
+    docks = (w.memory_dock.width(), w.conversations_dock.width())
+    assert w.transcript.width() > max(docks), docks
+    w.close()

@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QCheckBox,
-    QHBoxLayout,
+    QGridLayout,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -84,9 +84,10 @@ class ConversationsPanel(QWidget):
         self.private_box.setToolTip("While checked, this chat is neither written to disk nor snapshotted.")
         self.private_box.toggled.connect(self.private_toggled.emit)
 
-        buttons = QHBoxLayout()
-        for button in (self.new_button, self.rename_button, self.delete_button, self.more_button):
-            buttons.addWidget(button)
+        buttons = QGridLayout()  # two by two: the dock can be narrow and the transcript wide
+        row = (self.new_button, self.rename_button, self.delete_button, self.more_button)
+        for i, button in enumerate(row):
+            buttons.addWidget(button, i // 2, i % 2)
         layout = QVBoxLayout(self)
         layout.addWidget(self.search)
         layout.addWidget(self.list, 1)

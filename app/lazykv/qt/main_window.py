@@ -71,6 +71,7 @@ from lazykv.qt.worker import (
 )
 
 APP_TITLE = "LazyKV Chat"
+FIRST_RUN_DOCK_WIDTHS = (240, 250)  # conversations, memory (px)
 SAMPLE_INTERVAL_MS = 1000  # memory panel: RSS and the history graph
 SHUTDOWN_DEADLINE_MS = 10_000  # at exit, the engine thread gets this long to end (a decode aborts at once)
 
@@ -140,7 +141,9 @@ class MainWindow(QMainWindow):
         self.database = Database()  # the process's one connection to the conversation database
         self._build_ui()
         theme.apply(QApplication.instance(), self.setting("theme"))
-        window_state.restore(self)
+        if not window_state.restore(self):  # first run: the transcript gets most of the width
+            self.resizeDocks([self.conversations_dock, self.memory_dock], list(FIRST_RUN_DOCK_WIDTHS),
+                             Qt.Orientation.Horizontal)
         self._start_worker(session)
         self.conversations = Conversations(self, self, self.setting("system_prompt"), self.timings.undo_ms)
         self._connect_conversations()
