@@ -169,7 +169,8 @@ class ConversationsPanel(QWidget):
 
 
 def _item_text(summary: ConversationSummary) -> str:
-    text = f"{summary.title}\n{_when(summary.updated)} · {summary.n_messages} messages"
+    plural = "" if summary.n_messages == 1 else "s"
+    text = f"{summary.title}\n{_when(summary.updated)} · {summary.n_messages} message{plural}"
     return f"{text}\n{summary.snippet}" if summary.snippet else text
 
 

@@ -142,8 +142,9 @@ class MainWindow(QMainWindow):
         self._build_ui()
         theme.apply(QApplication.instance(), self.setting("theme"))
         if not window_state.restore(self):  # first run: the transcript gets most of the width
-            self.resizeDocks([self.conversations_dock, self.memory_dock], list(FIRST_RUN_DOCK_WIDTHS),
-                             Qt.Orientation.Horizontal)
+            QTimer.singleShot(0, lambda: self.resizeDocks(
+                [self.conversations_dock, self.memory_dock], list(FIRST_RUN_DOCK_WIDTHS),
+                Qt.Orientation.Horizontal))  # once shown: before, the docks' size hints win
         self._start_worker(session)
         self.conversations = Conversations(self, self, self.setting("system_prompt"), self.timings.undo_ms)
         self._connect_conversations()
@@ -729,6 +730,7 @@ class MainWindow(QMainWindow):
         if event.stage is ConversionStage.START and self.kv is not None:
             converting = replace(self.kv, phase=KvPhase.CONVERTING, n_cells_used=event.n_cells)
             self.memory_panel.set_status(converting)
+            self.context_meter.set_status(converting)
         if event.stage is ConversionStage.END:
             label = marker_label(event)
             if self._state is UiState.REPLYING:

@@ -124,9 +124,8 @@ class MarkdownRenderer:
         label = html.escape(language) if language else "code"
         marks = "".join(self._marker(env["labels"][n]) for n in found)
         return (
-            f'<table width="100%" cellspacing="0" cellpadding="6" bgcolor="{p.code_background}" '
-            f'style="border: 1px solid {p.code_border}; border-collapse: collapse; margin-top: 4px; '
-            f'margin-bottom: 4px">'
+            f'<table width="100%" border="0" cellspacing="0" cellpadding="6" bgcolor="{p.code_background}" '
+            f'style="margin-top: 4px; margin-bottom: 4px">'
             f'<tr><td><span style="color:{p.muted}; font-size: small">{label}</span></td>'
             f'<td align="right"><a href="{COPY_SCHEME}:{env["message"]}/{block}" '
             f'style="color:{p.link}; text-decoration: none">Copy</a></td></tr>'

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 from PySide6.QtCore import QPointF, QRectF, Qt
-from PySide6.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPen
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPalette, QPen
 from PySide6.QtWidgets import QFormLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout, QWidget
 
 from lazykv.core.engine import KvStatus, ModelInfo
@@ -40,11 +40,12 @@ class HistoryGraph(QWidget):
         p = QPainter(self)
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
         area = QRectF(self.rect()).adjusted(1, 14, -1, -1)
-        p.fillRect(area, QColor("#f6f8fa"))
-        p.setPen(QPen(QColor("#d0d7de")))
+        palette = self.palette()  # light or dark theme
+        p.fillRect(area, palette.color(QPalette.ColorRole.Base))
+        p.setPen(QPen(palette.color(QPalette.ColorRole.Mid)))
         p.drawRect(area)
         top = max((max(s) for s in self.samples), default=0)
-        p.setPen(QPen(QColor("#57606a")))
+        p.setPen(QPen(palette.color(QPalette.ColorGroup.Disabled, QPalette.ColorRole.WindowText)))
         font = p.font()
         font.setPointSizeF(max(6.0, font.pointSizeF() - 2))
         p.setFont(font)
@@ -82,7 +83,9 @@ class MemoryPanel(QWidget):
         self.conversion_label = QLabel("none yet")
         self.graph = HistoryGraph()
         self.estimate_label = QLabel("")
-        self.estimate_label.setWordWrap(True)
+        for label in (self.phase_label, self.kv_label, self.weights_label, self.conversion_label,
+                      self.estimate_label):
+            label.setWordWrap(True)  # the dock stays as narrow as the user makes it
 
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)

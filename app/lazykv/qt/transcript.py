@@ -383,7 +383,8 @@ class TranscriptView(QTextBrowser):
 
     def _head_html(self, message: _Message) -> str:
         label = ROLE_LABELS.get(message.role, message.role)
-        return f'<p style="color:{self._colours.muted}; font-size: small; font-weight: bold">{label}</p>'
+        return (f'<p style="color:{self._colours.muted}; font-size: small; font-weight: bold; '
+                f'margin-bottom: 6px">{label}</p>')
 
     def _body_html(self, message: _Message, index: int) -> str:
         if message.role == "assistant" and len(message.text) <= PLAIN_OVER_CHARS:
