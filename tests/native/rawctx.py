@@ -93,17 +93,27 @@ class RawContext:
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
         llama_cpp.llama_memory_seq_div(self.mem, seq_id, p0, p1, d)
 
-    def seq_state(self, seq_id: int) -> bytes:
-        size = llama_cpp.llama_state_seq_get_size(self.ptr, seq_id)
+    def seq_state(self, seq_id: int, flags: int = 0) -> bytes:
+        """The sequence's state; with LLAMA_STATE_SEQ_FLAGS_ON_DEVICE the K/V data stays in the
+        context (the bytes hold only the metadata)."""
+        size = llama_cpp.llama_state_seq_get_size_ext(self.ptr, seq_id, flags)
         buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
+        n = llama_cpp.llama_state_seq_get_data_ext(self.ptr, buf, size, seq_id, flags)
         assert n == size
         return bytes(buf)
 
-    def set_seq_state(self, blob: bytes, seq_id: int) -> tuple[bool, str]:
+    def state(self) -> bytes:
+        """The whole context's state (see state_blob.parse_context_state)."""
+        size = llama_cpp.llama_state_get_size(self.ptr)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_get_data(self.ptr, buf, size)
+        assert n == size
+        return bytes(buf)
+
+    def set_seq_state(self, blob: bytes, seq_id: int, flags: int = 0) -> tuple[bool, str]:
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
         with capture_errors() as errors:
-            n = llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(blob), seq_id)
+            n = llama_cpp.llama_state_seq_set_data_ext(self.ptr, buf, len(blob), seq_id, flags)
         return n == len(blob), "".join(errors)
 
     def lazy_info(self) -> llama_cpp.llama_kv_lazy_info:

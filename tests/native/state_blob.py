@@ -1,7 +1,8 @@
 """An independent reader of the engine's whole-context state format (patch 0001 on),
 for checking cache contents from Python: what the engine saves is what it holds.
 
-Layout: arch string; n_stream; K/V rotation sizes; per stream the cell count, then
+Layout: arch string; n_stream; K/V rotation sizes; the storage layout (K/V types and the
+layer count, since state version 12/5); per stream the cell count, then
 per cell its position and sequence ids, then per layer the K rows, then the V rows.
 Only models without per-cell extras (no M-RoPE, no PLE) and a non-transposed V.
 """
@@ -29,6 +30,9 @@ class Tensor:
 class CacheState:
     n_rot_k: int
     n_rot_v: int
+    type_k: int = -1
+    type_v: int = -1
+    n_layer: int = 0
     positions: list[int] = field(default_factory=list)
     k: list[Tensor] = field(default_factory=list)
     v: list[Tensor] = field(default_factory=list)
@@ -68,7 +72,7 @@ def parse_context_state(blob: bytes, n_caches: int = 1) -> tuple[str, list[Cache
 def _parse_cache(r: _Reader) -> CacheState:
     n_stream = r.u32()
     assert n_stream == 1, "unified caches only"
-    cache = CacheState(n_rot_k=r.u32(), n_rot_v=r.u32())
+    cache = CacheState(n_rot_k=r.u32(), n_rot_v=r.u32(), type_k=r.i32(), type_v=r.i32(), n_layer=r.u32())
     n_cells = r.u32()
     if n_cells == 0:
         return cache
@@ -76,10 +80,11 @@ def _parse_cache(r: _Reader) -> CacheState:
         cache.positions.append(r.i32())
         r.take(4 * r.u32())  # sequence ids
     v_trans, n_layer = r.u32(), r.u32()
-    assert v_trans == 0
-    for dest in (cache.k, cache.v):
+    assert v_trans == 0 and n_layer == cache.n_layer
+    for dest, header_type in ((cache.k, cache.type_k), (cache.v, cache.type_v)):
         for _ in range(n_layer):
             typ, row = r.i32(), r.u64()
+            assert typ == header_type, "every layer is stored as the header says"
             rows = np.frombuffer(r.take(n_cells * row), dtype=np.uint8).reshape(n_cells, row)
             dest.append(Tensor(typ, rows))
     return cache

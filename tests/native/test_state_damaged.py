@@ -13,12 +13,13 @@ from llama_cpp import LlamaState, StateMismatchError
 
 from .helpers import greedy, make_llama, prompt_tokens
 
-PREVIOUS_VERSIONS = {None: 10, 0: 3}  # session file, sequence file (before patch 0001)
+# session file, sequence file: before the storage layout was recorded (11, 4), before patch 0001 (10, 3)
+PREVIOUS_VERSIONS = {None: (11, 10), 0: (4, 3)}
 
 
 def test_versions_bumped() -> None:
-    assert llama_cpp.LLAMA_SESSION_VERSION == 11
-    assert llama_cpp.LLAMA_STATE_SEQ_VERSION == 4
+    assert llama_cpp.LLAMA_SESSION_VERSION == 12
+    assert llama_cpp.LLAMA_STATE_SEQ_VERSION == 5
 
 
 def _assert_usable(llm, smollm2_path: Path) -> None:
@@ -28,14 +29,15 @@ def _assert_usable(llm, smollm2_path: Path) -> None:
     assert greedy(llm, prompt, 6) == greedy(fresh, prompt, 6)
 
 
+@pytest.mark.parametrize("age", [0, 1], ids=["previous", "older"])
 @pytest.mark.parametrize("seq_id", [None, 0], ids=["session-file", "sequence-file"])
-def test_previous_version_file_refused(smollm2_path: Path, tmp_path: Path, seq_id) -> None:
+def test_previous_version_file_refused(smollm2_path: Path, tmp_path: Path, seq_id, age: int) -> None:
     llm = make_llama(smollm2_path)
     llm.eval(prompt_tokens(llm))
     path = tmp_path / "old.bin"
     llm.save_state_file(path, seq_id=seq_id)
     data = bytearray(path.read_bytes())
-    data[4:8] = struct.pack("<I", PREVIOUS_VERSIONS[seq_id])
+    data[4:8] = struct.pack("<I", PREVIOUS_VERSIONS[seq_id][age])
     path.write_bytes(bytes(data))
 
     target = make_llama(smollm2_path)
