@@ -119,3 +119,22 @@ def test_the_database_owner_switches_to_the_key_in_order(tmp_path: Path) -> None
         assert b"pomegranate" not in _all_bytes(tmp_path)
     finally:
         db.close(10)
+
+
+def test_the_protection_can_change_keys_and_back_to_plain_in_place(tmp_path: Path) -> None:
+    from lazykv.core.store import Database
+
+    other = database_key(bytes(range(1, 33)))
+    db = Database(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
+    try:
+        conv = db.call(_fill)
+        db.change_key(other)  # e.g. keyring -> passphrase
+        assert db.call(lambda s: s.messages(conv)[0]["content"]) == SECRET
+        with pytest.raises(StoreLockedError):
+            Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
+        db.change_key(None)  # -> no encryption: the history is plain again
+        assert db.call(lambda s: (s.encrypted, [x.id for x in s.search("pomegranate")])) == (False, [conv])
+        assert (tmp_path / "c.sqlite3").read_bytes().startswith(b"SQLite format 3\x00")
+    finally:
+        db.close(10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.sqlite3", "snaps"]

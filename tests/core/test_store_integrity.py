@@ -181,7 +181,8 @@ def test_the_database_runs_every_operation_on_its_one_thread_and_connection(tmp_
     assert nested is True
     assert db.close(timeout=10) and db.in_flight == 0
     with pytest.raises(StoreError, match="closed"):
-        db.submit(lambda s: None)
+        db.submit(lambda s: None).result()
+    assert db.set_key(None).exception() is not None and db.in_flight == 0
 
 
 def test_the_database_counts_operations_in_flight_and_reports_their_errors(tmp_path: Path) -> None:

@@ -32,11 +32,17 @@ def error_box(w: MainWindow) -> QMessageBox | None:
     return w.findChild(QMessageBox, "error-box")
 
 
-def stored() -> list[tuple[str, list[dict[str, str]]]]:
-    """Every saved conversation: (title, messages), most recent first."""
+def stored(w: MainWindow | None = None) -> list[tuple[str, list[dict[str, str]]]]:
+    """Every saved conversation: (title, messages), most recent first; through ``w``'s own database
+    (an encrypted history opens only with its key), else a plain one."""
+    def read(store: Store) -> list[tuple[str, list[dict[str, str]]]]:
+        return [(s.title, store.messages(s.id)) for s in store.list_conversations()]
+
+    if w is not None:
+        return w.database.call(read)
     store = Store()
     try:
-        return [(s.title, store.messages(s.id)) for s in store.list_conversations()]
+        return read(store)
     finally:
         store.close()
 

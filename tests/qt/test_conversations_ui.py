@@ -12,7 +12,7 @@ from pytestqt.qtbot import QtBot
 
 from lazykv.core.kinds import ExportFormat
 from lazykv.core.settings import Settings
-from lazykv.core.store import Store
+from lazykv.core.store import SNAPSHOTS_DIR, data_dir
 from lazykv.qt.main_window import MainWindow, UiState
 from tests.qt.conftest import FakeWindow
 from tests.qt.helpers import WAIT_MS, chat, error_box, settle, stored
@@ -32,7 +32,7 @@ def test_restart_and_open_resumes_from_the_encrypted_snapshot(qtbot: QtBot, smol
     chat_and_snapshot(qtbot, first, "Name three colours.")
     conv_id, transcript = first.conversations.current, first.conversation.turns()
     assert first.conversations.last_saved is not None and first.conversations.last_saved.n_tokens > 10
-    [snapshot] = Store().snapshots_dir.glob("*.lkv")
+    [snapshot] = (data_dir() / SNAPSHOTS_DIR).glob("*.lkv")
     assert b"Name three colours" not in snapshot.read_bytes()  # encrypted (and compressed)
     first.close()
 
@@ -45,7 +45,7 @@ def test_restart_and_open_resumes_from_the_encrypted_snapshot(qtbot: QtBot, smol
         assert w.conversation.turns() == transcript and "Resumed from the snapshot" in w.resume_note
         assert w.state is UiState.READY
         chat_and_snapshot(qtbot, w, "And three more?")
-        [(_, messages)] = stored()
+        [(_, messages)] = stored(w)
         assert len(messages) == 4
     finally:
         w.close()

@@ -29,7 +29,7 @@ from pathlib import Path
 from lazykv import __version__
 from lazykv.core.engine import EngineSession, KvRestoreError
 from lazykv.core.fingerprint import model_sha256
-from lazykv.core.keys import UnlockedPassphrase, key_from_passphrase
+from lazykv.core.keys import UnlockedPassphrase, database_key, key_from_passphrase
 from lazykv.core.snapshot import (
     Encryption,
     SnapshotAuthError,
@@ -80,6 +80,11 @@ class Crypto:
             assert self.unlocked is not None
             return self.unlocked.key
         return None
+
+    def database_key(self) -> bytes | None:
+        """The conversation database's key under this scheme (None: the history is not encrypted)."""
+        key = self.key_for_writing()
+        return None if key is None else database_key(key)
 
     def salt_hex(self) -> str:
         """The salt new passphrase snapshots record ("" for the other schemes)."""

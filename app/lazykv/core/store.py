@@ -508,6 +508,42 @@ def _restrict(path: Path, mode: int) -> None:
         pass
 
 
+def reencrypt(path: Path, old_key: bytes | None, new_key: bytes | None) -> None:
+    """Rewrite the closed database at ``path`` from ``old_key`` to ``new_key`` (None: plain), in place
+    and crash-safely: exported to a side file, which is renamed over it only once complete (a crash
+    before leaves the old file as it was; the side file is redone next time); the old WAL is
+    checkpointed and truncated first, so a stale one never meets the new file."""
+    cipher = _driver(True)
+    side = path.with_name(path.name + ".encrypting")
+    for leftover in (side, *(side.with_name(side.name + s) for s in ("-wal", "-shm", "-journal"))):
+        leftover.unlink(missing_ok=True)
+    try:
+        db = cipher.connect(path, isolation_level=None)
+        try:
+            if old_key is not None:
+                _apply_key(db, old_key)
+            db.execute("PRAGMA busy_timeout = 2000")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            os.close(os.open(side, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, FILE_MODE))
+            target = "" if new_key is None else f"x'{new_key.hex()}'"
+            db.execute("ATTACH DATABASE ? AS target KEY ?", (str(side), target))
+            db.execute("SELECT sqlcipher_export('target')").fetchone()
+            db.execute(f"PRAGMA target.user_version = {version}")
+            db.execute("DETACH DATABASE target")
+        finally:
+            db.close()
+    except _db_errors() as exc:
+        side.unlink(missing_ok=True)
+        raise _user_error(exc, path) from exc
+    with side.open("rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(side, path)
+    for stale in ("-wal", "-shm"):
+        path.with_name(path.name + stale).unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
 class Store:
     """The conversation database on one connection. Use it from one thread (``Database`` does).
 
@@ -576,7 +612,7 @@ class Store:
                 if not self.path.exists():  # created owner-only; SQLite gives -wal/-shm the same mode
                     os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, FILE_MODE))
                 elif self._key is not None and self.path.stat().st_size and _is_plain(self.path):
-                    self._encrypt_in_place(self._key)
+                    reencrypt(self.path, None, self._key)
                 _restrict(self.path, FILE_MODE)
                 return self._unlocked(self._driver.connect(self.path, isolation_level=None,
                                                            check_same_thread=False))  # fmt: skip
@@ -628,37 +664,6 @@ class Store:
             pass
         return self._unlocked(connect(uri + "?mode=ro&immutable=1", uri=True, isolation_level=None,
                                       check_same_thread=False))  # fmt: skip
-
-    def _encrypt_in_place(self, key: bytes) -> None:
-        """Encrypt a plain database: export it to a side file under ``key``, then rename that over it.
-        A crash before the rename leaves the plain database as it was (the side file is redone next
-        time); after it, the encrypted one, whose stale WAL is empty (checkpointed and truncated)."""
-        side = self.path.with_name(self.path.name + ".encrypting")
-        for leftover in (side, *(side.with_name(side.name + s) for s in ("-wal", "-shm", "-journal"))):
-            leftover.unlink(missing_ok=True)
-        plain = sqlite3.connect(self.path, isolation_level=None)
-        try:
-            plain.execute("PRAGMA busy_timeout = 2000")
-            plain.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            version = plain.execute("PRAGMA user_version").fetchone()[0]
-        finally:
-            plain.close()
-        os.close(os.open(side, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, FILE_MODE))
-        db = self._driver.connect(self.path, isolation_level=None)
-        try:
-            db.execute("PRAGMA cipher_log_level = NONE")
-            db.execute("ATTACH DATABASE ? AS encrypted KEY ?", (str(side), f"x'{key.hex()}'"))
-            db.execute("SELECT sqlcipher_export('encrypted')").fetchone()
-            db.execute(f"PRAGMA encrypted.user_version = {int(version)}")
-            db.execute("DETACH DATABASE encrypted")
-        finally:
-            db.close()
-        with side.open("rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(side, self.path)
-        for stale in ("-wal", "-shm"):
-            self.path.with_name(self.path.name + stale).unlink(missing_ok=True)
-        _fsync_dir(self.path.parent)
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -1228,14 +1233,9 @@ class Database:
             return self._in_flight
 
     def submit(self, op: Callable[[Store], T]) -> Future[T]:
-        """Queue ``op``; its Future holds the result or the (StoreError, ValueError, ...) it raised."""
-        with self._lock:
-            if self._closed:
-                raise StoreError("The conversation database is closed.")
-            self._in_flight += 1
-        future = self._executor.submit(self._run, op)
-        future.add_done_callback(self._finished)
-        return future
+        """Queue ``op``; its Future holds the result or the (StoreError, ValueError, ...) it raised
+        (after ``close``: StoreError, the database is closed)."""
+        return self._queue(self._run, op)
 
     def call(self, op: Callable[[Store], T]) -> T:
         """Run ``op`` and return its result (in place when already on the database thread)."""
@@ -1247,11 +1247,21 @@ class Database:
         """From the next operation on, open the database with ``key`` (``keys.database_key`` of the
         scheme's key; None: plain). Queued in order: an open connection is closed first, and a plain
         database is encrypted in place when it is next opened."""
+        return self._queue(self._rekey, key)
+
+    def change_key(self, new_key: bytes | None) -> Future[None]:
+        """Re-encrypt the database from the key it has now to ``new_key`` (None: plain), in place and
+        crash-safely (``reencrypt``), e.g. when the user changes how the history is protected."""
+        return self._queue(self._change_key, new_key)
+
+    def _queue(self, fn: Callable[[Any], T], arg: Any) -> Future[T]:
         with self._lock:
             if self._closed:
-                raise StoreError("The conversation database is closed.")
+                closed: Future[T] = Future()
+                closed.set_exception(StoreError("The conversation database is closed."))
+                return closed
             self._in_flight += 1
-        future = self._executor.submit(self._rekey, key)
+        future = self._executor.submit(fn, arg)
         future.add_done_callback(self._finished)
         return future
 
@@ -1282,6 +1292,12 @@ class Database:
     def _rekey(self, key: bytes | None) -> None:
         self._close_store()
         self._key = key
+
+    def _change_key(self, new_key: bytes | None) -> None:
+        self._close_store()
+        if self.path.exists() and new_key != self._key:
+            reencrypt(self.path, self._key, new_key)
+        self._key = new_key
 
     def _close_store(self) -> None:
         if self._store is not None:

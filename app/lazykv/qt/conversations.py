@@ -11,6 +11,7 @@ updates its row of the list in place.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +61,7 @@ from lazykv.qt.operations import EngineClient
 from lazykv.qt.worker import Failure, OpenConversation, SaveSnapshot, SetCrypto
 
 UNDO_MS = 10_000
+_UNOPENED = object()
 TITLE_CHARS = 60
 
 
@@ -142,6 +144,7 @@ class Conversations(QObject):
         self.snapshots_on = False
         self.last_saved: SaveResult | None = None
         self._keyring = Background(self)  # its own thread: a keyring that hangs holds up no database job
+        self._history_key: str | None | object = _UNOPENED  # which key the database has (a digest)
         self._deleted: ConversationRecord | None = None
         self._opening: int | None = None  # the id being read from the database to open
         self.resume: OpenConversation | None = None  # the engine request resuming the chat on screen
@@ -488,6 +491,24 @@ class Conversations(QObject):
         self.snapshots_on = crypto is not None
         self.host.engine.submit(SetCrypto(crypto))
         self.snapshots_changed.emit(self.snapshots_on)
+        self._protect_history(crypto)
+
+    def _protect_history(self, crypto: Crypto | None) -> None:
+        """The history is encrypted under the scheme the user chose: at the session's first choice the
+        database is opened with its key (a plain one is encrypted then) and listed; a later choice
+        re-encrypts it in place. No choice (None: no keyring, no passphrase) changes nothing stored."""
+        key = crypto.database_key() if crypto is not None else None
+        key_id = None if key is None else hashlib.sha256(key).hexdigest()  # the GUI keeps no key
+        database = self.host.database
+        if self._history_key is _UNOPENED:
+            self._history_key = key_id
+            database.set_key(key)  # queued before the list and every later job
+            self.start_up()
+            self.refresh()
+        elif crypto is not None and key_id != self._history_key:
+            self._history_key = key_id
+            self.host.background.run(lambda: database.change_key(key).result(), lambda _: self.refresh(),
+                                     what="Re-encrypting the conversation history")
 
     def _keyring_missing(self, err: Exception) -> None:
         self._use(None)
@@ -521,6 +542,7 @@ class Conversations(QObject):
         dialog.setTextEchoMode(QLineEdit.EchoMode.Password)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.textValueSelected.connect(self.use_passphrase)
+        dialog.rejected.connect(lambda: self._use(None))  # no passphrase: no snapshots, history as it is
         dialog.open()
 
     def use_passphrase(self, passphrase: str, confirmation: str | None = None) -> None:

@@ -160,9 +160,7 @@ class MainWindow(QMainWindow):
         self.show_chat(None)
         if reopen_last:
             self.conversations_panel.listed.connect(self._open_last_conversation)
-        self.conversations.start_up()
-        self.conversations.refresh()
-        self.conversations.setup_crypto()
+        self.conversations.setup_crypto()  # then the history, opened with the scheme's key, is listed
         if self.settings.problems:
             QTimer.singleShot(0, lambda: self.show_error("Some settings were reset", "\n".join(
                 self.settings.problems)))
