@@ -192,13 +192,13 @@ def test_a_hanging_keyring_times_out_and_holds_nothing_else_up(
     db = Database(tmp_path / "c.sqlite3", tmp_path / "snaps")
     try:
         started = time.monotonic()
-        asking = ThreadPoolExecutor(1).submit(load_or_create_key, 0.5)
+        asking = ThreadPoolExecutor(1).submit(load_or_create_key, 3.0)
         saved = db.call(lambda s: s.sync_transcript(new_uid(), [{"role": "user", "content": "kept"}], 0,
                                                     create=True))  # fmt: skip
-        assert time.monotonic() - started < 0.5  # the transcript did not wait for the keyring
-        with pytest.raises(KeyringTimeoutError, match="did not answer within 0.5 s"):
-            asking.result(5)
-        assert time.monotonic() - started < 2
+        assert not asking.done()  # the transcript was saved while the keyring still hung
+        with pytest.raises(KeyringTimeoutError, match="did not answer within 3 s"):
+            asking.result(30)
+        assert time.monotonic() - started >= 3.0  # given up at the timeout, not before
         assert db.call(lambda s: s.messages(saved.id)) == [{"role": "user", "content": "kept"}]
     finally:
         backend.release.set()
@@ -222,10 +222,9 @@ def test_a_process_whose_keyring_hangs_exits_at_once(tmp_path: Path) -> None:
         "    print('timed out', flush=True)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "app")}
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    # the hung keyring thread never ends: the process exits at all only because it does not wait for it
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert done.stdout.strip() == "timed out", done.stderr
-    assert time.monotonic() - started < 10  # the hung keyring thread does not keep the process alive
 
 
 def test_keyring_errors_still_arrive_through_the_keyring_thread(
