@@ -113,7 +113,9 @@ def report(result: dict[str, dict[str, float]]) -> str:
         "",
         f"Plain: the standard library's SQLite {sqlite3.sqlite_version}; encrypted: SQLCipher "
         f"{_cipher_version()} (AES-256, raw 256-bit key, no key derivation at open).",
-        f"Database size: plain {plain['bytes'] / 1e6:.1f} MB, encrypted {enc['bytes'] / 1e6:.1f} MB.",
+        f"Database size: plain {plain['bytes'] / 1e6:.1f} MB, encrypted {enc['bytes'] / 1e6:.1f} MB. "
+        f"Load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (a loaded "
+        "machine widens the spread; the runs alternate, so it hits both sides alike).",
         "",
     ]
     return "\n".join(lines)
