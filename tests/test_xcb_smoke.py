@@ -8,7 +8,9 @@ The X tools are set-up requirements (`make sysdeps`): missing ones fail the test
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,23 @@ def test_the_app_shows_its_window_under_xcb_and_closes_cleanly(
     assert result.colours > 16, "the screenshot is blank"
     assert "qt.qpa" not in result.log and "platform plugin" not in result.log, result.log
     assert result.exit_code == 0, result.log
+
+
+@pytest.mark.slow
+def test_size_and_position_set_through_the_window_manager_are_kept(
+    tmp_path: Path, smollm2_path: Path
+) -> None:
+    """Resized and moved as a user would (the window manager's request), closed, started again."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "app"), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "lazykv", "--model", str(smollm2_path), "--ctx", "512"]
+
+    def move_and_resize(window: str, x_env: dict[str, str]) -> None:
+        subprocess.run(["wmctrl", "-i", "-r", window, "-e", "0,120,90,900,560"], env=x_env, check=True)
+        time.sleep(1.0)  # the app sees the ConfigureNotify
+
+    first = xcb_smoke.run_app(command, tmp_path / "first.png", env=env, before_close=move_and_resize)
+    assert first.exit_code == 0, first.log
+    second = xcb_smoke.run_app(command, tmp_path / "second.png", env=env)
+    assert (second.width, second.height) == (900, 560), second.log
+    assert 120 <= second.x <= 140 and 90 <= second.y <= 130, (second.x, second.y)  # inside the frame
+    assert second.exit_code == 0, second.log

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +50,8 @@ class SmokeError(RuntimeError):
 class SmokeResult:
     title: str
     map_state: str
+    x: int  # of the window's contents, on the screen
+    y: int
     width: int
     height: int
     colours: int  # distinct colours in the screenshot: a blank screen has 1
@@ -96,12 +98,18 @@ def x_desktop(screen: str = SCREEN) -> Iterator[str]:
 def run_app(
     command: Sequence[str], screenshot: Path, env: Mapping[str, str] | None = None, timeout: float = 120,
     title: str = TITLE, keyring: bool = True,
+    before_close: Callable[[str, dict[str, str]], None] | None = None,
 ) -> SmokeResult:
-    """Run ``command`` on a fresh X desktop; check, photograph and close its main window."""
+    """Run ``command`` on a fresh X desktop; check, photograph and close its main window.
+
+    ``before_close(window id, environment for X tools)`` runs after the screenshot, e.g. to move or
+    resize the window through the window manager as a user would.
+    """
     with x_desktop() as display, tempfile.TemporaryDirectory(prefix="lazykv-xcb-") as runtime:
         child_env = {**(env if env is not None else os.environ), "DISPLAY": display, "QT_QPA_PLATFORM": "xcb"}
         if keyring:
             child_env = {k: v for k, v in child_env.items() if not k.startswith(("DBUS_", "PYTHON_KEYRING"))}
+            (Path(runtime) / "run").mkdir(mode=0o700)
             child_env["XDG_RUNTIME_DIR"] = str(Path(runtime) / "run")
             command = ["dbus-run-session", "--", "sh", "-c", KEYRING_SESSION, "sh", *command]
         x_env = {**os.environ, "DISPLAY": display}
@@ -115,6 +123,8 @@ def run_app(
                 subprocess.run(["import", "-window", "root", str(screenshot)], env=x_env, check=True)
                 colours = int(subprocess.run(["convert", str(screenshot), "-format", "%k", "info:"],
                                              capture_output=True, text=True, check=True).stdout)
+                if before_close is not None:
+                    before_close(window, x_env)
                 subprocess.run(["wmctrl", "-i", "-c", window], env=x_env, check=True)
                 exit_code = app.wait(timeout)
             except subprocess.TimeoutExpired as err:
@@ -127,6 +137,8 @@ def run_app(
         return SmokeResult(
             title=title,
             map_state=_field(info, "Map State"),
+            x=int(_field(info, "Absolute upper-left X") or 0),
+            y=int(_field(info, "Absolute upper-left Y") or 0),
             width=int(_field(info, "Width") or 0),
             height=int(_field(info, "Height") or 0),
             colours=colours,
