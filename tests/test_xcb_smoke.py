@@ -53,9 +53,11 @@ def test_size_and_position_set_through_the_window_manager_are_kept(
         subprocess.run(["wmctrl", "-i", "-r", window, "-e", "0,120,90,900,560"], env=x_env, check=True)
         time.sleep(1.0)  # the app sees the ConfigureNotify
 
-    first = xcb_smoke.run_app(command, tmp_path / "first.png", env=env, before_close=move_and_resize)
+    keyrings = tmp_path / "keyrings"  # one user's keyring across both sessions
+    first = xcb_smoke.run_app(command, tmp_path / "first.png", env=env, keyring_dir=keyrings,
+                              before_close=move_and_resize)
     assert first.exit_code == 0, first.log
-    second = xcb_smoke.run_app(command, tmp_path / "second.png", env=env)
+    second = xcb_smoke.run_app(command, tmp_path / "second.png", env=env, keyring_dir=keyrings)
     assert (second.width, second.height) == (900, 560), second.log
     assert 120 <= second.x <= 140 and 90 <= second.y <= 130, (second.x, second.y)  # inside the frame
     assert second.exit_code == 0, second.log

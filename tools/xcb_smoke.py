@@ -34,10 +34,10 @@ TITLE = r".*LazyKV Chat$"
 SCREEN = "1400x900x24"
 TOOLS = ("Xvfb", "openbox", "wmctrl", "xwininfo", "import", "convert", "dbus-run-session",
          "gnome-keyring-daemon")
-# a D-Bus session with a Secret Service, as a desktop session has: the keyring lives in a temp dir
+# a D-Bus session with a Secret Service, as a desktop session has; $1 is where the keyring is kept
 KEYRING_SESSION = (
-    'mkdir -p -m 700 "$XDG_RUNTIME_DIR" && printf %s lazykv-smoke | '
-    'XDG_DATA_HOME="$XDG_RUNTIME_DIR" gnome-keyring-daemon --unlock --components=secrets >/dev/null && '
+    'keyrings="$1"; shift; printf %s lazykv-smoke | '
+    'XDG_DATA_HOME="$keyrings" gnome-keyring-daemon --unlock --components=secrets >/dev/null && '
     'exec "$@"'
 )
 
@@ -97,11 +97,13 @@ def x_desktop(screen: str = SCREEN) -> Iterator[str]:
 
 def run_app(
     command: Sequence[str], screenshot: Path, env: Mapping[str, str] | None = None, timeout: float = 120,
-    title: str = TITLE, keyring: bool = True,
+    title: str = TITLE, keyring: bool = True, keyring_dir: Path | None = None,
     before_close: Callable[[str, dict[str, str]], None] | None = None,
 ) -> SmokeResult:
     """Run ``command`` on a fresh X desktop; check, photograph and close its main window.
 
+    ``keyring_dir``: where gnome-keyring keeps its keyrings (a temporary dir by default; pass the
+    same dir to runs that must find the key the previous one stored, as after a re-login).
     ``before_close(window id, environment for X tools)`` runs after the screenshot, e.g. to move or
     resize the window through the window manager as a user would.
     """
@@ -111,7 +113,9 @@ def run_app(
             child_env = {k: v for k, v in child_env.items() if not k.startswith(("DBUS_", "PYTHON_KEYRING"))}
             (Path(runtime) / "run").mkdir(mode=0o700)
             child_env["XDG_RUNTIME_DIR"] = str(Path(runtime) / "run")
-            command = ["dbus-run-session", "--", "sh", "-c", KEYRING_SESSION, "sh", *command]
+            keyrings = keyring_dir or Path(runtime) / "keyrings"
+            keyrings.mkdir(mode=0o700, parents=True, exist_ok=True)
+            command = ["dbus-run-session", "--", "sh", "-c", KEYRING_SESSION, "sh", str(keyrings), *command]
         x_env = {**os.environ, "DISPLAY": display}
         log_path = screenshot.with_suffix(".log")
         with open(log_path, "w+b") as log:
