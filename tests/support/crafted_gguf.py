@@ -180,10 +180,13 @@ def _huge_key_length() -> bytes:
     return data[:16] + struct.pack("<Q", len(base_kvs()) + 1) + struct.pack("<Q", 1 << 62) + data[24:]
 
 
-def _big_array_spec() -> Spec:
-    spec = base_spec()
-    blob = struct.pack("<IQ", U8, 64 << 20) + bytes(64 << 20)
-    spec.kvs.append(Kv("general.crafted_blob", ARRAY, None, raw=blob))
+def _array_spec(etype: int, count: int, size: int) -> Callable[[], Spec]:
+    """The base model with a metadata array of ``count`` zero values of ``size`` bytes."""
+    def spec() -> Spec:
+        base = base_spec()
+        base.kvs.append(Kv("general.crafted_blob", ARRAY, None, raw=struct.pack("<IQ", etype, count)
+                           + bytes(count * size)))
+        return base
     return spec
 
 
@@ -193,7 +196,7 @@ def _p(key: str) -> str:
 
 CASES: list[Case] = [
     Case("control", "loads", _spec(base_spec), None),
-    Case("64-MiB-metadata-array", "loads", _spec(_big_array_spec), None),
+    Case("million-value-metadata-array", "loads", _spec(_array_spec(U32, 1 << 20, 4)), None),
     Case("per-layer-head-counts", "loads",
          _spec(lambda: with_kv(_p("attention.head_count_kv"), ARRAY, (U32, [N_HEAD_KV] * N_LAYER))), None),
     # not GGUF / wrong version
@@ -220,6 +223,7 @@ CASES: list[Case] = [
          _spec(lambda: with_kv("general.name", STRING, raw=struct.pack("<Q", 1 << 62))), "metadata string"),
     Case("huge-array-count", "huge-length",
          _spec(lambda: with_kv("general.junk", ARRAY, raw=struct.pack("<IQ", U32, 1 << 61))), "array of"),
+    Case("64-MiB-metadata-array", "huge-length", _spec(_array_spec(U8, 64 << 20, 1)), "array of 67108864"),
     Case("huge-string-array-count", "huge-length",
          _spec(lambda: with_kv("tokenizer.ggml.tokens", ARRAY, raw=struct.pack("<IQ", STRING, 1 << 60))),
          "array of"),

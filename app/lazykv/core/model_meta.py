@@ -38,6 +38,7 @@ _MAX_TENSORS = 1 << 20  # tensors (real models: a few thousand)
 _MAX_TENSOR_NAME = 64  # ggml's GGML_MAX_NAME
 _MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 _MAX_KEPT_ARRAY = 4096  # per-layer arrays longer than this are only counted
+_MAX_ARRAY = 1 << 22  # values of one metadata array (a vocabulary is under a million)
 _MAX_KEPT_KEYS = 256  # hyper-parameter keys kept (a real model has ~20)
 _MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, a one-byte value
 _MIN_TENSOR_BYTES = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type, offset
@@ -355,6 +356,8 @@ def _read_value(r: _Reader, vtype: int, keep: str) -> Any:
 
 
 def _read_array(r: _Reader, etype: int, count: int, keep: str) -> Any:
+    if count > _MAX_ARRAY:  # the engine would hold it in memory, and take seconds to read it
+        raise _Damaged(f"it holds a metadata array of {count} values", f"{count} > {_MAX_ARRAY}")
     if etype in _SCALARS:
         size = _SCALARS[etype][1]
         if count > r.left() // size:
