@@ -138,3 +138,17 @@ def test_the_protection_can_change_keys_and_back_to_plain_in_place(tmp_path: Pat
     finally:
         db.close(10)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.sqlite3", "snaps"]
+
+
+def test_a_plain_history_in_a_read_only_folder_is_shown_even_with_a_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
+    conv = _fill(writer)
+    writer.close()
+    monkeypatch.setattr(store_module.os, "access", lambda path, mode: not mode & os.W_OK)
+    store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
+    try:
+        assert store.read_only and not store.encrypted and store.messages(conv)[0]["content"] == SECRET
+    finally:
+        store.close()

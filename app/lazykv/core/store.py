@@ -567,6 +567,8 @@ class Store:
         self.path = Path(path) if path is not None else data_dir() / DB_FILE
         self.snapshots_dir = Path(snapshots_dir) if snapshots_dir is not None else data_dir() / SNAPSHOTS_DIR
         self.read_only = read_only or not (_writable(self.path.parent) and _writable(self.path))
+        if self.read_only and key is not None and _is_plain(self.path):
+            key = None  # a plain history cannot be encrypted here: shown as it is
         self.encrypted = key is not None
         self._key = key
         self._driver = _driver(self.encrypted)
