@@ -39,6 +39,8 @@ import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from lazykv.core.kinds import KvMode, KvPhase
+
 MAGIC = b"LKVSNAP\x00"
 # 2: the header binds the snapshot to its conversation and the transcript it holds (format 1 files
 # are refused as older: the transcript is re-read and saved again in format 2)
@@ -78,9 +80,9 @@ _MAX_TEXT = 256
 _INT32_MAX = 2**31 - 1
 _UINT32_MAX = 2**32 - 1
 
-CACHE_TYPES = ("f16", "q8_0")
-KV_MODES = ("f16", "q8_0", "lazy")
-LAZY_PHASES = ("disabled", "f16", "q8_0")
+CACHE_TYPES = ("f16", "q8_0")  # the header's storage types (a header field, not a KV mode)
+KV_MODES = tuple(KvMode)
+LAZY_PHASES = ("disabled", KvPhase.F16.value, KvPhase.Q8_0.value)  # a saved cache is never mid-conversion
 
 
 class SnapshotError(Exception):
