@@ -5,10 +5,16 @@ Every pair either restores and continues exactly like an uninterrupted run, or i
 refused cleanly. Restoring cells stored as f16 into a q8_0 layout converts them on
 read; the uninterrupted run to compare with is then a lazy context converted at the
 same point (its f16 cells are bit-identical to those of an f16 context).
+
+The matrix runs again with rotation off (LLAMA_ATTN_ROT_DISABLE=1: both lazy phases then
+report rotation 0 and only the storage types tell them apart), and with more cells than
+the target's f16 view holds (the lazy cache converts, then converts the rows on read).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 
 import pytest
@@ -40,36 +46,45 @@ def expected_outcome(source: str, target: str, api: str) -> str:
     return "same" if stored == "q8" else "converted"
 
 
-def build(path: Path, kind: str, tokens: list[int]) -> Llama:
+def build(path: Path, kind: str, tokens: list[int], n_ctx: int = N_CTX) -> Llama:
     """A context of `kind` holding `tokens`."""
-    llm = make_llama(path, "lazy" if kind.startswith("lazy") else kind, n_ctx=N_CTX)
+    llm = make_llama(path, "lazy" if kind.startswith("lazy") else kind, n_ctx=n_ctx)
     llm.eval(tokens)
     if kind in ("lazy-after", "lazy-converted"):
         assert llm.kv_lazy_convert()
     return llm
 
 
-def target_context(path: Path, kind: str, filler: list[int]) -> Llama:
+def target_context(path: Path, kind: str, filler: list[int], n_ctx: int = N_CTX) -> Llama:
     if kind == "lazy-converted":
-        llm = make_llama(path, "lazy", n_ctx=N_CTX)
+        llm = make_llama(path, "lazy", n_ctx=n_ctx)
         llm.eval(filler)  # another conversation in the cache, converted
         assert llm.kv_lazy_convert()
         return llm
-    return make_llama(path, "lazy" if kind == "lazy-fresh" else kind, n_ctx=N_CTX)
+    return make_llama(path, "lazy" if kind == "lazy-fresh" else kind, n_ctx=n_ctx)
 
 
-def reference(path: Path, source: str, outcome: str, prompt: list[int]) -> list[int]:
-    """The continuation of an uninterrupted run."""
-    if outcome == "converted":
-        llm = build(path, "lazy-after", prompt[:-1])
-    else:
-        llm = build(path, source, prompt[:-1])
-    return greedy(llm, prompt, N_CONTINUE)
+def reference(path: Path, source: str, outcome: str, prompt: list[int], n_ctx: int = N_CTX) -> list[int]:
+    """The continuation of an uninterrupted run (memoised: it depends only on these and the rotation)."""
+    kind = "lazy-after" if outcome == "converted" else source
+    return list(_reference(path, kind, tuple(prompt), n_ctx, os.environ.get("LLAMA_ATTN_ROT_DISABLE")))
+
+
+@functools.lru_cache(maxsize=64)
+def _reference(
+    path: Path, kind: str, prompt: tuple[int, ...], n_ctx: int, _rot_env: str | None
+) -> tuple[int, ...]:
+    return tuple(greedy(build(path, kind, list(prompt[:-1]), n_ctx), list(prompt), N_CONTINUE))
+
+
+@functools.lru_cache(maxsize=8)
+def short_prompt(path: Path) -> tuple[int, ...]:
+    return tuple(prompt_tokens(make_llama(path, "f16", n_ctx=64)))
 
 
 def check_pair(path: Path, source: str, target: str, api: str, tmp_path: Path) -> None:
     outcome = expected_outcome(source, target, api)
-    prompt = list(prompt_tokens(make_llama(path, "f16", n_ctx=64)))
+    prompt = list(short_prompt(path))
     saved = save(build(path, source, prompt[:-1]), api, tmp_path)
     dst = target_context(path, target, filler=prompt[5:40])
 
@@ -100,3 +115,41 @@ def test_restore_matrix_smollm2(
 @pytest.mark.parametrize("source", SOURCES)
 def test_restore_matrix_gemma3(gemma3_path: Path, source: str, target: str, tmp_path: Path) -> None:
     check_pair(gemma3_path, source, target, "seq_memory", tmp_path)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("api", ["seq_memory"])
+def test_restore_matrix_rotation_off(
+    smollm2_path: Path, source: str, target: str, api: str, tmp_path: Path, attn_rot_disabled: None
+) -> None:
+    """Both lazy phases report rotation 0 here: the restore decides on the storage types."""
+    check_pair(smollm2_path, source, target, api, tmp_path)
+
+
+N_CTX_BIG = 2048  # its f16 view holds 1024 cells; the targets' (N_CTX) 512
+N_OVERSIZE = 600
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("api", ["memory", "seq_file"])
+def test_more_cells_than_the_f16_view(smollm2_path: Path, target: str, api: str, tmp_path: Path) -> None:
+    """600 f16 cells from a lazy cache of 2048 cells (still in f16) into caches of 1024 cells: an
+    f16 cache takes them as they are; the others hold them only as q8_0 and convert them on read."""
+    long_prompt = make_llama(smollm2_path, "f16", n_ctx=64).tokenize(PROMPT_LONG)[: N_OVERSIZE + 1]
+    assert len(long_prompt) == N_OVERSIZE + 1
+    saved = save(build(smollm2_path, "lazy-before", long_prompt[:-1], n_ctx=N_CTX_BIG), api, tmp_path)
+    dst = target_context(smollm2_path, target, filler=long_prompt[5:40])
+    restore(dst, api, saved)
+    outcome = "same" if target == "f16" else "converted"
+    source = "f16" if outcome == "same" else "lazy-before"
+    want = reference(smollm2_path, source, outcome, long_prompt, N_CTX_BIG)
+    assert greedy(dst, long_prompt, N_CONTINUE) == want
+    if target.startswith("lazy"):
+        assert dst.kv_lazy_info().phase == "q8_0"
+
+
+PROMPT_LONG = b" ".join(
+    b"Entry %d: the lamp was lit at dusk, the glass was clean, and the sea ran high from the west." % i
+    for i in range(60)
+)
