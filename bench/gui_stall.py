@@ -23,6 +23,7 @@ from bench.machine import cpu_model
 RESULTS = Path(__file__).resolve().parent / "results" / "gui_stall.md"
 N_CTX = 2048  # lazy f16 view: 1024 cells
 LONG_CONVERSATION = 4000  # messages
+HUGE_CONVERSATION = 100_000  # messages, as a big import
 TOKEN_INTERVAL_MS = 5  # the canned reply streams at 200 tokens/s, faster than this CPU's models
 
 
@@ -70,6 +71,7 @@ def main() -> int:
             window.reply_finished)
     window.open_configured_model()  # a fresh cache
     wait_for(window.model_loaded)
+    window.new_chat()  # the story's prompt alone fills the f16 view; with the turns before, the context
     window.send_text("Write a long story about a lighthouse keeper. " * 40)
     wait_for(window.reply_finished)
     measure("idle-time conversion (kv_lazy_convert)", window.convert_now, window.converted)
@@ -83,6 +85,13 @@ def main() -> int:
             lambda: window.conversations.open(long_id), _timer_signal(app, 1500))
     measure(f"scroll to the top of the {LONG_CONVERSATION:,}-message conversation, 20 times",
             lambda: _scroll_to_top(window.transcript, 20), _timer_signal(app, 1500))
+    window.conversations.cancel_resume()
+    _wait_until(window.can_switch_conversation, pause)
+    huge_id = window.database.call(lambda store: store.sync_transcript(
+        new_uid(), long_conversation(HUGE_CONVERSATION), 0, title="A huge import", create=True)).id
+    measure(f"open a saved {HUGE_CONVERSATION:,}-message conversation (read, shown, resume started; 3 s)",
+            lambda: window.conversations.open(huge_id), _timer_signal(app, 3000))
+    window.conversations.cancel_resume()
     window.close()
     pause(100)
     _write(rows, conversions)
@@ -110,6 +119,14 @@ def long_conversation(n: int) -> list[dict[str, str]]:
                                          "items.reverse()\n```\nIt returns `None`."}
         for i in range(n)
     ]
+
+
+def _wait_until(ready: Callable[[], bool], pause: Callable[[int], None], seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the window did not get ready in time")
+        pause(50)
 
 
 def _scroll_to_top(view, times: int) -> None:  # noqa: ANN001 - a TranscriptView
@@ -158,9 +175,10 @@ def _write(rows: list[tuple[str, list[float], list[float], float]], conversions:
         "# GUI responsiveness: longest event-loop gap",
         "",
         f"`python -m bench.gui_stall` on {cpu_model()}, "
-        f"{os.cpu_count()} CPUs, SmolLM2-135M Q4_1, lazy KV cache, n_ctx {N_CTX}, 10 ms timer on the GUI "
-        "thread (offscreen). A gap is the time between two timer ticks; a GUI thread that waited on the "
-        "engine would show a gap as long as a decode step or the conversion. *GUI CPU* is the longest "
+        f"{os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} at the end of the run), SmolLM2-135M "
+        f"Q4_1, lazy KV cache, n_ctx {N_CTX}, 10 ms timer on the GUI thread (offscreen). A gap is the "
+        "time between two timer ticks; a GUI thread that waited on the engine would show a gap as long "
+        "as a decode step or the conversion. *GUI CPU* is the longest "
         "time the GUI thread itself computed between two ticks (its thread CPU time): a wall-clock gap "
         "much longer than it was spent waiting for a core or the GIL, not working.",
         "",
