@@ -140,6 +140,14 @@ def data(saved: tuple[Path, int], tmp_path: Path) -> tuple[Path, int]:
     return copy, saved[1]
 
 
+@pytest.fixture
+def app(tmp_path: Path, smollm2_path: Path) -> Iterator[App]:
+    """One run on SmolLM2 with a q8_0 cache, keyring-encrypted snapshots; closed after the test."""
+    run = App(tmp_path, smollm2_path, "q8_0")
+    yield run
+    run.close()
+
+
 def snapshot_file(data: Path) -> Path:
     [path] = (data / "snapshots").glob("*.lkv")
     return path
@@ -286,25 +294,19 @@ def test_passphrase_and_unencrypted_schemes(tmp_path: Path, smollm2_path: Path, 
         assert open_after(tmp_path, conv, smollm2_path, "f16", crypto=wrong).how == "rebuilt"
 
 
-def test_budget_prunes_least_recently_used_snapshots_never_transcripts(
-    tmp_path: Path, smollm2_path: Path
-) -> None:
-    app = App(tmp_path, smollm2_path, "q8_0")
-    try:
-        conv_a, _ = app.chat_and_save(SHORT)
-        conv_b, _ = app.chat_and_save("What is the sea?", budget_bytes=1)  # the rule: never the new one
-        assert app.store.conversation(conv_a).snapshot is None
-        assert app.store.conversation(conv_b).snapshot is not None
-        conv_c, _ = app.chat_and_save("What is a tree?")
-        size_b = app.store.conversation(conv_b).snapshot.size
-        size_c = app.store.conversation(conv_c).snapshot.size
-        turns = app.store.messages(conv_c)
-        result = app.persistence.save(conv_c, turns, budget_bytes=size_b + size_c + 10**6)
-        assert result.pruned == [] and app.store.conversation(conv_b).snapshot is not None
-        assert len(app.store.messages(conv_a)) == 2
-        assert app.open(conv_a).how == "rebuilt"
-    finally:
-        app.close()
+def test_budget_prunes_least_recently_used_snapshots_never_transcripts(app: App) -> None:
+    conv_a, _ = app.chat_and_save(SHORT)
+    conv_b, _ = app.chat_and_save("What is the sea?", budget_bytes=1)  # the rule: never the new one
+    assert app.store.conversation(conv_a).snapshot is None
+    assert app.store.conversation(conv_b).snapshot is not None
+    conv_c, _ = app.chat_and_save("What is a tree?")
+    size_b = app.store.conversation(conv_b).snapshot.size
+    size_c = app.store.conversation(conv_c).snapshot.size
+    turns = app.store.messages(conv_c)
+    result = app.persistence.save(conv_c, turns, budget_bytes=size_b + size_c + 10**6)
+    assert result.pruned == [] and app.store.conversation(conv_b).snapshot is not None
+    assert len(app.store.messages(conv_a)) == 2
+    assert app.open(conv_a).how == "rebuilt"
 
 
 def test_a_forged_unencrypted_file_in_place_of_an_encrypted_one_is_refused(
@@ -324,59 +326,47 @@ def _point_row_at(app: App, conv: int, sha256: str, header_json: str) -> None:
     app.store.set_snapshot(conv, sha256, size, 1, header_json)
 
 
-def test_another_conversations_snapshot_is_refused(tmp_path: Path, smollm2_path: Path) -> None:
-    app = App(tmp_path, smollm2_path, "q8_0")
-    try:
-        conv_a, _ = app.chat_and_save(SHORT)
-        conv_b, _ = app.chat_and_save("What is the sea?")
-        b = app.store.conversation(conv_b).snapshot
-        _point_row_at(app, conv_a, b.sha256, b.header_json)  # A's row copied from B's: same key
-        result = app.open(conv_a)
-        assert result.how == "rebuilt" and result.note == "its snapshot belongs to another conversation"
-        a_header = app.store.conversation(conv_b).snapshot.header_json
-        _point_row_at(app, conv_a, b.sha256, a_header.replace(f'"conversation_id": {conv_b}',
-                                                              f'"conversation_id": {conv_a}'))
-        result = app.open(conv_a)  # the file's sealed header says B, whatever the row says
-        assert result.how == "rebuilt" and "not the one saved" in result.note
-    finally:
-        app.close()
+def test_another_conversations_snapshot_is_refused(app: App) -> None:
+    conv_a, _ = app.chat_and_save(SHORT)
+    conv_b, _ = app.chat_and_save("What is the sea?")
+    b = app.store.conversation(conv_b).snapshot
+    _point_row_at(app, conv_a, b.sha256, b.header_json)  # A's row copied from B's: same key
+    result = app.open(conv_a)
+    assert result.how == "rebuilt" and result.note == "its snapshot belongs to another conversation"
+    a_header = app.store.conversation(conv_b).snapshot.header_json
+    _point_row_at(app, conv_a, b.sha256, a_header.replace(f'"conversation_id": {conv_b}',
+                                                          f'"conversation_id": {conv_a}'))
+    result = app.open(conv_a)  # the file's sealed header says B, whatever the row says
+    assert result.how == "rebuilt" and "not the one saved" in result.note
 
 
-def test_an_older_snapshot_of_the_same_conversation_is_refused(tmp_path: Path, smollm2_path: Path) -> None:
-    app = App(tmp_path, smollm2_path, "q8_0")
-    try:
-        conv, more = app.chat_and_save(SHORT)
-        old = app.store.conversation(conv).snapshot
-        kept = tmp_path / "old.lkv"
-        shutil.copyfile(old.path, kept)
-        turns = [*more, {"role": "assistant", "content": reply(app.engine, more)}]
-        uid = app.store.conversation(conv).uid
-        app.store.sync_transcript(uid, turns, 2)
-        app.persistence.save(conv, turns)
-        new = app.store.conversation(conv).snapshot
-        shutil.copyfile(kept, new.path)  # the file replayed under the new row
-        result = app.open(conv)
-        assert result.how == "rebuilt" and "not the one saved" in result.note
-        shutil.copyfile(kept, old.path)
-        _point_row_at(app, conv, old.sha256, old.header_json)  # the row replayed too
-        result = app.open(conv)
-        assert result.how == "rebuilt"
-        assert result.note == "its snapshot holds another version of this conversation"
-    finally:
-        app.close()
+def test_an_older_snapshot_of_the_same_conversation_is_refused(tmp_path: Path, app: App) -> None:
+    conv, more = app.chat_and_save(SHORT)
+    old = app.store.conversation(conv).snapshot
+    kept = tmp_path / "old.lkv"
+    shutil.copyfile(old.path, kept)
+    turns = [*more, {"role": "assistant", "content": reply(app.engine, more)}]
+    uid = app.store.conversation(conv).uid
+    app.store.sync_transcript(uid, turns, 2)
+    app.persistence.save(conv, turns)
+    new = app.store.conversation(conv).snapshot
+    shutil.copyfile(kept, new.path)  # the file replayed under the new row
+    result = app.open(conv)
+    assert result.how == "rebuilt" and "not the one saved" in result.note
+    shutil.copyfile(kept, old.path)
+    _point_row_at(app, conv, old.sha256, old.header_json)  # the row replayed too
+    result = app.open(conv)
+    assert result.how == "rebuilt"
+    assert result.note == "its snapshot holds another version of this conversation"
 
 
-def test_a_transcript_changed_after_the_save_is_re_read(tmp_path: Path, smollm2_path: Path) -> None:
-    app = App(tmp_path, smollm2_path, "q8_0")
-    try:
-        conv, _ = app.chat_and_save(SHORT)
-        uid = app.store.conversation(conv).uid
-        edited = [{"role": "user", "content": SHORT}, {"role": "assistant", "content": "Hm."}]
-        app.store.sync_transcript(uid, edited, 2)  # an edit in another window
-        result = app.open(conv)
-        assert result.how == "rebuilt" and "another version" in result.note
-    finally:
-        app.close()
+def test_a_transcript_changed_after_the_save_is_re_read(app: App) -> None:
+    conv, _ = app.chat_and_save(SHORT)
+    uid = app.store.conversation(conv).uid
+    edited = [{"role": "user", "content": SHORT}, {"role": "assistant", "content": "Hm."}]
+    app.store.sync_transcript(uid, edited, 2)  # an edit in another window
+    result = app.open(conv)
+    assert result.how == "rebuilt" and "another version" in result.note
 
 
 def test_a_refused_restore_says_one_plain_line_and_keeps_the_engines_words_as_details(
@@ -398,18 +388,14 @@ def test_a_refused_restore_says_one_plain_line_and_keeps_the_engines_words_as_de
     assert result.details == engine_text
 
 
-def test_set_crypto_none_drops_the_key_and_saves_nothing(tmp_path: Path, smollm2_path: Path) -> None:
-    app = App(tmp_path, smollm2_path, "q8_0")
-    try:
-        conv, _ = app.chat_and_save(SHORT)
-        app.persistence.set_crypto(None)
-        assert app.persistence.crypto is None
-        with pytest.raises(SnapshotError, match="snapshots are off"):
-            app.persistence.save(conv, app.store.messages(conv))
-        result = app.open(conv)  # the keyring key is gone: the encrypted snapshot cannot be read
-        assert result.how == "rebuilt" and "keyring key" in result.note
-    finally:
-        app.close()
+def test_set_crypto_none_drops_the_key_and_saves_nothing(app: App) -> None:
+    conv, _ = app.chat_and_save(SHORT)
+    app.persistence.set_crypto(None)
+    assert app.persistence.crypto is None
+    with pytest.raises(SnapshotError, match="snapshots are off"):
+        app.persistence.save(conv, app.store.messages(conv))
+    result = app.open(conv)  # the keyring key is gone: the encrypted snapshot cannot be read
+    assert result.how == "rebuilt" and "keyring key" in result.note
 
 
 def test_a_passphrase_crypto_cannot_be_made_without_the_checked_passphrase() -> None:

@@ -7,7 +7,6 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,13 +22,6 @@ from lazykv.core.store import (
     StoreError,
     data_dir,
 )
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "conversations.sqlite3", tmp_path / "snapshots", busy_timeout_ms=50)
-    yield s
-    s.close()
 
 
 def sha(name: str) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,40 +26,44 @@ def _fill(store: Store) -> int:
     return conv
 
 
+def _filled(tmp_path: Path, key: bytes | None = None) -> int:
+    """A database at ``tmp_path`` holding one conversation, closed; the conversation's id."""
+    with _opened(tmp_path, key) as store:
+        return _fill(store)
+
+
+@contextmanager
+def _opened(tmp_path: Path, key: bytes | None = None) -> Iterator[Store]:
+    store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=key)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
 def _all_bytes(tmp_path: Path) -> bytes:
     return b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
 
 
 def test_an_encrypted_database_keeps_no_plain_text_and_still_searches(tmp_path: Path) -> None:
-    store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
-    try:
+    with _opened(tmp_path, KEY) as store:
         conv = _fill(store)
         assert [s.id for s in store.search("pomegr")] == [conv]  # full-text search, prefix included
         assert store.search("fruit")[0].snippet == "[Fruit]"
         assert b"pomegranate" not in _all_bytes(tmp_path) and b"SQLite format 3" not in _all_bytes(tmp_path)
         for path in tmp_path.glob("c.sqlite3*"):
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
-    finally:
-        store.close()
-    again = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
-    try:
+    with _opened(tmp_path, KEY) as again:
         assert again.messages(conv)[0]["content"] == SECRET
-    finally:
-        again.close()
 
 
 def test_a_plain_database_is_encrypted_in_place(tmp_path: Path) -> None:
-    plain = Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
-    conv = _fill(plain)
-    plain.close()
+    conv = _filled(tmp_path)
     assert b"pomegranate" in (tmp_path / "c.sqlite3").read_bytes()
-    store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
-    try:
+    with _opened(tmp_path, KEY) as store:
         assert store.messages(conv)[0]["content"] == SECRET and store.conversation(conv).title == "Fruit"
         assert [s.id for s in store.search("pomegranate")] == [conv]
         store.append_message(conv, "user", "after the migration")
-    finally:
-        store.close()
     assert b"pomegranate" not in _all_bytes(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.sqlite3", "snaps"]
 
@@ -65,9 +71,7 @@ def test_a_plain_database_is_encrypted_in_place(tmp_path: Path) -> None:
 def test_a_crash_during_the_migration_leaves_the_plain_database_and_is_redone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    plain = Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
-    conv = _fill(plain)
-    plain.close()
+    conv = _filled(tmp_path)
     before = (tmp_path / "c.sqlite3").read_bytes()
 
     def crash(src: object, dst: object) -> None:
@@ -78,11 +82,8 @@ def test_a_crash_during_the_migration_leaves_the_plain_database_and_is_redone(
         Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
     monkeypatch.undo()
     assert (tmp_path / "c.sqlite3").read_bytes() == before  # untouched; the side file is a leftover
-    store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
-    try:
+    with _opened(tmp_path, KEY) as store:
         assert store.messages(conv)[0]["content"] == SECRET
-    finally:
-        store.close()
     assert not (tmp_path / "c.sqlite3.encrypting").exists()
 
 
@@ -97,15 +98,10 @@ def test_a_wrong_or_missing_key_is_refused_with_a_sentence_and_changes_nothing(t
 
 
 def test_an_encrypted_database_opens_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    writer = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
-    conv = _fill(writer)
-    writer.close()
+    conv = _filled(tmp_path, KEY)
     monkeypatch.setattr(store_module.os, "access", lambda path, mode: not mode & os.W_OK)
-    store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
-    try:
+    with _opened(tmp_path, KEY) as store:
         assert store.read_only and store.messages(conv)[0]["content"] == SECRET
-    finally:
-        store.close()
 
 
 def test_the_database_owner_switches_to_the_key_in_order(tmp_path: Path) -> None:
@@ -143,12 +139,7 @@ def test_the_protection_can_change_keys_and_back_to_plain_in_place(tmp_path: Pat
 def test_a_plain_history_in_a_read_only_folder_is_shown_even_with_a_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    writer = Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
-    conv = _fill(writer)
-    writer.close()
+    conv = _filled(tmp_path)
     monkeypatch.setattr(store_module.os, "access", lambda path, mode: not mode & os.W_OK)
-    store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
-    try:
+    with _opened(tmp_path, KEY) as store:
         assert store.read_only and not store.encrypted and store.messages(conv)[0]["content"] == SECRET
-    finally:
-        store.close()

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,13 +33,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def turn(role: str, content: str) -> dict[str, str]:
     return {"role": role, "content": content}
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "conversations.sqlite3", tmp_path / "snapshots", busy_timeout_ms=50)
-    yield s
-    s.close()
 
 
 # --- sync: append or compare and swap ----------------------------------------------------------------

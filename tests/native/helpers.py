@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
+import pytest
 from llama_cpp import Llama
+
+from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
+
+from .rawctx import RawModel
 
 KV_TYPES = {
     "f16": llama_cpp.GGML_TYPE_F16,
@@ -52,3 +58,14 @@ def greedy(llm: Llama, tokens: list[int], n: int, reset: bool = True) -> list[in
 
 def prompt_tokens(llm: Llama) -> list[int]:
     return llm.tokenize(PROMPT)
+
+
+def synthetic_model(tmp_path_factory: pytest.TempPathFactory, head_dim: int) -> RawModel:
+    """A random-weight llama GGUF with this head size (4 query heads, 2 KV heads), loaded."""
+    path = tmp_path_factory.mktemp("gguf") / f"synthetic-hd{head_dim}.gguf"
+    return RawModel(write_llama_gguf(path, SyntheticShape(head_dim=head_dim, n_head=4, n_head_kv=2)))
+
+
+def random_tokens(seed: int, n: int) -> list[int]:
+    """``n`` token ids below 512 (every synthetic vocabulary has them), the same for the same seed."""
+    return np.random.default_rng(seed).integers(0, 512, n).tolist()

@@ -19,7 +19,7 @@ from llama_cpp import Llama, LlamaState, StateMismatchError
 
 from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
 
-from .helpers import greedy, make_llama, prompt_tokens
+from .helpers import greedy, make_llama, prompt_tokens, random_tokens, synthetic_model
 from .rawctx import RawContext, RawModel
 from .state_blob import f16_values, parse_context_state, q8_split, reference_q8
 from .test_state_restore import native_restore
@@ -35,12 +35,7 @@ SEQ_N_LAYER_OFFSET = 4 + 4 + 4 + 4 + 4 + 4 + 4
 @pytest.fixture(scope="module")
 def hd96(tmp_path_factory: pytest.TempPathFactory) -> RawModel:
     """Head size 96: not a multiple of 64, so a q8_0 cache is not rotated."""
-    path = tmp_path_factory.mktemp("gguf") / "synthetic-hd96.gguf"
-    return RawModel(write_llama_gguf(path, SyntheticShape(head_dim=96, n_head=4, n_head_kv=2)))
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, 512, n).tolist()
+    return synthetic_model(tmp_path_factory, 96)
 
 
 def convert(ctx: RawContext) -> int:
@@ -67,13 +62,13 @@ def test_a_refused_header_converts_nothing(hd96: RawModel) -> None:
     """A q8_0 state whose layer count is wrong is refused before the lazy cache converts:
     another sequence keeps its f16 cells."""
     src = RawContext(hd96, Q8, n_ctx=256)
-    src.decode(tokens(1, 30))
+    src.decode(random_tokens(1, 30))
     blob = bytearray(src.seq_state(0))
     assert struct.unpack_from("<I", blob, SEQ_N_LAYER_OFFSET)[0] == 2
     struct.pack_into("<I", blob, SEQ_N_LAYER_OFFSET, 3)
 
     lazy = RawContext(hd96, Q8, n_ctx=256, n_seq=2, lazy=True)
-    lazy.decode(tokens(2, 20), seq_id=1)
+    lazy.decode(random_tokens(2, 20), seq_id=1)
     ok, err = lazy.set_seq_state(bytes(blob), 0)
     assert not ok and "layers" in err
     assert lazy.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_F16
@@ -99,7 +94,7 @@ def test_q8_0_state_converts_a_lazy_cache_first_whatever_the_rotation(
 def test_head_size_96_lazy_restores_across_phases(hd96: RawModel) -> None:
     """Unrotated q8_0 (head size 96): an f16 state into a converted lazy cache converts on read,
     a q8_0 state into a fresh one converts the cache first; both continue like the source."""
-    prompt = tokens(3, 40)
+    prompt = random_tokens(3, 40)
     f16_src = RawContext(hd96, Q8, n_ctx=256, lazy=True)
     f16_src.decode(prompt[:-1])
     f16_state = f16_src.seq_state(0)
@@ -107,7 +102,7 @@ def test_head_size_96_lazy_restores_across_phases(hd96: RawModel) -> None:
     want_converted = f16_src.decode(prompt[-1:])
 
     converted = RawContext(hd96, Q8, n_ctx=256, n_seq=2, lazy=True)
-    converted.decode(tokens(4, 20), seq_id=1)
+    converted.decode(random_tokens(4, 20), seq_id=1)
     assert convert(converted) == 1
     ok, err = converted.set_seq_state(f16_state, 0)
     assert ok, err
@@ -127,7 +122,7 @@ def test_head_size_96_lazy_restores_across_phases(hd96: RawModel) -> None:
 def test_f16_state_larger_than_the_f16_view_converts_then_reads(hd96: RawModel) -> None:
     """300 f16 cells (saved by a lazy cache of 1024 cells, still in f16) into a lazy cache of
     512 cells, whose f16 view holds 256: the cache converts and the rows convert on read."""
-    prompt = tokens(5, 301)
+    prompt = random_tokens(5, 301)
     big = RawContext(hd96, Q8, n_ctx=1024, lazy=True)
     big.decode(prompt[:-1])
     assert big.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_F16
@@ -173,7 +168,7 @@ def test_in_place_conversion_matches_rotate_then_quantize(tmp_path: Path, head_d
     independent NumPy reference, for the rotations the real models do not have: none, and 128."""
     model = RawModel(write_llama_gguf(tmp_path / "m.gguf", SyntheticShape(head_dim=head_dim)))
     ctx = RawContext(model, Q8, n_ctx=512, lazy=True)
-    ctx.decode(tokens(9, 200))
+    ctx.decode(random_tokens(9, 200))
     _, (before,) = parse_context_state(ctx.state())
     assert convert(ctx) == 1
     _, (after,) = parse_context_state(ctx.state())
@@ -193,7 +188,7 @@ def test_in_place_conversion_matches_rotate_then_quantize(tmp_path: Path, head_d
 
 def test_on_device_state_of_a_q8_0_cache_restores_exactly(hd96: RawModel) -> None:
     """The upstream path (llama_io_read_device) counted quantized elements as bytes."""
-    prompt = tokens(6, 40)
+    prompt = random_tokens(6, 40)
     ctx = RawContext(hd96, Q8, n_ctx=256)
     ctx.decode(prompt[:-1])
     blob = ctx.seq_state(0, ON_DEVICE)
@@ -205,7 +200,7 @@ def test_on_device_state_of_a_q8_0_cache_restores_exactly(hd96: RawModel) -> Non
 
 
 def test_on_device_state_across_a_phase_change_is_refused_cleanly(hd96: RawModel) -> None:
-    prompt = tokens(7, 40)
+    prompt = random_tokens(7, 40)
     ctx = RawContext(hd96, Q8, n_ctx=256, lazy=True)
     ctx.decode(prompt[:-1])
     blob = ctx.seq_state(0, ON_DEVICE)  # f16 cells, kept on the device
@@ -218,7 +213,7 @@ def test_on_device_state_across_a_phase_change_is_refused_cleanly(hd96: RawModel
 
 def test_on_device_state_for_another_sequence_is_refused(hd96: RawModel) -> None:
     ctx = RawContext(hd96, Q8, n_ctx=256, n_seq=2)
-    ctx.decode(tokens(8, 10))
+    ctx.decode(random_tokens(8, 10))
     blob = bytearray(ctx.seq_state(0, ON_DEVICE))
     struct.pack_into("<i", blob, 4, 1)  # sequence 1 saved nothing on the device
     ok, err = ctx.set_seq_state(bytes(blob), 0, ON_DEVICE)

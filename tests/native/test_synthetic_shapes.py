@@ -9,8 +9,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
-
+from .helpers import random_tokens, synthetic_model
 from .rawctx import RawContext, RawModel
 
 Q8 = llama_cpp.GGML_TYPE_Q8_0
@@ -19,12 +18,7 @@ F16 = llama_cpp.GGML_TYPE_F16
 
 @pytest.fixture(scope="module")
 def hd128(tmp_path_factory: pytest.TempPathFactory) -> RawModel:
-    path = tmp_path_factory.mktemp("gguf") / "synthetic-hd128.gguf"
-    return RawModel(write_llama_gguf(path, SyntheticShape(head_dim=128, n_head=4, n_head_kv=2)))
-
-
-def _tokens(seed: int, n: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, 512, n).tolist()
+    return synthetic_model(tmp_path_factory, 128)
 
 
 def _ctx(model: RawModel, kv: int = Q8, rot_off: bool = False, n_seq: int = 2) -> RawContext:
@@ -46,7 +40,7 @@ def test_head_dim_128_rotates_k_in_blocks_of_128(hd128: RawModel) -> None:
 
 
 def test_sequence_restored_into_another_sequence_continues_exactly(hd128: RawModel) -> None:
-    a, b = _tokens(1, 40), _tokens(2, 30)
+    a, b = random_tokens(1, 40), random_tokens(2, 30)
     src = _ctx(hd128)
     src.decode(a, seq_id=0)
     src.decode(b[:-1], seq_id=1)
@@ -54,7 +48,7 @@ def test_sequence_restored_into_another_sequence_continues_exactly(hd128: RawMod
     expected = src.decode(b[-1:], seq_id=1)
 
     dst = _ctx(hd128)
-    dst.decode(_tokens(3, 25), seq_id=0)  # another conversation already in the cache
+    dst.decode(random_tokens(3, 25), seq_id=0)  # another conversation already in the cache
     ok, errors = dst.set_seq_state(blob, seq_id=1)
     assert ok, errors
     assert dst.pos_max(1) == len(b) - 2
@@ -63,13 +57,13 @@ def test_sequence_restored_into_another_sequence_continues_exactly(hd128: RawMod
 
 def test_sequence_mismatch_refused_and_other_sequences_untouched(hd128: RawModel) -> None:
     src = _ctx(hd128)
-    src.decode(_tokens(4, 20), seq_id=0)
+    src.decode(random_tokens(4, 20), seq_id=0)
     blob = src.seq_state(0)
 
     dst = _ctx(hd128, rot_off=True)
-    keep = _tokens(5, 16)
+    keep = random_tokens(5, 16)
     dst.decode(keep[:-1], seq_id=0)
-    dst.decode(_tokens(6, 12), seq_id=1)
+    dst.decode(random_tokens(6, 12), seq_id=1)
     ok, errors = dst.set_seq_state(blob, seq_id=1)
     assert not ok
     assert "saved with rotation sizes K = 128, V = 64 but this cache uses K = 0, V = 0" in errors

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lazykv.core.context_policy import fit_messages
+from lazykv.core.conversation import common_prefix
 from lazykv.core.engine import (
     CancelledError,
     ConversionEvent,
@@ -24,7 +25,6 @@ from lazykv.core.engine import (
     NoModelError,
     ReplyResult,
     SamplingSettings,
-    common_prefix,
     read_checked_meta,
 )
 from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase

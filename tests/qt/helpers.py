@@ -7,6 +7,7 @@ from collections.abc import Callable
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
+from lazykv.core.engine import KvRestoreError
 from lazykv.core.store import Store
 from lazykv.qt.main_window import MainWindow, Timings
 from tests.qt.fake_engine import FakeSession
@@ -61,4 +62,13 @@ def saved_then_new_chat(qtbot: QtBot, w: MainWindow, text: str) -> int:
     conv_id = w.conversations.current
     assert conv_id is not None
     w.new_chat()
+    return conv_id
+
+
+def reopening_held(qtbot: QtBot, w: MainWindow, fake: FakeSession, text: str) -> int:
+    """A saved conversation whose snapshot the engine refuses, opened again and held while its
+    transcript is re-read; returns its id."""
+    fake.restore_error = KvRestoreError("the test refuses the snapshot")
+    conv_id = saved_then_new_chat(qtbot, w, text)
+    held(qtbot, fake, lambda: w.conversations.open(conv_id))
     return conv_id

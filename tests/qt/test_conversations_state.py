@@ -6,13 +6,21 @@ import threading
 
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine import KvRestoreError
 from lazykv.core.store import ConversationSummary
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.main_window import UiState
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
-from tests.qt.helpers import WAIT_MS, chat, error_box, held, saved_then_new_chat, settle, stored
+from tests.qt.helpers import (
+    WAIT_MS,
+    chat,
+    error_box,
+    held,
+    reopening_held,
+    saved_then_new_chat,
+    settle,
+    stored,
+)
 
 
 def block_the_database(w: object) -> threading.Event:
@@ -40,9 +48,7 @@ def test_deleting_a_conversation_while_it_opens_leaves_nothing_on_screen(
 ) -> None:
     """Issue 17.4: delete while its transcript is re-read; then a new chat saves without an error."""
     w = fake_window()
-    fake.restore_error = KvRestoreError("re-read it")
-    old = saved_then_new_chat(qtbot, w, "Old conversation " + "long " * 20)
-    held(qtbot, fake, lambda: w.conversations.open(old))
+    old = reopening_held(qtbot, w, fake, "Old conversation " + "long " * 20)
     assert w.state is UiState.LOADING and "Old conversation" in w.transcript.toPlainText()
     w.conversations.delete(old)
     assert w.transcript.toPlainText().strip() == "" and w.conversations.current is None
@@ -138,9 +144,7 @@ def test_reopening_rebuilds_and_the_banner_can_stop_it(
     qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
 ) -> None:
     w = fake_window()
-    fake.restore_error = KvRestoreError("the test refuses the snapshot")
-    conv = saved_then_new_chat(qtbot, w, "Read me again " + "word " * 40)
-    held(qtbot, fake, lambda: w.conversations.open(conv))
+    conv = reopening_held(qtbot, w, fake, "Read me again " + "word " * 40)
     fake.release()
     with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS) as opened:
         pass

@@ -19,6 +19,7 @@ import numpy as np
 from llama_cpp import llama_chat_format
 
 from lazykv.core.context_policy import fit_messages
+from lazykv.core.conversation import common_prefix
 from lazykv.core.errors import EngineError
 from lazykv.core.kinds import (
     DEFAULT_KV_MODE,
@@ -599,13 +600,3 @@ def _chat_formatter(llama: llama_cpp.Llama) -> llama_chat_format.Jinja2ChatForma
         bos_token=token_text(llama.token_bos()),
         stop_token_ids=[llama.token_eos()],
     )
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share (the prompt prefix a KV cache can reuse)."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

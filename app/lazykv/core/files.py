@@ -7,6 +7,17 @@ import tempfile
 from pathlib import Path
 
 
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or a new file in ``directory`` durable (a no-op where directories cannot be synced)."""
+    if not hasattr(os, "O_DIRECTORY"):  # Windows: directories cannot be opened or synced
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` (UTF-8) to a temp file in the same directory, fsync it, then rename over ``path``.
 

@@ -308,25 +308,24 @@ def _recorded_header(header_json: str) -> dict:
     return recorded if isinstance(recorded, dict) else {}
 
 
+# the user's note for each kind of refused snapshot, the first matching class wins
+_REFUSAL_NOTES: tuple[tuple[type[Exception], str], ...] = (
+    (SnapshotVersionError, "its snapshot was saved by a newer LazyKV Chat"),
+    (SnapshotOldFormatError, "its snapshot was saved by an older LazyKV Chat"),
+    (SnapshotAuthError,
+     "its snapshot could not be authenticated (wrong key, or the file was modified or damaged)"),
+    (SnapshotCorruptError, "its snapshot file is damaged"),
+    (KvRestoreError, "the engine could not take the saved state into this cache"),
+    (OSError, "its snapshot file could not be read"),
+)
+
+
 def _refusal(err: Exception) -> _Refused:
     """A one-line note for the user from an error; the error's own text goes to ``details``."""
-    details = str(err)
     if isinstance(err, _Refused):
         return err
-    if isinstance(err, SnapshotVersionError):
-        note = "its snapshot was saved by a newer LazyKV Chat"
-    elif isinstance(err, SnapshotOldFormatError):
-        note = "its snapshot was saved by an older LazyKV Chat"
-    elif isinstance(err, SnapshotAuthError):
-        note = "its snapshot could not be authenticated (wrong key, or the file was modified or damaged)"
-    elif isinstance(err, SnapshotCorruptError):
-        note = "its snapshot file is damaged"
-    elif isinstance(err, KvRestoreError):
-        note = "the engine could not take the saved state into this cache"
-    elif isinstance(err, OSError):
-        note = "its snapshot file could not be read"
-    else:
-        note = details
+    details = str(err)
+    note = next((text for kind, text in _REFUSAL_NOTES if isinstance(err, kind)), details)
     return _Refused(_one_line(note), details)
 
 

@@ -39,6 +39,7 @@ import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from lazykv.core.files import fsync_dir
 from lazykv.core.kinds import KvMode, KvPhase
 
 MAGIC = b"LKVSNAP\x00"
@@ -291,7 +292,7 @@ def write_snapshot(
             raise _save_error(e) from e
         raise
     try:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as e:
         raise _save_error(e) from e
     return digest.hexdigest()
@@ -347,16 +348,6 @@ def _write_all(fd: int, data: bytes, digest: Any) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _fsync_dir(directory: Path) -> None:
-    if not hasattr(os, "O_DIRECTORY"):  # Windows: directories cannot be opened or synced
-        return
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_quietly(name: str) -> None:

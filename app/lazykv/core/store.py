@@ -40,6 +40,9 @@ from typing import Any, TypeVar
 
 import platformdirs
 
+from lazykv.core.conversation import common_prefix
+from lazykv.core.files import fsync_dir
+
 SCHEMA_VERSION = 2
 APP_DIR_NAME = "lazykv"
 DB_FILE = "conversations.sqlite3"
@@ -466,15 +469,6 @@ def _is_temp_name(name: str) -> bool:
     return name.startswith((".", "tmp", PENDING_PREFIX)) or name.endswith(".tmp")
 
 
-def _common_prefix(a: Sequence[dict], b: Sequence[dict]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _writable(path: Path) -> bool:
     """Whether this process may create or change ``path`` (a file or a dir that may not exist yet)."""
     while not path.exists():
@@ -482,16 +476,6 @@ def _writable(path: Path) -> bool:
             return False
         path = path.parent
     return os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0))
-
-
-def _fsync_dir(directory: Path) -> None:
-    if not hasattr(os, "O_DIRECTORY"):  # Windows: directories cannot be opened or synced
-        return
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _private_dir(path: Path) -> None:
@@ -541,7 +525,7 @@ def reencrypt(path: Path, old_key: bytes | None, new_key: bytes | None) -> None:
     os.replace(side, path)
     for stale in ("-wal", "-shm"):
         path.with_name(path.name + stale).unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class Store:
@@ -977,7 +961,7 @@ class Store:
                 "This conversation was changed in another LazyKV Chat window while you edited it; "
                 "your edit was not saved. Reopen the conversation to see both."
             )
-        keep = _common_prefix(stored, wanted)
+        keep = common_prefix(stored, wanted)
         db.execute("DELETE FROM messages WHERE conv_id = ? AND seq >= ("
                    "SELECT seq FROM messages WHERE conv_id = ? ORDER BY seq LIMIT 1 OFFSET ?)",
                    (conv_id, conv_id, keep))  # fmt: skip

@@ -390,13 +390,8 @@ class Conversations(QObject):
     # -- rename, delete, export, import ----------------------------------------------------------------
 
     def ask_rename(self, conv_id: int) -> None:
-        dialog = QInputDialog(self._dialogs)
-        dialog.setObjectName("rename-dialog")
-        dialog.setWindowTitle("Rename conversation")
-        dialog.setLabelText("Title:")
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.textValueSelected.connect(lambda title: self.rename(conv_id, title))
-        dialog.open()
+        self._ask_text("rename-dialog", "Rename conversation", "Title:",
+                       lambda title: self.rename(conv_id, title))
 
     def rename(self, conv_id: int, title: str) -> None:
         def job(store: Store) -> ConversationSummary | None:
@@ -535,15 +530,10 @@ class Conversations(QObject):
         box.open()
 
     def ask_passphrase(self) -> None:
-        dialog = QInputDialog(self._dialogs)
-        dialog.setObjectName("passphrase-dialog")
-        dialog.setWindowTitle("Snapshot passphrase")
-        dialog.setLabelText("Passphrase for this session's conversation snapshots:")
-        dialog.setTextEchoMode(QLineEdit.EchoMode.Password)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.textValueSelected.connect(self.use_passphrase)
+        dialog = self._ask_text("passphrase-dialog", "Snapshot passphrase",
+                                "Passphrase for this session's conversation snapshots:", self.use_passphrase,
+                                password=True)  # fmt: skip
         dialog.rejected.connect(lambda: self._use(None))  # no passphrase: no snapshots, history as it is
-        dialog.open()
 
     def use_passphrase(self, passphrase: str, confirmation: str | None = None) -> None:
         """Unlock with the chosen passphrase (a wrong one is asked again), or choose it, typed twice:
@@ -571,14 +561,23 @@ class Conversations(QObject):
                                  unlocked=unlocked)), refused, "Checking the passphrase")  # fmt: skip
 
     def _confirm_passphrase(self, passphrase: str) -> None:
+        self._ask_text("passphrase-confirm-dialog", "Confirm the passphrase",
+                       "Type the new passphrase again:", lambda again: self.use_passphrase(passphrase, again),
+                       password=True)
+
+    def _ask_text(self, name: str, title: str, label: str, on_text: Callable[[str], None],
+                  password: bool = False) -> QInputDialog:
+        """A window-modal text question, deleted when closed; ``on_text`` gets the accepted text."""
         dialog = QInputDialog(self._dialogs)
-        dialog.setObjectName("passphrase-confirm-dialog")
-        dialog.setWindowTitle("Confirm the passphrase")
-        dialog.setLabelText("Type the new passphrase again:")
-        dialog.setTextEchoMode(QLineEdit.EchoMode.Password)
+        dialog.setObjectName(name)
+        dialog.setWindowTitle(title)
+        dialog.setLabelText(label)
+        if password:
+            dialog.setTextEchoMode(QLineEdit.EchoMode.Password)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.textValueSelected.connect(lambda again: self.use_passphrase(passphrase, again))
+        dialog.textValueSelected.connect(on_text)
         dialog.open()
+        return dialog
 
 
 def _load(store: Store, conv_id: int) -> tuple[ConversationRecord, Conversation]:

@@ -110,21 +110,24 @@ class EngineClient(QObject):
         if pending is not None and pending.on_progress is not None:
             pending.on_progress(payload)
 
+    def _answered(self, request: Request) -> _Pending | None:
+        """The request's pending entry, its operation ended (None: cancelled away or closed)."""
+        pending = self._pending.pop(request.id, None)
+        if pending is not None:
+            self._ops.end(pending.op)  # after the pop: a listener of the count sees it answered
+        return pending
+
     @Slot(object, object)
     def _finished(self, request: Request, result: Any) -> None:
-        pending = self._pending.pop(request.id, None)
-        if pending is None:
-            return
-        self._ops.end(pending.op)  # after the pop: a listener of the count sees it answered
-        if pending.on_done is not None:
+        pending = self._answered(request)
+        if pending is not None and pending.on_done is not None:
             pending.on_done(result)
 
     @Slot(object, object)
     def _failed(self, request: Request, failure: Failure) -> None:
-        pending = self._pending.pop(request.id, None)
+        pending = self._answered(request)
         if pending is None:
             return
-        self._ops.end(pending.op)
         if pending.on_failed is not None:
             pending.on_failed(failure)
         elif not failure.cancelled:
