@@ -123,6 +123,8 @@ def test_long_notes_never_widen_the_window(qtbot: QtBot) -> None:
     w.banner.show_note(long_note)
     w.edit_label.setText("Editing message 3: " + "a very long first line of that message " * 10)
     w.edit_bar.show()
+    w.model_label.setText("A-model-with-a-very-long-file-name-from-a-hub " * 6 + "· llama · ctx 4096")
+    w.statusBar().showMessage("Re-read from the transcript because " + "of a long reason " * 20)
     qtbot.wait(50)
     assert w.minimumSizeHint().width() == narrowest and w.width() <= screen
     w.close()
