@@ -7,18 +7,18 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast setup engine models app bench lint screenshots sysdeps clean-engine-build dist dist-check
+.PHONY: run test test-fast setup engine native-tools models app bench lint screenshots sysdeps clean-engine-build dist dist-check
 
 run: setup
 	$(PY) -m lazykv $(ARGS)
 
 # OMP_WAIT_POLICY=PASSIVE: engine threads sleep at barriers instead of spinning, so tests keep
 # their pace when other processes share the cores (timings live in `make bench`, which spins)
-test: setup
+test: setup native-tools
 	OMP_WAIT_POLICY=PASSIVE QT_QPA_PLATFORM=offscreen $(PY) -m pytest $(PYTEST_ARGS)
 
 # everything but the real-model tests (marked slow in tests/conftest.py): under 2 minutes
-test-fast: setup
+test-fast: setup native-tools
 	OMP_WAIT_POLICY=PASSIVE QT_QPA_PLATFORM=offscreen $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 setup: sysdeps engine app models
@@ -30,6 +30,11 @@ $(PY):
 # the patched llama-cpp-python: cached wheel keyed by its inputs, else built
 engine: | $(PY)
 	$(PY) native/build.py ensure
+
+# llama.cpp's test programs (its state suite on every architecture, tests/native): built once per
+# patch series into $XDG_CACHE_HOME/lazykv/tools (minutes cold, instant warm)
+native-tools: | $(PY)
+	$(PY) native/build.py tools
 
 # after the engine, so that pip finds the patched build already satisfying the pin
 app: engine $(VENV)/.app-installed

@@ -14,10 +14,18 @@ The engine is the pinned llama-cpp-python sdist plus the patch series in
   ensure    wheel from the cache (or prepare + build), installed into the
             running interpreter's environment; does nothing when current
   key       print the cache key and the wheel version
+  tools     build llama.cpp's test and tool programs (test-llama-archs,
+            test-save-load-state, llama-perplexity, llama-bench,
+            ggml-rpc-server) of the exported series into the tools cache;
+            print their directory; does nothing when current
 
 The wheel cache lives in $XDG_CACHE_HOME/lazykv/engine (~/.cache/lazykv/engine)
 and is keyed by the sha256 of (sdist sha256, patch bytes, CMAKE_ARGS, Python
-tag, machine), so a second run never rebuilds.  Only the standard library is
+tag, machine), so a second run never rebuilds.  The tools live beside it in
+$XDG_CACHE_HOME/lazykv/tools/<key>, keyed the same way by their own CMake
+arguments; they are built from a git worktree of the exported series
+(native/work/tools-src, build dir native/work/build-tools), never from the
+edit tree, so uncommitted work never lands in the cache.  Only the standard library is
 used: this runs before anything else is installed.
 """
 
@@ -69,6 +77,22 @@ X86_64_CMAKE_ARGS = [
     "-DGGML_F16C=ON",
     "-DGGML_BMI2=ON",
 ]
+
+TOOLS_SRC = WORK / "tools-src"
+TOOLS_BUILD_DIR = WORK / "build-tools"
+# static, so that the cached programs run without the build tree
+TOOLS_CMAKE_ARGS = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_RPC=ON",
+]
+TOOLS = ("test-llama-archs", "test-save-load-state", "llama-perplexity", "llama-bench", "ggml-rpc-server")
 
 GIT_ID = ["-c", "user.name=LazyKV build", "-c", "user.email=build@lazykv.invalid"]
 
@@ -228,10 +252,18 @@ def rejected_hunks(patch: Path) -> str:
     return res.stdout + "\n".join(rejects)
 
 
+def ensure_pristine() -> bool:
+    """Make SRC a git repo holding the pristine sdist (tag ``pristine``); True if it was just extracted."""
+    if (SRC / ".git").exists() and git("tag", "-l", PRISTINE_TAG, check=False):
+        return False
+    ensure_build_requirements()
+    extract_pristine(fetch_sdist())
+    return True
+
+
 def prepare(force: bool = False) -> None:
-    if not (SRC / ".git").exists() or not git("tag", "-l", PRISTINE_TAG, check=False):
-        ensure_build_requirements()
-        extract_pristine(fetch_sdist())
+    if ensure_pristine():
+        pass
     elif not force and applied_series() == series_hash():
         log("work tree already has the current patch series")
         return
@@ -323,6 +355,80 @@ def ensure() -> None:
     log(f"installed engine {version}")
 
 
+# ---------------------------------------------------------------- tools
+
+def tools_cmake_args() -> list[str]:
+    args = list(TOOLS_CMAKE_ARGS)
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        args += X86_64_CMAKE_ARGS
+    return args + os.environ.get("CMAKE_ARGS", "").split()
+
+
+def tools_key() -> str:
+    h = hashlib.sha256()
+    for part in (SDIST_SHA256, series_hash(), " ".join(tools_cmake_args()), platform.machine()):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def tools_dir() -> Path:
+    """Where ``tools`` puts the programs of the current series (they may not be built yet)."""
+    return cache_root() / "tools" / tools_key()
+
+
+def tools_source() -> Path:
+    """A worktree of SRC's repo at the pristine sdist with the exported series applied."""
+    ensure_pristine()
+    mark = WORK / "tools-src.series"
+    if TOOLS_SRC.exists() and mark.exists() and mark.read_text().strip() == series_hash():
+        return TOOLS_SRC
+    mark.unlink(missing_ok=True)
+    # back to pristine in place when possible: only the files the series touches change, so the
+    # tools build dir rebuilds only what depends on them
+    if TOOLS_SRC.exists():
+        run(["git", "am", "--abort"], cwd=TOOLS_SRC, capture=True, check=False)
+    in_place = TOOLS_SRC.exists() and run(["git", "reset", "-q", "--hard", PRISTINE_TAG], cwd=TOOLS_SRC,
+                                          capture=True, check=False).returncode == 0
+    if not in_place:
+        shutil.rmtree(TOOLS_SRC, ignore_errors=True)
+        git("worktree", "prune")
+        git("worktree", "add", "-q", "--detach", str(TOOLS_SRC), PRISTINE_TAG)
+    for patch in patch_files():
+        res = run(["git", *GIT_ID, "am", "-q", "--keep-cr", "--committer-date-is-author-date", str(patch)],
+                  cwd=TOOLS_SRC, capture=True, check=False)
+        if res.returncode != 0:
+            raise BuildError(f"patch {patch.name} does not apply to the tools tree:\n{res.stdout}")
+    mark.write_text(series_hash() + "\n")
+    return TOOLS_SRC
+
+
+def build_tools() -> Path:
+    """The directory holding TOOLS for the current series, built (minutes) only when not cached."""
+    out = tools_dir()
+    if all((out / name).is_file() for name in TOOLS):
+        return out
+    llama_cpp_src = tools_source() / "vendor" / "llama.cpp"
+    ensure_build_requirements()
+    log(f"building {', '.join(TOOLS)} (cmake {' '.join(tools_cmake_args())})")
+    t0 = time.monotonic()
+    res = run(["cmake", "-S", str(llama_cpp_src), "-B", str(TOOLS_BUILD_DIR), "-G", "Ninja",
+               *tools_cmake_args()], capture=True, check=False)
+    if res.returncode != 0:
+        raise BuildError(f"cmake could not configure the tools build:\n{res.stdout}")
+    jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    run(["cmake", "--build", str(TOOLS_BUILD_DIR), "-j", jobs, "--target", *TOOLS])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent))
+    staging.chmod(0o755)
+    for name in TOOLS:
+        shutil.copy2(TOOLS_BUILD_DIR / "bin" / name, staging / name)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.replace(out)
+    log(f"built the tools in {time.monotonic() - t0:.0f} s into {out}")
+    prune_wheel_cache(keep=out, n_keep=2)  # the state suite keeps ~1 GB of models beside them
+    return out
+
+
 # ---------------------------------------------------------------- export
 
 def export() -> None:
@@ -353,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("export", help="regenerate native/patches from the work tree commits")
     sub.add_parser("ensure", help="install the engine wheel (cached or freshly built)")
     sub.add_parser("key", help="print the cache key and wheel version")
+    sub.add_parser("tools", help="build llama.cpp's test/tool programs into the tools cache, print its path")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "prepare":
@@ -367,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
             ensure()
         elif args.cmd == "key":
             print(cache_key(), wheel_version())
+        elif args.cmd == "tools":
+            print(build_tools())
     except (BuildError, subprocess.CalledProcessError) as err:
         print(f"native/build.py {args.cmd}: {err}", file=sys.stderr)
         return 1

@@ -24,6 +24,7 @@ import pytest
 import lazykv
 from lazykv.core.model_meta import GGUFError, read_model_meta
 from tests.support.crafted_gguf import CASES, Case, write_corpus
+from tests.support.summary import write_summary
 
 CHILD_TIMEOUT_S = 60
 MAX_META_PEAK = 1 << 20  # Python memory model_meta may allocate for any file of the corpus
@@ -109,13 +110,11 @@ def engine_results(corpus: dict[str, Path],
     yield results
     tally = Counter(f"{case.kind}: {results[case.name].outcome}" for case in CASES)
     peak = max(int(r.result.get("maxrss", 0)) for r in results.values())
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     line = (f"crafted GGUF corpus: {len(CASES)} files through EngineSession.load in child processes, "
             f"{sum(r.returncode == 0 for r in results.values())} without an abort; "
             + ", ".join(f"{k} {n}" for k, n in sorted(tally.items()))
             + f"; largest child peak RSS {peak >> 20} MiB")
-    if reporter is not None:
-        reporter.write_line(line)
+    write_summary(request.config, line)
 
 
 def _ids(case: Case) -> str:
