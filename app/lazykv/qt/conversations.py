@@ -4,8 +4,10 @@
 whether it is private). Database work runs on the window's background thread (its own
 connection, one job at a time, in order); snapshots are saved and restored by the engine
 worker (it holds the KV cache). The transcript is written before the snapshot, so a crash
-never loses a word that was on screen. Views refresh only for their own changes: a saved turn
-updates its row of the list in place.
+never loses a word that was on screen. Views refresh only for their own changes (Anki's
+``operation_did_execute``): every database operation returns its ``OpChanges``, and the list
+updates, adds or removes only the rows of the conversations it changed (a saved turn, a rename,
+a delete and its undo, an import); only a new search query lists anew.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
@@ -45,11 +47,13 @@ from lazykv.core.persistence import Crypto, OpenResult, SaveResult
 from lazykv.core.settings import Settings
 from lazykv.core.snapshot import ENCRYPTION_KEYRING, ENCRYPTION_NONE, ENCRYPTION_PASSPHRASE
 from lazykv.core.store import (
+    Change,
     Cleanup,
     ConversationRecord,
     ConversationSummary,
     Database,
     Deleted,
+    OpChanges,
     Store,
     Synced,
     data_dir,
@@ -61,6 +65,7 @@ from lazykv.qt.operations import EngineClient
 from lazykv.qt.worker import Failure, OpenConversation, SaveSnapshot, SetCrypto
 
 UNDO_MS = 10_000
+C = TypeVar("C", bound=OpChanges)
 _UNOPENED = object()
 TITLE_CHARS = 60
 
@@ -116,14 +121,6 @@ class Chat:
     unsaved_private_turns: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
-class _Persisted:
-    conv_id: int
-    created: bool
-    summary: ConversationSummary | None
-    synced: Synced
-
-
 class Conversations(QObject):
     """Owns the chat on screen and asks for the snapshot protection (the key itself lives only in the
     engine worker's Persistence: the GUI knows whether snapshots are on, not the key)."""
@@ -133,6 +130,9 @@ class Conversations(QObject):
     saved = Signal(int)  # conversation id: its transcript was written
     snapshot_saved = Signal(int, object)  # conversation id, SaveResult
     opened = Signal(int, object)  # conversation id, OpenResult (after the window has shown it)
+    # after each database operation: its OpChanges, and {conversation id: its list row now, or None
+    # when it is gone} for the conversations whose row it changed
+    operation_did_execute = Signal(object, object)
 
     def __init__(self, host: ConversationsHost, dialog_parent: QWidget, system_prompt: str,
                  undo_ms: int = UNDO_MS) -> None:
@@ -157,6 +157,7 @@ class Conversations(QObject):
         panel.import_requested.connect(self.ask_import)
         panel.search_changed.connect(self.refresh)
         panel.private_toggled.connect(self.set_private)
+        self.operation_did_execute.connect(lambda _, rows: panel.apply(rows, self.current))
         self.undo_button = QPushButton("Undo")
         self.undo_button.setObjectName("undo-delete")
         self.undo_button.hide()
@@ -181,6 +182,22 @@ class Conversations(QObject):
 
         database = self.host.database  # the process's one connection; the pool thread waits, not the GUI
         self.host.background.run(lambda: database.call(fn), on_done, on_error or failed, what)
+
+    def execute(self, op: Callable[[Store], C], on_done: Callable[[C], None] | None, what: str) -> None:
+        """Run a database operation; what it changed goes to ``operation_did_execute`` (with the list
+        rows it changed, read in the same job), then its answer to ``on_done``."""
+        def job(store: Store) -> tuple[C, dict[int, ConversationSummary | None]]:
+            changes = op(store)
+            touched = changes.conv_ids if changes.touches(Change.LIST) else ()
+            return changes, {conv_id: _summary(store, conv_id) for conv_id in touched}
+
+        def done(answer: tuple[C, dict[int, ConversationSummary | None]]) -> None:
+            changes, rows = answer
+            self.operation_did_execute.emit(changes, rows)
+            if on_done is not None:
+                on_done(changes)
+
+        self.call(job, done, what)
 
     def start_up(self) -> None:
         """Remove what interrupted saves left (also when snapshots are off), saying what went; say so
@@ -235,23 +252,21 @@ class Conversations(QObject):
         saved = chat.saved
         messages = chat.conversation.messages()  # what the KV cache holds: the snapshot's binding
 
-        def job(store: Store) -> _Persisted:
+        def job(store: Store) -> Synced:
             # appended, or compare-and-swapped for an edit or a taken-back turn: never replaced wholesale
             result = store.sync_transcript(saved.uid, turns, saved.synced, title=title_from(turns),
                                            system_prompt=system, settings=settings, create=saved.id is None)
             saved.id, saved.synced = result.id, len(result.messages)
-            return _Persisted(result.id, result.created, _summary(store, result.id), result)
+            return result
 
-        def done(persisted: _Persisted) -> None:
-            if persisted.summary is not None:
-                self.host.conversations_panel.upsert(persisted.summary, selected=self.chat.saved is saved)
-            self.saved.emit(persisted.conv_id)
-            if persisted.synced.merged and self.chat.saved is saved:
-                self._adopt(persisted.synced.messages)
+        def done(synced: Synced) -> None:
+            self.saved.emit(synced.id)
+            if synced.merged and self.chat.saved is saved:
+                self._adopt(synced.messages)
             elif snapshot and self.chat.saved is saved and chat.first_saved == 0:  # no private turns
-                self._save_snapshot(persisted.conv_id, messages)
+                self._save_snapshot(synced.id, messages)
 
-        self.call(job, done, "Saving the conversation")
+        self.execute(job, done, "Saving the conversation")
 
     def forget_turn(self) -> None:
         """The last user turn was refused (taken back into the input box): the database forgets it too,
@@ -264,17 +279,11 @@ class Conversations(QObject):
             return
         saved = chat.saved
 
-        def job(store: Store) -> int | None:  # after the turn's own save, which may still be queued
+        def job(store: Store) -> OpChanges:  # after the turn's own save, which may still be queued
             removed, saved.id, saved.synced = saved.id, None, 0
-            if removed is not None:
-                store.delete(removed)
-            return removed
+            return store.delete(removed) if removed is not None else OpChanges()
 
-        def done(removed: int | None) -> None:
-            if removed is not None:
-                self.host.conversations_panel.remove(removed)
-
-        self.call(job, done, "Saving the conversation")
+        self.execute(job, None, "Saving the conversation")
 
     def _conversation_settings(self) -> dict[str, Any]:
         model = self.host.model_info
@@ -323,7 +332,8 @@ class Conversations(QObject):
     # -- the list -----------------------------------------------------------------------------------
 
     def refresh(self, query: str | None = None) -> None:
-        """Reload the whole list (start-up, search, import, delete, undo)."""
+        """List anew for the search box's query (start-up, a new query); operations change only their
+        own rows (``operation_did_execute``)."""
         panel = self.host.conversations_panel
         query = panel.search.text() if query is None else query
 
@@ -394,15 +404,7 @@ class Conversations(QObject):
                        lambda title: self.rename(conv_id, title))
 
     def rename(self, conv_id: int, title: str) -> None:
-        def job(store: Store) -> ConversationSummary | None:
-            store.rename(conv_id, title)
-            return _summary(store, conv_id)
-
-        def done(summary: ConversationSummary | None) -> None:
-            if summary is not None:
-                self.host.conversations_panel.upsert(summary, selected=summary.id == self.current)
-
-        self.call(job, done, "Renaming")
+        self.execute(lambda s: s.rename(conv_id, title), None, "Renaming")
 
     def delete(self, conv_id: int) -> None:
         """Delete now, with Undo in the status bar for a while (the snapshot file stays until pruned).
@@ -420,15 +422,14 @@ class Conversations(QObject):
             self.host.statusBar().showMessage(f"Deleted “{record.title}”", self._undo_ms)
             self.undo_button.show()
             self._undo_timer.start(self._undo_ms)
-            self.host.conversations_panel.remove(record.id)
 
-        self.call(lambda s: s.delete(conv_id), done, "Deleting")
+        self.execute(lambda s: s.delete(conv_id), done, "Deleting")
 
     def undo_delete(self) -> None:
         record, self._deleted = self._deleted, None
         self.undo_button.hide()
         if record is not None:
-            self.call(lambda s: s.undelete(record), lambda _: self.refresh(), "Undoing the delete")
+            self.execute(lambda s: s.undelete(record), None, "Undoing the delete")
 
     def export(self, conv_id: int, fmt: ExportFormat) -> None:
         path, _ = QFileDialog.getSaveFileName(
@@ -457,14 +458,14 @@ class Conversations(QObject):
             self.import_from(Path(path))
 
     def import_from(self, path: Path) -> None:
-        def job(store: Store) -> int:
+        def job(store: Store) -> OpChanges:
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, ValueError) as err:
                 raise ValueError(f"{path.name} is not a conversation export: {err}") from err
             return store.import_json(data)
 
-        self.call(job, lambda _: self.refresh(), f"Importing {path.name}")
+        self.execute(job, None, f"Importing {path.name}")
 
     # -- the snapshot key ------------------------------------------------------------------------------
 
@@ -502,7 +503,7 @@ class Conversations(QObject):
             self.refresh()
         elif crypto is not None and key_id != self._history_key:
             self._history_key = key_id
-            self.host.background.run(lambda: database.change_key(key).result(), lambda _: self.refresh(),
+            self.host.background.run(lambda: database.change_key(key).result(),  # the list stays as it is
                                      what="Re-encrypting the conversation history")
 
     def _keyring_missing(self, err: Exception) -> None:

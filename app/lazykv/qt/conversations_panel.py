@@ -6,7 +6,7 @@ The panel only shows and asks (signals); the window does the work off the GUI th
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -28,6 +28,7 @@ from lazykv.core.store import ConversationSummary
 from lazykv.qt.markdown import plain_rich_text
 
 SEARCH_DELAY_MS = 250
+UPDATED_ROLE = Qt.ItemDataRole.UserRole + 1  # a row's ``updated`` time: the list's order
 EXPORTS = (("Export as Markdown…", ExportFormat.MARKDOWN), ("Export as JSON…", ExportFormat.JSON))
 
 
@@ -95,7 +96,7 @@ class ConversationsPanel(QWidget):
         layout.addWidget(self.private_box)
 
     def set_conversations(self, items: Sequence[ConversationSummary], current: int | None) -> None:
-        """Replace the whole list (start-up, search, import, undo); the scroll position is kept."""
+        """Replace the whole list (start-up, a new search query); the scroll position is kept."""
         bar = self.list.verticalScrollBar()
         scrolled = bar.value()
         self.list.clear()
@@ -105,21 +106,40 @@ class ConversationsPanel(QWidget):
         bar.setValue(scrolled)
         self.listed.emit()
 
+    def apply(self, rows: Mapping[int, ConversationSummary | None], current: int | None) -> None:
+        """An operation's changes to the list (``Conversations.operation_did_execute``): each changed
+        conversation's row as it is now, None when it is gone. Only those rows change; the others,
+        and the scroll position, stay as they are."""
+        for conv_id, summary in rows.items():
+            if summary is None:
+                self.remove(conv_id)
+            else:
+                self.upsert(summary, selected=conv_id == current)
+
     def upsert(self, summary: ConversationSummary, selected: bool) -> None:
-        """One conversation changed (a saved turn, a rename): its row is updated, or added on top,
-        the rest of the list and its scroll position stay as they are."""
+        """One conversation changed (a saved turn, a rename, an import, an undone delete): its row is
+        updated, or added, at its place (most recently updated first). While a search is shown, a
+        conversation not in its results is not added (it may not match)."""
+        searching = bool(self.search.text().strip())
         row = self._row(summary.id)
         if row is None:
-            if not self.search.text().strip():
-                self.list.insertItem(0, _item(summary))
+            if not searching:
+                self.list.insertItem(self._place(summary), _item(summary))
         else:
             item = self.list.item(row)
-            item.setText(_item_text(summary))
-            item.setToolTip(plain_rich_text(summary.snippet or summary.title))
-            if row > 0 and not self.search.text().strip():  # most recently updated first
-                self.list.insertItem(0, self.list.takeItem(row))
+            _fill(item, summary)
+            place = self._place(summary, moving=row)
+            if place != row and not searching:  # a search's results keep the search's order
+                self.list.insertItem(place, self.list.takeItem(row))
         if selected:
             self.select(summary.id)
+
+    def _place(self, summary: ConversationSummary, moving: int | None = None) -> int:
+        """Where ``summary``'s row goes (the row at ``moving`` taken out first): the list's order is the
+        database's, most recently updated first, then the newest id."""
+        key = (summary.updated, summary.id)
+        others = [i for i in range(self.list.count()) if i != moving]
+        return next((n for n, i in enumerate(others) if _key(self.list.item(i)) < key), len(others))
 
     def remove(self, conv_id: int) -> None:
         row = self._row(conv_id)
@@ -183,7 +203,17 @@ def _when(timestamp: float) -> str:
 
 
 def _item(summary: ConversationSummary) -> QListWidgetItem:
-    item = QListWidgetItem(_item_text(summary))
+    item = QListWidgetItem()
     item.setData(Qt.ItemDataRole.UserRole, summary.id)
-    item.setToolTip(plain_rich_text(summary.snippet or summary.title))
+    _fill(item, summary)
     return item
+
+
+def _fill(item: QListWidgetItem, summary: ConversationSummary) -> None:
+    item.setText(_item_text(summary))
+    item.setToolTip(plain_rich_text(summary.snippet or summary.title))
+    item.setData(UPDATED_ROLE, float(summary.updated))
+
+
+def _key(item: QListWidgetItem) -> tuple[float, int]:
+    return item.data(UPDATED_ROLE), item.data(Qt.ItemDataRole.UserRole)

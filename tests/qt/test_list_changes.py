@@ -1,0 +1,106 @@
+"""The conversation list is driven by changes (issue 16): an import, a delete and its undo, a rename
+change only their own rows; the list is never rebuilt for them and keeps its scroll position."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from pytestqt.qtbot import QtBot
+
+from lazykv.core.store import Store, new_uid
+from lazykv.qt.main_window import MainWindow
+from tests.qt.conftest import FakeWindow
+from tests.qt.helpers import WAIT_MS, settle
+
+KEPT_ROLE = Qt.ItemDataRole.UserRole + 7  # a mark the test puts on rows; a rebuilt row has none
+N_CONVERSATIONS = 40
+
+
+def listed_ids(w: MainWindow) -> list[int]:
+    """The database's own order of the conversations."""
+    return [s.id for s in w.database.call(lambda store: store.list_conversations())]
+
+
+def scrolled_window(qtbot: QtBot, fake_window: FakeWindow) -> MainWindow:
+    """A window listing many saved conversations, its list scrolled half-way, every row marked."""
+    w = fake_window()
+
+    def fill(store: Store) -> None:
+        for i in range(N_CONVERSATIONS):
+            turns = [{"role": "user", "content": f"Conversation {i}"}]
+            store.sync_transcript(new_uid(), turns, 0, title=f"Conversation {i}", create=True)
+
+    w.database.call(fill)
+    panel = w.conversations_panel
+    with qtbot.waitSignal(panel.listed, timeout=WAIT_MS):
+        w.conversations.refresh()
+    assert panel.ids() == listed_ids(w)
+    bar = panel.list.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 2, timeout=WAIT_MS)  # the list's layout is done later
+    bar.setValue(bar.maximum() // 2)
+    assert bar.value() > 0
+    for row in range(panel.list.count()):
+        panel.list.item(row).setData(KEPT_ROLE, True)
+    return w
+
+
+def assert_only_rows_changed(w: MainWindow, scrolled: int, rebuilds: list[int], new: set[int]) -> None:
+    panel = w.conversations_panel
+    assert rebuilds == []
+    assert panel.ids() == listed_ids(w)  # the database's order, rows added at their place
+    unmarked = {panel.list.item(r).data(Qt.ItemDataRole.UserRole) for r in range(panel.list.count())
+                if not panel.list.item(r).data(KEPT_ROLE)}  # fmt: skip
+    assert unmarked == new
+    assert panel.list.verticalScrollBar().value() == scrolled
+
+
+def test_an_import_adds_one_row_and_rebuilds_nothing(
+    qtbot: QtBot, fake_window: FakeWindow, tmp_path: Path
+) -> None:
+    w = scrolled_window(qtbot, fake_window)
+    panel = w.conversations_panel
+    rebuilds: list[int] = []
+    panel.listed.connect(lambda: rebuilds.append(1))
+    scrolled = panel.list.verticalScrollBar().value()
+    middle = panel.ids()[N_CONVERSATIONS // 2]
+    export = tmp_path / "c.json"
+    export.write_text(json.dumps(w.database.call(lambda store: store.export_json(middle))))
+    w.conversations.import_from(export)
+    settle(qtbot, w)
+    [imported] = set(panel.ids()) - set(range(N_CONVERSATIONS + 1))
+    assert_only_rows_changed(w, scrolled, rebuilds, {imported})
+
+
+def test_a_delete_and_its_undo_change_one_row_and_rebuild_nothing(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    w = scrolled_window(qtbot, fake_window)
+    panel = w.conversations_panel
+    rebuilds: list[int] = []
+    panel.listed.connect(lambda: rebuilds.append(1))
+    scrolled = panel.list.verticalScrollBar().value()
+    middle = panel.ids()[N_CONVERSATIONS // 2]
+    w.conversations.delete(middle)
+    settle(qtbot, w)
+    assert middle not in panel.ids()
+    assert_only_rows_changed(w, scrolled, rebuilds, set())
+    w.conversations.undo_button.click()
+    settle(qtbot, w)
+    assert middle in panel.ids()  # back at its place (its id was free)
+    assert_only_rows_changed(w, scrolled, rebuilds, {middle})
+
+
+def test_a_rename_changes_its_row_in_place(qtbot: QtBot, fake_window: FakeWindow) -> None:
+    w = scrolled_window(qtbot, fake_window)
+    panel = w.conversations_panel
+    rebuilds: list[int] = []
+    panel.listed.connect(lambda: rebuilds.append(1))
+    scrolled = panel.list.verticalScrollBar().value()
+    middle = panel.ids()[N_CONVERSATIONS // 2]
+    w.conversations.rename(middle, "Renamed")
+    settle(qtbot, w)
+    row = panel.ids().index(middle)
+    assert panel.list.item(row).text().startswith("Renamed")
+    assert_only_rows_changed(w, scrolled, rebuilds, set())
