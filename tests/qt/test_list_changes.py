@@ -1,5 +1,6 @@
 """The conversation list is driven by changes (issue 16): an import, a delete and its undo, a rename
-change only their own rows; the list is never rebuilt for them and keeps its scroll position."""
+change only their own rows; the list is never rebuilt for them and keeps its scroll position. And
+the operations in flight disable the delete that would race a snapshot being written."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import json
 from pathlib import Path
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QKeySequence, QShortcut
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.store import Store, new_uid
+from lazykv.core.store import Store, data_dir, new_uid
 from lazykv.qt.main_window import MainWindow
+from lazykv.qt.worker import Convert, SaveSnapshot
 from tests.qt.conftest import FakeWindow
-from tests.qt.helpers import WAIT_MS, settle
+from tests.qt.fake_engine import FakeSession
+from tests.qt.helpers import WAIT_MS, chat, held, settle
 
 KEPT_ROLE = Qt.ItemDataRole.UserRole + 7  # a mark the test puts on rows; a rebuilt row has none
 N_CONVERSATIONS = 40
@@ -104,3 +108,32 @@ def test_a_rename_changes_its_row_in_place(qtbot: QtBot, fake_window: FakeWindow
     row = panel.ids().index(middle)
     assert panel.list.item(row).text().startswith("Renamed")
     assert_only_rows_changed(w, scrolled, rebuilds, set())
+
+
+def test_a_conversation_cannot_be_deleted_while_its_snapshot_is_written(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    """Issue 16: the count of operations in flight disables the one mutating action that races. A
+    delete while the engine writes the conversation's snapshot left the file referenced by nothing
+    and said the snapshot was not saved; the other actions queue on the one database thread."""
+    w = fake_window()  # snapshots on, unencrypted
+    chat(qtbot, w, "Keep my snapshot")
+    conv = w.conversations.current
+    held(qtbot, fake, lambda: w.engine.submit(Convert()))  # the engine is busy: the save waits behind
+    w.conversations.persist(snapshot=True)
+    qtbot.waitUntil(lambda: any(isinstance(r, SaveSnapshot) for r in w.engine.pending()), timeout=WAIT_MS)
+    panel = w.conversations_panel
+    panel.select(conv)
+    assert not panel.delete_button.isEnabled()
+    [delete_key] = [s for s in panel.list.findChildren(QShortcut) if s.key() == QKeySequence.Delete]
+    delete_key.activated.emit()  # the key is refused too
+    assert panel.new_button.isEnabled() and panel.rename_button.isEnabled()  # they do not race
+    fake.release()
+    settle(qtbot, w)
+    assert "not saved" not in w.statusBar().currentMessage()
+    assert panel.delete_button.isEnabled() and conv in panel.ids()
+    [snapshot] = (data_dir() / "snapshots").glob("*.lkv")  # the new one replaced the first
+    assert w.database.call(lambda store: store.conversation(conv).snapshot.path) == snapshot
+    panel.delete_button.click()
+    settle(qtbot, w)
+    assert conv not in panel.ids()

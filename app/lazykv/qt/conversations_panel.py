@@ -6,7 +6,7 @@ The panel only shows and asks (signals); the window does the work off the GUI th
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -54,24 +54,26 @@ class ConversationsPanel(QWidget):
         self._search_timer.timeout.connect(lambda: self.search_changed.emit(self.search.text()))
         self.search.textChanged.connect(lambda _: self._search_timer.start())
 
+        self._saving: frozenset[int] = frozenset()  # conversations whose snapshot is being written
         self.list = QListWidget()
         self.list.setObjectName("conversation-list")
+        self.list.currentItemChanged.connect(lambda *_: self._enable_delete())
         self.list.setWordWrap(True)
         self.list.itemActivated.connect(self._activated)
         self.list.itemClicked.connect(self._activated)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._context_menu)
-        keys = ((Qt.Key.Key_F2, self.rename_requested), (Qt.Key.Key_Delete, self.delete_requested))
-        for key, signal in keys:
+        keys = ((Qt.Key.Key_F2, self.rename_requested.emit), (Qt.Key.Key_Delete, self._delete))
+        for key, slot in keys:
             shortcut = QShortcut(QKeySequence(key), self.list, context=Qt.ShortcutContext.WidgetShortcut)
-            shortcut.activated.connect(lambda signal=signal: self._with_selected(signal.emit))
+            shortcut.activated.connect(lambda slot=slot: self._with_selected(slot))
 
         self.new_button = QPushButton("New")
         self.new_button.clicked.connect(self.new_requested.emit)
         self.rename_button = QPushButton("Rename")
         self.rename_button.clicked.connect(lambda: self._with_selected(self.rename_requested.emit))
         self.delete_button = QPushButton("Delete")
-        self.delete_button.clicked.connect(lambda: self._with_selected(self.delete_requested.emit))
+        self.delete_button.clicked.connect(lambda: self._with_selected(self._delete))
         self.more_button = QToolButton()
         self.more_button.setText("More")
         self.more_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
@@ -141,6 +143,19 @@ class ConversationsPanel(QWidget):
         others = [i for i in range(self.list.count()) if i != moving]
         return next((n for n, i in enumerate(others) if _key(self.list.item(i)) < key), len(others))
 
+    def set_saving(self, conv_ids: Collection[int]) -> None:
+        """The conversations whose snapshot is being written: they cannot be deleted until it is (the
+        file would be left behind, referenced by nothing, and the save reported as failed)."""
+        self._saving = frozenset(conv_ids)
+        self._enable_delete()
+
+    def _enable_delete(self) -> None:
+        self.delete_button.setEnabled(self.selected_id() not in self._saving)
+
+    def _delete(self, conv_id: int) -> None:
+        if conv_id not in self._saving:
+            self.delete_requested.emit(conv_id)
+
     def remove(self, conv_id: int) -> None:
         row = self._row(conv_id)
         if row is not None:
@@ -182,7 +197,7 @@ class ConversationsPanel(QWidget):
         menu = QMenu(self)
         menu.addAction("Open", lambda: self.open_requested.emit(conv_id))
         menu.addAction("Rename…", lambda: self.rename_requested.emit(conv_id))
-        menu.addAction("Delete", lambda: self.delete_requested.emit(conv_id))
+        menu.addAction("Delete", lambda: self._delete(conv_id)).setEnabled(conv_id not in self._saving)
         for label, fmt in EXPORTS:
             menu.addAction(label, lambda f=fmt: self.export_requested.emit(conv_id, f))
         menu.exec(self.list.viewport().mapToGlobal(pos))

@@ -68,6 +68,7 @@ from lazykv.qt.worker import (
     Reply,
     ReplyOptions,
     Request,
+    SaveSnapshot,
 )
 
 APP_TITLE = "LazyKV Chat"
@@ -477,6 +478,9 @@ class MainWindow(QMainWindow):
             and self.kv.n_cells_used > 0
         )
         self.info_action.setEnabled(self.model_info is not None)
+        # deleting a conversation while its snapshot is written would orphan the file (issue 16)
+        self.conversations_panel.set_saving(
+            {r.conv_id for r in self.engine.pending() if isinstance(r, SaveSnapshot)})
         if state is not UiState.READY:
             self._idle_timer.stop()
 
