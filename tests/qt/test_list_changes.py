@@ -5,6 +5,7 @@ the operations in flight disable the delete that would race a snapshot being wri
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -27,8 +28,28 @@ def listed_ids(w: MainWindow) -> list[int]:
     return [s.id for s in w.database.call(lambda store: store.list_conversations())]
 
 
-def scrolled_window(qtbot: QtBot, fake_window: FakeWindow) -> MainWindow:
+@dataclass
+class Scrolled:
     """A window listing many saved conversations, its list scrolled half-way, every row marked."""
+
+    w: MainWindow
+    scrolled: int  # the scroll bar's value
+    middle: int  # a conversation half-way down the list
+    rebuilds: list[int] = field(default_factory=list)  # one entry each time the whole list is filled
+
+    def assert_only_rows_changed(self, new: set[int]) -> None:
+        """No rebuild, the database's order (rows added at their place), only ``new`` rows are new
+        items, the scroll position kept."""
+        panel = self.w.conversations_panel
+        assert self.rebuilds == []
+        assert panel.ids() == listed_ids(self.w)
+        unmarked = {panel.list.item(r).data(Qt.ItemDataRole.UserRole) for r in range(panel.list.count())
+                    if not panel.list.item(r).data(KEPT_ROLE)}  # fmt: skip
+        assert unmarked == new
+        assert panel.list.verticalScrollBar().value() == self.scrolled
+
+
+def scrolled_window(qtbot: QtBot, fake_window: FakeWindow) -> Scrolled:
     w = fake_window()
 
     def fill(store: Store) -> None:
@@ -47,67 +68,61 @@ def scrolled_window(qtbot: QtBot, fake_window: FakeWindow) -> MainWindow:
     assert bar.value() > 0
     for row in range(panel.list.count()):
         panel.list.item(row).setData(KEPT_ROLE, True)
-    return w
-
-
-def assert_only_rows_changed(w: MainWindow, scrolled: int, rebuilds: list[int], new: set[int]) -> None:
-    panel = w.conversations_panel
-    assert rebuilds == []
-    assert panel.ids() == listed_ids(w)  # the database's order, rows added at their place
-    unmarked = {panel.list.item(r).data(Qt.ItemDataRole.UserRole) for r in range(panel.list.count())
-                if not panel.list.item(r).data(KEPT_ROLE)}  # fmt: skip
-    assert unmarked == new
-    assert panel.list.verticalScrollBar().value() == scrolled
+    s = Scrolled(w, bar.value(), panel.ids()[N_CONVERSATIONS // 2])
+    panel.listed.connect(lambda: s.rebuilds.append(1))
+    return s
 
 
 def test_an_import_adds_one_row_and_rebuilds_nothing(
     qtbot: QtBot, fake_window: FakeWindow, tmp_path: Path
 ) -> None:
-    w = scrolled_window(qtbot, fake_window)
-    panel = w.conversations_panel
-    rebuilds: list[int] = []
-    panel.listed.connect(lambda: rebuilds.append(1))
-    scrolled = panel.list.verticalScrollBar().value()
-    middle = panel.ids()[N_CONVERSATIONS // 2]
+    s = scrolled_window(qtbot, fake_window)
     export = tmp_path / "c.json"
-    export.write_text(json.dumps(w.database.call(lambda store: store.export_json(middle))))
-    w.conversations.import_from(export)
-    settle(qtbot, w)
-    [imported] = set(panel.ids()) - set(range(N_CONVERSATIONS + 1))
-    assert_only_rows_changed(w, scrolled, rebuilds, {imported})
+    export.write_text(json.dumps(s.w.database.call(lambda store: store.export_json(s.middle))))
+    s.w.conversations.import_from(export)
+    settle(qtbot, s.w)
+    [imported] = set(s.w.conversations_panel.ids()) - set(range(N_CONVERSATIONS + 1))
+    s.assert_only_rows_changed({imported})
 
 
 def test_a_delete_and_its_undo_change_one_row_and_rebuild_nothing(
     qtbot: QtBot, fake_window: FakeWindow
 ) -> None:
-    w = scrolled_window(qtbot, fake_window)
-    panel = w.conversations_panel
-    rebuilds: list[int] = []
-    panel.listed.connect(lambda: rebuilds.append(1))
-    scrolled = panel.list.verticalScrollBar().value()
-    middle = panel.ids()[N_CONVERSATIONS // 2]
-    w.conversations.delete(middle)
-    settle(qtbot, w)
-    assert middle not in panel.ids()
-    assert_only_rows_changed(w, scrolled, rebuilds, set())
-    w.conversations.undo_button.click()
-    settle(qtbot, w)
-    assert middle in panel.ids()  # back at its place (its id was free)
-    assert_only_rows_changed(w, scrolled, rebuilds, {middle})
+    s = scrolled_window(qtbot, fake_window)
+    s.w.conversations.delete(s.middle)
+    settle(qtbot, s.w)
+    assert s.middle not in s.w.conversations_panel.ids()
+    s.assert_only_rows_changed(set())
+    s.w.conversations.undo_button.click()
+    settle(qtbot, s.w)
+    assert s.middle in s.w.conversations_panel.ids()  # back at its place (its id was free)
+    s.assert_only_rows_changed({s.middle})
 
 
 def test_a_rename_changes_its_row_in_place(qtbot: QtBot, fake_window: FakeWindow) -> None:
-    w = scrolled_window(qtbot, fake_window)
-    panel = w.conversations_panel
-    rebuilds: list[int] = []
-    panel.listed.connect(lambda: rebuilds.append(1))
-    scrolled = panel.list.verticalScrollBar().value()
-    middle = panel.ids()[N_CONVERSATIONS // 2]
-    w.conversations.rename(middle, "Renamed")
-    settle(qtbot, w)
-    row = panel.ids().index(middle)
-    assert panel.list.item(row).text().startswith("Renamed")
-    assert_only_rows_changed(w, scrolled, rebuilds, set())
+    s = scrolled_window(qtbot, fake_window)
+    s.w.conversations.rename(s.middle, "Renamed")
+    settle(qtbot, s.w)
+    panel = s.w.conversations_panel
+    assert panel.list.item(panel.ids().index(s.middle)).text().startswith("Renamed")
+    s.assert_only_rows_changed(set())
+
+
+def test_while_a_search_is_shown_an_undone_delete_that_matches_it_is_listed(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    s = scrolled_window(qtbot, fake_window)
+    panel = s.w.conversations_panel
+    s.w.conversations.rename(s.middle, "Pomegranate")
+    with qtbot.waitSignal(panel.listed, timeout=WAIT_MS):
+        panel.search.setText("pomegranate")
+    assert panel.ids() == [s.middle]
+    s.w.conversations.delete(s.middle)
+    settle(qtbot, s.w)
+    assert panel.ids() == []
+    s.w.conversations.undo_button.click()
+    settle(qtbot, s.w)
+    assert panel.ids() == [s.middle]
 
 
 def test_a_conversation_cannot_be_deleted_while_its_snapshot_is_written(

@@ -157,7 +157,7 @@ class Conversations(QObject):
         panel.import_requested.connect(self.ask_import)
         panel.search_changed.connect(self.refresh)
         panel.private_toggled.connect(self.set_private)
-        self.operation_did_execute.connect(lambda _, rows: panel.apply(rows, self.current))
+        self.operation_did_execute.connect(self._show_changes)
         self.undo_button = QPushButton("Undo")
         self.undo_button.setObjectName("undo-delete")
         self.undo_button.hide()
@@ -342,6 +342,17 @@ class Conversations(QObject):
 
         self.call(lambda s: s.search(query) if query.strip() else s.list_conversations(), shown,
                   "Listing the conversations")
+
+    def _show_changes(self, changes: OpChanges, rows: dict[int, ConversationSummary | None]) -> None:
+        """The list's side of ``operation_did_execute``: only the changed rows. While a search is shown,
+        a conversation that is not among its results (imported, or back from a delete) may match it:
+        the search runs again."""
+        panel = self.host.conversations_panel
+        if panel.search.text().strip() and any(
+                summary is not None and conv_id not in panel.ids() for conv_id, summary in rows.items()):
+            self.refresh()
+        else:
+            panel.apply(rows, self.current)
 
     # -- opening ---------------------------------------------------------------------------------------
 
