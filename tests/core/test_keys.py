@@ -105,8 +105,9 @@ def test_damaged_key_is_reported_and_kept(use_keyring: Callable[[KeyringBackend]
     backend = MemoryKeyring()
     backend.secrets[(SERVICE, KEY_NAME)] = stored
     use_keyring(backend)
-    with pytest.raises(KeyringUnavailableError, match="damaged"):
+    with pytest.raises(KeyringUnavailableError, match="damaged") as info:
         load_or_create_key()
+    assert "snapshot key" not in str(info.value) and "snapshot key" in info.value.details
     assert backend.secrets[(SERVICE, KEY_NAME)] == stored
     assert backend.writes == 0
 
@@ -117,9 +118,9 @@ def test_no_keyring(use_keyring: Callable[[KeyringBackend], None], backend: Keyr
     assert not keyring_available()
     with pytest.raises(KeyringUnavailableError) as info:
         load_or_create_key()
-    message = str(info.value)
-    assert "No OS keyring" in message
-    assert "passphrase" in message and "without encryption" in message
+    message = str(info.value)  # plain words first, the technical account on demand
+    assert message == "Your system's keyring (where passwords are kept) is not available."
+    assert "Secret Service" in info.value.details and "Secret Service" in info.value.__notes__[0]
 
 
 def test_keyring_errors_become_unavailable(use_keyring: Callable[[KeyringBackend], None]) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import keyring
 from keyring.backends import fail
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QApplication, QInputDialog, QMessageBox
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.kinds import ExportFormat
@@ -17,6 +17,7 @@ from lazykv.qt.main_window import MainWindow, UiState
 from tests.qt.conftest import FakeWindow
 from tests.qt.helpers import WAIT_MS, chat, error_box, settle, stored
 from tests.qt.test_main_window import LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS, open_window
+from tests.support.memory_keyring import MemoryKeyring
 
 LONG = "Here is a list: " + ", ".join(f"item {i}" for i in range(120)) + ". Which item comes first?"
 
@@ -94,19 +95,70 @@ def test_export_and_import_json(qtbot: QtBot, fake_window: FakeWindow, tmp_path:
     assert "not a conversation export" in error_box(w).text()
 
 
-def test_without_a_keyring_the_user_chooses_and_conversations_are_still_saved(
+def _no_modal_box(w: MainWindow) -> bool:
+    return QApplication.activeModalWidget() is None and not any(
+        box.isVisible() for box in w.findChildren(QMessageBox))
+
+
+def test_without_a_keyring_a_banner_offers_the_choices_and_chat_goes_on(
     qtbot: QtBot, fake_window: FakeWindow
 ) -> None:
     keyring.set_keyring(fail.Keyring())
     w = fake_window(snapshot_encryption="keyring")
-    qtbot.waitUntil(lambda: w.findChild(QMessageBox, "keyring-box") is not None, timeout=WAIT_MS)
-    box = w.findChild(QMessageBox, "keyring-box")
-    assert "No OS keyring" in box.text()
+    qtbot.waitUntil(w.keyring_notice.isVisible, timeout=WAIT_MS)
+    assert _no_modal_box(w)  # nothing waits for an answer before the first message
+    first_line = w.keyring_notice.label.text()
+    assert first_line.startswith("Your system's keyring") and "Secret Service" not in first_line
+    assert "Secret Service" in w.keyring_notice.details.text() and not w.keyring_notice.details.isVisible()
+    w.keyring_notice.details_button.click()
+    assert w.keyring_notice.details.isVisible()
     chat(qtbot, w, "Saved anyway?")  # no snapshot key yet: the transcript only
     assert [title for title, _ in stored()] == ["Saved anyway?"]
-    next(b for b in box.buttons() if b.text() == "Save without encryption").click()
+    next(b for b in w.keyring_notice.choices() if b.text() == "Save without encryption").click()
+    assert not w.keyring_notice.isVisible()
     qtbot.waitUntil(lambda: w.conversations.snapshots_on, timeout=WAIT_MS)
     with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
         w.send_text("And now?")
     settle(qtbot, w)
     assert Settings.load()["snapshot_encryption"] == "none"
+
+
+def test_the_banners_passphrase_choice_asks_for_one_and_turns_snapshots_on(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    keyring.set_keyring(fail.Keyring())
+    w = fake_window(snapshot_encryption="keyring")
+    qtbot.waitUntil(w.keyring_notice.isVisible, timeout=WAIT_MS)
+    next(b for b in w.keyring_notice.choices() if b.text() == "Use a passphrase…").click()
+    for name in ("passphrase-dialog", "passphrase-confirm-dialog"):  # chosen: typed twice
+        qtbot.waitUntil(lambda n=name: w.findChild(QInputDialog, n) is not None, timeout=WAIT_MS)
+        dialog = w.findChild(QInputDialog, name)
+        dialog.setTextValue("correct horse")
+        dialog.accept()
+    qtbot.waitUntil(lambda: w.conversations.snapshots_on, timeout=WAIT_MS)
+    assert w.settings["snapshot_encryption"] == "passphrase"
+
+
+def test_a_history_locked_by_another_key_is_a_banner_and_nothing_is_lost(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    first = fake_window(snapshot_encryption="keyring")
+    chat(qtbot, first, "Kept under the first key")
+    first.close()
+    own = keyring.get_keyring()
+    keyring.set_keyring(MemoryKeyring())  # another keyring: another key
+    w = fake_window(snapshot_encryption="keyring")
+    qtbot.waitUntil(w.history_notice.isVisible, timeout=WAIT_MS)
+    settle(qtbot, w)
+    assert _no_modal_box(w) and error_box(w) is None
+    assert "locked" in w.history_notice.label.text() and "database" not in w.history_notice.label.text()
+    assert [b.text() for b in w.history_notice.choices()] == ["Unlock with a passphrase…"]
+    chat(qtbot, w, "Typed while locked")  # the chat goes on
+    assert w.conversations.history_locked and error_box(w) is None
+    keyring.set_keyring(own)  # the key that opens it: the next scheme choice opens the history
+    w.conversations.setup_crypto()
+    qtbot.waitUntil(lambda: len(w.conversations_panel.ids()) == 1, timeout=WAIT_MS)
+    chat(qtbot, w, "And after")
+    assert [title for title, _ in stored(w)] == ["Typed while locked", "Kept under the first key"]
+    assert len(stored(w)[0][1]) == 4  # the turns typed while locked were written too
+    assert w.close()

@@ -47,15 +47,22 @@ PASSPHRASE_FILE = "passphrase.json"
 _VERIFIER_LABEL = b"lazykv passphrase verifier v1"
 _T = TypeVar("_T")
 
-_NO_KEYRING = (
-    "No OS keyring is available to keep the snapshot key (on Linux this needs a Secret Service "
-    "such as GNOME Keyring or KWallet, running and unlocked). Protect the snapshot with a "
-    "passphrase instead, or save it without encryption."
+_NO_KEYRING = "Your system's keyring (where passwords are kept) is not available."
+_NO_KEYRING_DETAILS = (
+    "No OS keyring is available to keep the snapshot key: on Linux this needs a Secret Service such "
+    "as GNOME Keyring or KWallet, running and unlocked."
 )
 
 
 class KeyringUnavailableError(Exception):
-    """The OS keyring cannot hold the snapshot key; the message is meant for the user."""
+    """The OS keyring cannot hold the snapshot key; the message is meant for the user, ``details`` is
+    the technical account behind it (also a note of the exception)."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
+        if details:
+            self.add_note(details)
 
 
 class KeyringTimeoutError(KeyringUnavailableError):
@@ -105,8 +112,9 @@ def _with_timeout(fn: Callable[[], _T], timeout_s: float) -> _T:
     threading.Thread(target=run, name="lazykv-keyring", daemon=True).start()
     if not done.wait(timeout_s):
         raise KeyringTimeoutError(
-            f"The OS keyring did not answer within {timeout_s:g} s (it may be waiting for you to "
-            "unlock it). Conversations are saved anyway; snapshots wait until the keyring answers."
+            "Your system's keyring did not answer; it may be waiting for you to unlock it.",
+            f"The OS keyring did not answer within {timeout_s:g} s. Conversations are saved anyway; "
+            "snapshots wait until the keyring answers.",
         )
     ok, value = outcome[0]
     if not ok:
@@ -116,7 +124,7 @@ def _with_timeout(fn: Callable[[], _T], timeout_s: float) -> _T:
 
 def _load_or_create_key() -> bytes:
     if not keyring_available():
-        raise KeyringUnavailableError(_NO_KEYRING)
+        raise KeyringUnavailableError(_NO_KEYRING, _NO_KEYRING_DETAILS)
     try:
         stored = keyring.get_password(SERVICE, KEY_NAME)
         if stored is None:
@@ -124,9 +132,9 @@ def _load_or_create_key() -> bytes:
             # read back: a backend may drop it silently, and another instance may have won a race
             stored = keyring.get_password(SERVICE, KEY_NAME)
     except keyring.errors.KeyringError as e:
-        raise KeyringUnavailableError(f"{_NO_KEYRING} (The keyring said: {e})") from e
+        raise KeyringUnavailableError(_NO_KEYRING, f"{_NO_KEYRING_DETAILS} The keyring said: {e}") from e
     if stored is None:
-        raise KeyringUnavailableError(_NO_KEYRING)
+        raise KeyringUnavailableError(_NO_KEYRING, _NO_KEYRING_DETAILS)
     return _decode_key(stored)
 
 
@@ -138,8 +146,10 @@ def _decode_key(stored: str) -> bytes:
     if len(key) != KEY_BYTES:
         # never overwritten: replacing it would lose every snapshot saved with it
         raise KeyringUnavailableError(
-            f'The snapshot key in the OS keyring ("{SERVICE}" / "{KEY_NAME}") is damaged, so '
-            "encrypted snapshots cannot be opened. Use a passphrase or save without encryption."
+            "The key LazyKV Chat keeps in your system's keyring is damaged, so saved conversations "
+            "protected with it cannot be opened.",
+            f'The snapshot key in the OS keyring ("{SERVICE}" / "{KEY_NAME}") is not {KEY_BYTES} '
+            "base64-encoded bytes; it was left as it is.",
         )
     return key
 

@@ -24,7 +24,6 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QInputDialog,
     QLineEdit,
-    QMessageBox,
     QPushButton,
     QStatusBar,
     QWidget,
@@ -55,16 +54,20 @@ from lazykv.core.store import (
     Deleted,
     OpChanges,
     Store,
+    StoreLockedError,
     Synced,
     data_dir,
     new_uid,
 )
 from lazykv.qt.background import Background
 from lazykv.qt.conversations_panel import ConversationsPanel
+from lazykv.qt.conversion_banner import NoticeBanner
 from lazykv.qt.operations import EngineClient
 from lazykv.qt.worker import Failure, OpenConversation, SaveSnapshot, SetCrypto
 
 UNDO_MS = 10_000
+# the snapshot_encryption setting's values (settings.SNAPSHOT_CHOICES)
+KEYRING, PASSPHRASE, NO_ENCRYPTION = "keyring", "passphrase", "none"
 C = TypeVar("C", bound=OpChanges)
 _UNOPENED = object()
 TITLE_CHARS = 60
@@ -85,6 +88,8 @@ class ConversationsHost(Protocol):
     engine: EngineClient
     model_info: ModelInfo | None
     settings: Settings
+    keyring_notice: NoticeBanner  # non-modal: the chat goes on while they are shown
+    history_notice: NoticeBanner
 
     def statusBar(self) -> QStatusBar: ...  # noqa: N802 - Qt's name
     def show_error(self, title: str, message: str, details: str = "") -> None: ...
@@ -141,6 +146,7 @@ class Conversations(QObject):
         self._dialogs = dialog_parent
         self.chat = Chat(Conversation(system_prompt))
         self.private = False
+        self.history_locked = False  # encrypted under another key: nothing is saved until it opens
         self.snapshots_on = False
         self.last_saved: SaveResult | None = None
         self._keyring = Background(self)  # its own thread: a keyring that hangs holds up no database job
@@ -211,7 +217,8 @@ class Conversations(QObject):
                     f"Removed {cleanup.unfinished} unfinished and {cleanup.orphans} orphaned snapshot "
                     f"files ({fmt_bytes(cleanup.freed_bytes)})", 10_000)
 
-        self.call(lambda s: (s.clean_up(), s.notice), done, "Opening the conversation history")
+        self.call(lambda s: (s.clean_up(), s.notice), done, "Opening the conversation history",
+                  self._history_failed)
 
     # -- the chat on screen -------------------------------------------------------------------------
 
@@ -243,6 +250,8 @@ class Conversations(QObject):
         if self.private:
             chat.unsaved_private_turns = chat.unsaved_private_turns or len(chat.conversation) > 0
             return
+        if self.history_locked:
+            return  # written once the history opens (the next save writes the turns it lacks)
         chat.first_saved = min(chat.first_saved, len(chat.conversation))
         turns = chat.conversation.turns()[chat.first_saved:]
         if not turns:
@@ -341,7 +350,7 @@ class Conversations(QObject):
             panel.set_conversations(items, self.current)
 
         self.call(lambda s: s.search(query) if query.strip() else s.list_conversations(), shown,
-                  "Listing the conversations")
+                  "Listing the conversations", self._history_failed)
 
     def _show_changes(self, changes: OpChanges, rows: dict[int, ConversationSummary | None]) -> None:
         """The list's side of ``operation_did_execute``: only the changed rows. While a search is shown,
@@ -483,9 +492,9 @@ class Conversations(QObject):
     def setup_crypto(self) -> None:
         """How snapshots are protected, from the setting; asks when the keyring is missing."""
         scheme = self.host.setting("snapshot_encryption")
-        if scheme == ENCRYPTION_NONE:
+        if scheme == NO_ENCRYPTION:
             self._use(Crypto(ENCRYPTION_NONE))
-        elif scheme == ENCRYPTION_PASSPHRASE:
+        elif scheme == PASSPHRASE:
             self.ask_passphrase()
         else:
             def use_key(key: bytes) -> None:
@@ -509,6 +518,7 @@ class Conversations(QObject):
         database = self.host.database
         if self._history_key is _UNOPENED:
             self._history_key = key_id
+            self.history_locked = False
             database.set_key(key)  # queued before the list and every later job
             self.start_up()
             self.refresh()
@@ -518,28 +528,40 @@ class Conversations(QObject):
                                      what="Re-encrypting the conversation history")
 
     def _keyring_missing(self, err: Exception) -> None:
+        """No keyring: the chat goes on (saved as the history allows, without snapshots) and a banner
+        offers the other schemes; no question waits for an answer."""
         self._use(None)
-        message = str(err) if isinstance(err, KeyringUnavailableError) else f"The OS keyring failed: {err}"
-        box = QMessageBox(QMessageBox.Icon.Information, "Conversation snapshots", message,
-                          parent=self._dialogs)
-        box.setObjectName("keyring-box")
-        box.setInformativeText(
-            "Snapshots let a long conversation resume in milliseconds instead of re-reading it. "
-            "Conversations themselves are saved either way."
-        )
-        passphrase = box.addButton("Use a passphrase…", QMessageBox.ButtonRole.AcceptRole)
-        plain = box.addButton("Save without encryption", QMessageBox.ButtonRole.DestructiveRole)
-        box.addButton("Don't save snapshots", QMessageBox.ButtonRole.RejectRole)
-        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        if isinstance(err, KeyringUnavailableError):
+            first, details = str(err), err.details
+        else:
+            first, details = "Your system's keyring could not be used.", f"The OS keyring failed: {err}"
+        self.host.keyring_notice.show_choices(
+            f"{first} Conversations are still saved; to also keep snapshots (long chats resume at "
+            "once), protect them with a passphrase or save them without encryption.",
+            [("Use a passphrase…", lambda: self._choose_scheme(PASSPHRASE)),
+             ("Save without encryption", lambda: self._choose_scheme(NO_ENCRYPTION))],
+            details)
 
-        def chosen(button: QPushButton) -> None:
-            if button is passphrase:
-                self.host.apply_settings({"snapshot_encryption": ENCRYPTION_PASSPHRASE})
-            elif button is plain:
-                self.host.apply_settings({"snapshot_encryption": ENCRYPTION_NONE})
+    def _choose_scheme(self, scheme: str) -> None:
+        self.host.apply_settings({"snapshot_encryption": scheme})
 
-        box.buttonClicked.connect(chosen)
-        box.open()
+    def _history_failed(self, err: Exception) -> None:
+        """Opening or listing the history failed. Encrypted under another key: said in a banner (the
+        chat goes on, unsaved, until the user picks the scheme that opens it); else an error."""
+        if not isinstance(err, StoreLockedError):
+            self.host.show_error("The conversation history could not be opened", str(err))
+            return
+        if self.history_locked:
+            return  # opening and listing both failed: one banner
+        self.history_locked = True
+        self._history_key = _UNOPENED  # the next scheme chosen opens it anew (set_key, not change_key)
+        self.host.history_notice.show_choices(
+            "Your saved conversations are locked: they were protected with another key (another "
+            "keyring, or a passphrase). You can chat, but nothing is saved until they are unlocked.",
+            [(label, lambda scheme=scheme: self._choose_scheme(scheme)) for scheme, label in
+             ((PASSPHRASE, "Unlock with a passphrase…"), (KEYRING, "Use the keyring"))
+             if scheme != self.host.setting("snapshot_encryption")],
+            str(err))
 
     def ask_passphrase(self) -> None:
         dialog = self._ask_text("passphrase-dialog", "Snapshot passphrase",

@@ -51,7 +51,7 @@ from lazykv.qt.chat_input import ChatInput
 from lazykv.qt.context_meter import ContextMeter
 from lazykv.qt.conversations import UNDO_MS, Conversations
 from lazykv.qt.conversations_panel import ConversationsPanel
-from lazykv.qt.conversion_banner import ConversionBanner, compacted_text, marker_label
+from lazykv.qt.conversion_banner import ConversionBanner, NoticeBanner, compacted_text, marker_label
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.model_info_dialog import ModelInfoDialog
 from lazykv.qt.operations import EngineClient, Operations
@@ -308,6 +308,11 @@ class MainWindow(QMainWindow):
         self.transcript.code_copied.connect(lambda: self.statusBar().showMessage("Code copied", 3000))
         self.banner = ConversionBanner()
         self.banner.stop_requested.connect(lambda: self.conversations.cancel_resume())
+        self.keyring_notice = NoticeBanner("keyring-banner")
+        self.history_notice = NoticeBanner("history-banner")
+        for notice in (self.keyring_notice, self.history_notice):
+            _wrap_without_widening(notice.label)
+            _wrap_without_widening(notice.details)
 
         self.edit_bar = QFrame()
         self.edit_label = QLabel()
@@ -339,6 +344,8 @@ class MainWindow(QMainWindow):
         layout = QVBoxLayout()
         layout.setContentsMargins(8, 8, 8, 4)
         layout.addLayout(system_row)
+        layout.addWidget(self.history_notice)
+        layout.addWidget(self.keyring_notice)
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.banner)
         layout.addWidget(self.edit_bar)
