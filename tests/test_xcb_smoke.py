@@ -61,3 +61,15 @@ def test_size_and_position_set_through_the_window_manager_are_kept(
     assert (second.width, second.height) == (900, 560), second.log
     assert 120 <= second.x <= 140 and 90 <= second.y <= 130, (second.x, second.y)  # inside the frame
     assert second.exit_code == 0, second.log
+
+
+@pytest.mark.slow
+def test_without_a_keyring_nothing_modal_keeps_the_window_from_closing(tmp_path: Path) -> None:
+    """No Secret Service on the desktop: the app says so in a banner, and the title bar's close
+    button closes it (a window-modal question used to swallow the close)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "app"), os.environ.get("PYTHONPATH", "")]),
+           "DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent"}  # no D-Bus session: no keyring
+    result = xcb_smoke.run_app([sys.executable, "-m", "lazykv"], tmp_path / "no-keyring.png", env=env,
+                               keyring=False, timeout=30)
+    assert result.map_state == "IsViewable", result.log
+    assert result.exit_code == 0, result.log
