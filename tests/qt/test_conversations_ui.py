@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -12,9 +13,11 @@ from pytestqt.qtbot import QtBot
 
 from lazykv.core.kinds import ExportFormat
 from lazykv.core.settings import Settings
-from lazykv.core.store import SNAPSHOTS_DIR, data_dir
+from lazykv.core.store import SNAPSHOTS_DIR, data_dir, new_uid
 from lazykv.qt.main_window import MainWindow, UiState
+from lazykv.qt.stall_meter import StallMeter
 from tests.qt.conftest import FakeWindow
+from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import WAIT_MS, chat, error_box, settle, stored
 from tests.qt.test_main_window import LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS, open_window
 from tests.support.memory_keyring import MemoryKeyring
@@ -162,3 +165,30 @@ def test_a_history_locked_by_another_key_is_a_banner_and_nothing_is_lost(
     assert [title for title, _ in stored(w)] == ["Typed while locked", "Kept under the first key"]
     assert len(stored(w)[0][1]) == 4  # the turns typed while locked were written too
     assert w.close()
+
+
+def test_opening_a_100000_message_conversation_keeps_the_gui_responsive(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    """Read on the database thread, shown lazily, the resume request built off the GUI thread: the GUI
+    thread's own work between two 10 ms ticks stays under 50 ms (it copied the 100,000 turns twice)."""
+    w = fake_window()
+    n = 100_000
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Message {i}: **bold** text."}
+                for i in range(n)]
+    conv_id = w.database.call(lambda store: store.sync_transcript(
+        new_uid(), messages, 0, title="A huge import", create=True)).id
+    messages.clear()
+    fake.hold()  # the resume waits in the engine: what is measured is the GUI thread's part
+    gc.collect()
+    meter = StallMeter()
+    meter.start()
+    w.conversations.open(conv_id)
+    qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
+    qtbot.wait(300)
+    meter.stop()
+    assert meter.max_cpu_gap_ms < 50, f"longest GUI-thread work between ticks {meter.max_cpu_gap_ms:.0f} ms"
+    assert w.transcript.message_count() == n and f"Message {n - 1}:" in w.transcript.toPlainText()
+    w.conversations.cancel_resume()  # re-reading 100,000 messages is not what is tested
+    fake.release()
+    settle(qtbot, w)

@@ -372,8 +372,8 @@ class Conversations(QObject):
         self._opening = conv_id
         self.call(lambda s: _load(s, conv_id), self._show, "Opening the conversation")
 
-    def _show(self, loaded: tuple[ConversationRecord, Conversation]) -> None:
-        record, conversation = loaded
+    def _show(self, loaded: Loaded) -> None:
+        record, conversation, messages = loaded.record, loaded.conversation, loaded.messages
         if self._opening != record.id:
             return  # another chat was chosen, or this one deleted, while it was read
         self._opening = None
@@ -385,7 +385,7 @@ class Conversations(QObject):
             return
         self.host.begin_resume()
         chat = self.chat
-        self.resume = OpenConversation(record.id, conversation.messages())
+        self.resume = OpenConversation(record.id, messages)
         self.host.engine.submit(
             self.resume,
             lambda result: self._resumed(chat, result),
@@ -614,8 +614,18 @@ class Conversations(QObject):
         return dialog
 
 
-def _load(store: Store, conv_id: int) -> tuple[ConversationRecord, Conversation]:
-    """The record and its Conversation, built on the background thread (a long one costs the GUI nothing)."""
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """A conversation read for opening: its record, its Conversation and the messages its resume sends."""
+
+    record: ConversationRecord
+    conversation: Conversation
+    messages: list[dict[str, str]]
+
+
+def _load(store: Store, conv_id: int) -> Loaded:
+    """Everything opening a conversation needs, built on the database thread: a long one's turns are
+    never copied on the GUI thread."""
     record = store.conversation(conv_id)
     conversation = Conversation(record.system_prompt)
     for message in record.messages:
@@ -623,7 +633,7 @@ def _load(store: Store, conv_id: int) -> tuple[ConversationRecord, Conversation]
             conversation.system_prompt = message["content"]
         else:
             conversation.add(message["role"], message["content"])
-    return record, conversation
+    return Loaded(record, conversation, conversation.messages())
 
 
 def _summary(store: Store, conv_id: int) -> ConversationSummary | None:

@@ -499,7 +499,7 @@ class MainWindow(QMainWindow):
         return UiState.READY if self.model_info is not None else UiState.NO_MODEL
 
     def _rerender(self) -> None:
-        self.transcript.show_messages(self.conversation.turns(), self.conversation.markers())
+        self.transcript.show_messages(self.conversation.shown(), self.conversation.markers())
 
     # -- slots: user ------------------------------------------------------------------------------
 
