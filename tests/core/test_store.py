@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lazykv.core import store as store_module
+from lazykv.core.conversation import ReplyStats
 from lazykv.core.store import (
     SCHEMA_VERSION,
     ConversationNotFound,
@@ -21,6 +22,7 @@ from lazykv.core.store import (
     StoreBusyError,
     StoreError,
     data_dir,
+    new_uid,
 )
 
 
@@ -439,3 +441,42 @@ def test_missing_fts5_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(store_module, "_fts5_available", lambda: False)
     with pytest.raises(StoreError, match="FTS5"):
         Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
+
+
+def test_a_replys_stats_are_stored_with_it_and_come_back(store: Store) -> None:
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+                {"role": "user", "content": "More"}, {"role": "assistant", "content": "Sure"}]
+    first, second = ReplyStats(0.42, 31.5, 64), ReplyStats(1.5, None, 1)
+    synced = store.sync_transcript(new_uid(), messages[:2], 0, create=True, stats={1: first})
+    assert store.conversation(synced.id).stats == {1: first}
+    store.sync_transcript(store.conversation(synced.id).uid, messages, 2, stats={1: first, 3: second})
+    record = store.conversation(synced.id)
+    assert record.stats == {1: first, 3: second}
+    assert record.messages == messages  # the stats are not part of the messages (the engine's input)
+    store._db.execute("UPDATE messages SET stats = 'damaged' WHERE seq = 1")
+    assert store.conversation(synced.id).stats == {3: second}  # a damaged value reads as none
+    restored = store.undelete(store.delete(synced.id).record)
+    assert store.conversation(restored.id).stats == {3: second}
+
+
+def test_a_version_2_database_gets_the_stats_column_and_keeps_its_messages(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite3"
+    db = sqlite3.connect(path, isolation_level=None)  # a version-2 database, as the last release wrote it
+    store_module.MIGRATIONS[0](db)
+    store_module.MIGRATIONS[1](db)
+    db.execute("PRAGMA user_version = 2")
+    db.execute("INSERT INTO conversations (uid, title, created, updated) VALUES (?, 'old', 1, 2)",
+               ("a" * 32,))
+    db.execute("INSERT INTO messages (conv_id, seq, role, content) VALUES (1, 0, 'user', 'Hi')")
+    db.execute("INSERT INTO messages (conv_id, seq, role, content) VALUES (1, 1, 'assistant', 'Hello')")
+    db.close()
+    store = Store(path, tmp_path / "snaps")
+    try:
+        record = store.conversation(1)
+        assert [m["content"] for m in record.messages] == ["Hi", "Hello"]
+        assert record.stats == {}
+        store.sync_transcript(record.uid, record.messages, 2, stats={1: ReplyStats(0.1, 9.0, 12)})
+        assert store.conversation(1).stats == {1: ReplyStats(0.1, 9.0, 12)}
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    finally:
+        store.close()

@@ -29,6 +29,39 @@ class Marker:
     label: str
 
 
+@dataclass(frozen=True)
+class ReplyStats:
+    """Figures of one reply, shown under it and stored with it: time to first token (prompt processing
+    included), generation speed, length."""
+
+    time_to_first_token: float
+    tokens_per_second: float | None
+    n_tokens: int
+
+    def summary(self) -> str:
+        """E.g. "0.42 s to first token · 31.5 tokens/s · 64 tokens"."""
+        parts = [f"{self.time_to_first_token:.2f} s to first token"]
+        if self.tokens_per_second is not None:
+            parts.append(f"{self.tokens_per_second:.1f} tokens/s")
+        parts.append(f"{self.n_tokens} token{'s' if self.n_tokens != 1 else ''}")
+        return " · ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ttft_s": self.time_to_first_token, "tokens_per_s": self.tokens_per_second,
+                "n_tokens": self.n_tokens}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ReplyStats | None:
+        """The stats stored with a message; None for anything else (e.g. written by a later version)."""
+        if not isinstance(data, dict):
+            return None
+        ttft, rate, n = data.get("ttft_s"), data.get("tokens_per_s"), data.get("n_tokens")
+        numbers = isinstance(ttft, int | float) and isinstance(n, int) and not isinstance(n, bool)
+        if not numbers or (rate is not None and not isinstance(rate, int | float)):
+            return None
+        return cls(float(ttft), None if rate is None else float(rate), n)
+
+
 class Conversation:
     """Turns in order plus the system prompt; ``messages()`` hands out copies, safe for another thread."""
 
@@ -36,6 +69,7 @@ class Conversation:
         self.system_prompt = system_prompt
         self._turns: list[dict[str, str]] = []
         self._markers: list[Marker] = []
+        self._stats: dict[int, ReplyStats] = {}  # by turn index: the replies' figures
         self._first_sent = 0  # turns before this were dropped to fit the context: shown, not sent
 
     def add(self, role: Role, content: str) -> None:
@@ -47,7 +81,7 @@ class Conversation:
         """Remove and return the last turn (e.g. a user turn whose reply failed)."""
         turn = self._turns.pop()
         self._first_sent = min(self._first_sent, len(self._turns))
-        self._markers = [m for m in self._markers if m.message_index < len(self._turns)]
+        self._drop_after(len(self._turns))
         return turn
 
     def truncate(self, n_turns: int) -> list[dict[str, str]]:
@@ -55,12 +89,18 @@ class Conversation:
         removed = self._turns[n_turns:]
         del self._turns[n_turns:]
         self._first_sent = min(self._first_sent, n_turns)
-        self._markers = [m for m in self._markers if m.message_index < n_turns]
+        self._drop_after(n_turns)
         return removed
+
+    def _drop_after(self, n_turns: int) -> None:
+        """Markers and stats of turns from ``n_turns`` on go with them."""
+        self._markers = [m for m in self._markers if m.message_index < n_turns]
+        self._stats = {i: s for i, s in self._stats.items() if i < n_turns}
 
     def clear(self) -> None:
         self._turns.clear()
         self._markers.clear()
+        self._stats.clear()
         self._first_sent = 0
 
     @property
@@ -94,6 +134,15 @@ class Conversation:
 
     def markers(self) -> list[Marker]:
         return list(self._markers)
+
+    def set_stats(self, index: int, stats: ReplyStats) -> None:
+        if not 0 <= index < len(self._turns):
+            raise IndexError(f"no turn {index} to give stats to")
+        self._stats[index] = stats
+
+    def stats(self) -> dict[int, ReplyStats]:
+        """The replies' figures by turn index (only replies that had them)."""
+        return dict(self._stats)
 
     def __len__(self) -> int:
         return len(self._turns)

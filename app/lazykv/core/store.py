@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,10 +40,10 @@ from typing import Any, TypeVar
 
 import platformdirs
 
-from lazykv.core.conversation import common_prefix
+from lazykv.core.conversation import ReplyStats, common_prefix
 from lazykv.core.files import fsync_dir
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 APP_DIR_NAME = "lazykv"
 DB_FILE = "conversations.sqlite3"
 SNAPSHOTS_DIR = "snapshots"
@@ -210,6 +210,7 @@ class ConversationRecord:
     messages: list[dict]
     snapshot: SnapshotRef | None
     uid: str = field(default_factory=new_uid)
+    stats: dict[int, ReplyStats] = field(default_factory=dict)  # by index in ``messages``: replies' figures
 
 
 _SCHEMA_V1 = """
@@ -279,6 +280,12 @@ UPDATE conversations SET updated = created WHERE NOT (typeof(updated) IN ('real'
     AND updated BETWEEN 0 AND {MAX_TIME});
 """
 
+# v3: a reply's figures (time to first token, tokens/s) are stored with it, as JSON; NULL for the
+# messages written before, by the user, or imported
+_SCHEMA_V3 = """
+ALTER TABLE messages ADD COLUMN stats TEXT;
+"""
+
 
 def _execute_script(db: sqlite3.Connection, script: str) -> None:
     """Run the statements of ``script`` one by one, inside the caller's transaction (unlike
@@ -297,6 +304,7 @@ def _execute_script(db: sqlite3.Connection, script: str) -> None:
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     0: lambda db: _execute_script(db, _SCHEMA_V1),
     1: lambda db: _execute_script(db, _SCHEMA_V2),
+    2: lambda db: _execute_script(db, _SCHEMA_V3),
 }
 
 
@@ -441,8 +449,9 @@ def _settings_json(settings: dict) -> str:
     return _check_text("settings", text)
 
 
-def _settings(text: str) -> dict:
-    """Stored settings as a dict; a damaged value reads as no settings (the row still shows)."""
+def _json_dict(text: str) -> dict:
+    """Stored JSON (settings, a reply's stats) as a dict; a damaged value reads as none (the row still
+    shows)."""
     try:
         value = json.loads(text)
     except (TypeError, ValueError):
@@ -771,8 +780,8 @@ class Store:
             raise ConversationNotFound(conv_id)
         return ConversationRecord(
             id=row[0], title=row[1], created=_shown_time(row[2]), updated=_shown_time(row[3]),
-            system_prompt=row[4], settings=_settings(row[5]), messages=self._messages(db, conv_id),
-            snapshot=self._snapshot(db, conv_id), uid=row[6],
+            system_prompt=row[4], settings=_json_dict(row[5]), messages=self._messages(db, conv_id),
+            snapshot=self._snapshot(db, conv_id), uid=row[6], stats=self._stats(db, conv_id),
         )  # fmt: skip
 
     def list_conversations(self) -> list[ConversationSummary]:
@@ -854,6 +863,7 @@ class Store:
             )  # fmt: skip
             conv_id = int(cursor.lastrowid)
             self._insert_messages(db, conv_id, messages)
+            self._write_stats(db, conv_id, record.stats)
             snap = record.snapshot
             if snap is not None and self.snapshot_path(snap.sha256).exists():
                 db.execute(
@@ -869,6 +879,25 @@ class Store:
     def _messages(db: sqlite3.Connection, conv_id: int) -> list[dict]:
         rows = db.execute("SELECT role, content FROM messages WHERE conv_id = ? ORDER BY seq", (conv_id,))
         return [{"role": role, "content": content} for role, content in rows]
+
+    @staticmethod
+    def _stats(db: sqlite3.Connection, conv_id: int) -> dict[int, ReplyStats]:
+        rows = db.execute("SELECT stats FROM messages WHERE conv_id = ? ORDER BY seq", (conv_id,))
+        found = {i: ReplyStats.from_json(_json_dict(text)) for i, (text,) in enumerate(rows) if text}
+        return {i: stats for i, stats in found.items() if stats is not None}
+
+    @staticmethod
+    def _write_stats(db: sqlite3.Connection, conv_id: int, stats: Mapping[int, ReplyStats]) -> None:
+        """Store each reply's figures with the message at that index (those already stored are kept)."""
+        if not stats:
+            return
+        seqs = [seq for (seq,) in db.execute("SELECT seq FROM messages WHERE conv_id = ? ORDER BY seq",
+                                             (conv_id,))]  # fmt: skip
+        db.executemany(
+            "UPDATE messages SET stats = ? WHERE conv_id = ? AND seq = ? AND stats IS NOT ?",
+            [(text, conv_id, seqs[i], text) for i, text in
+             ((i, json.dumps(s.to_json())) for i, s in stats.items() if 0 <= i < len(seqs))],
+        )
 
     @staticmethod
     def _insert_messages(db: sqlite3.Connection, conv_id: int, messages: Sequence[dict]) -> None:
@@ -898,6 +927,7 @@ class Store:
         system_prompt: str = "",
         settings: dict | None = None,
         create: bool = False,
+        stats: Mapping[int, ReplyStats] | None = None,
     ) -> Synced:
         """Bring the stored transcript of conversation ``uid`` up to the caller's ``messages``, in one
         transaction; ``synced`` is how many of them the store held after the caller's last sync (0
@@ -912,7 +942,9 @@ class Store:
         With ``create`` a conversation with this uid is made if there is none (title, system prompt
         and settings are its first ones): a second sync of the same new chat finds it instead of
         making another. Without it, a missing conversation is ConversationNotFound (it was deleted).
-        The system prompt and settings are updated each time (settings only when given).
+        The system prompt and settings are updated each time (settings only when given). ``stats``
+        (replies' figures by index in ``messages``) are stored with those messages, unless another
+        window's turns were merged in (the indices would not be the caller's).
         """
         if not isinstance(uid, str) or not _UID.fullmatch(uid):
             raise ValueError(f"not a conversation uid: {uid!r}")
@@ -941,6 +973,8 @@ class Store:
             if kinds and not created:
                 self._touch(db, conv_id)
             result = self._messages(db, conv_id) if kinds else stored
+            if stats and result == wanted:
+                self._write_stats(db, conv_id, stats)
         if created or kinds:
             kinds |= {Change.LIST}
         return Synced(id=conv_id, created=created, messages=result, merged=result != wanted,

@@ -260,11 +260,14 @@ class Conversations(QObject):
         settings = self._conversation_settings()
         saved = chat.saved
         messages = chat.conversation.messages()  # what the KV cache holds: the snapshot's binding
+        first = chat.first_saved
+        stats = {i - first: s for i, s in chat.conversation.stats().items() if i >= first}
 
         def job(store: Store) -> Synced:
             # appended, or compare-and-swapped for an edit or a taken-back turn: never replaced wholesale
             result = store.sync_transcript(saved.uid, turns, saved.synced, title=title_from(turns),
-                                           system_prompt=system, settings=settings, create=saved.id is None)
+                                           system_prompt=system, settings=settings, create=saved.id is None,
+                                           stats=stats)
             saved.id, saved.synced = result.id, len(result.messages)
             return result
 
@@ -628,11 +631,13 @@ def _load(store: Store, conv_id: int) -> Loaded:
     never copied on the GUI thread."""
     record = store.conversation(conv_id)
     conversation = Conversation(record.system_prompt)
-    for message in record.messages:
+    for i, message in enumerate(record.messages):
         if message["role"] == "system":
             conversation.system_prompt = message["content"]
-        else:
-            conversation.add(message["role"], message["content"])
+            continue
+        conversation.add(message["role"], message["content"])
+        if (stats := record.stats.get(i)) is not None:
+            conversation.set_stats(len(conversation) - 1, stats)
     return Loaded(record, conversation, conversation.messages())
 
 

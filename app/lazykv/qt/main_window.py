@@ -499,7 +499,8 @@ class MainWindow(QMainWindow):
         return UiState.READY if self.model_info is not None else UiState.NO_MODEL
 
     def _rerender(self) -> None:
-        self.transcript.show_messages(self.conversation.shown(), self.conversation.markers())
+        self.transcript.show_messages(self.conversation.shown(), self.conversation.markers(),
+                                      self.conversation.stats())
 
     # -- slots: user ------------------------------------------------------------------------------
 
@@ -680,15 +681,18 @@ class MainWindow(QMainWindow):
             n = sum(1 for m in result.dropped if m["role"] != "system")
             self.conversation.forget_oldest(n)
             notes.append(f"context full: the {n} oldest messages were dropped to make room")
+        stats = self.reply_clock.stats()
         if result.text:
             self.conversation.add("assistant", result.text)
+            if stats is not None:
+                self.conversation.set_stats(len(self.conversation) - 1, stats)
         for offset, label in self._reply_markers:
             self._add_marker(label, offset if result.text else None)
         if result.cancelled:
             notes.append("stopped")
         elif result.finish_reason is FinishReason.LENGTH and not self.reply_options().max_tokens:
             notes.append("context full: the reply was cut off")
-        self.transcript.end_reply("; ".join(notes) or None, self.reply_clock.summary())
+        self.transcript.end_reply("; ".join(notes) or None, stats.summary() if stats else None)
         self._set_state(UiState.READY)
         self.conversations.persist(snapshot=True)
         if notes:
@@ -754,7 +758,7 @@ class MainWindow(QMainWindow):
         """A marker in the last message, at ``offset`` (None: at its end)."""
         if len(self.conversation):
             index = len(self.conversation) - 1
-            end = len(self.conversation.turns()[index]["content"])
+            end = len(self.conversation.shown()[index]["content"])
             self.conversation.add_marker(index, end if offset is None else offset, label)
 
     def _maybe_schedule_idle_conversion(self) -> None:

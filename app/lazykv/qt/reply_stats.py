@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from lazykv.core.conversation import ReplyStats
+
 
 @dataclass
 class ReplyClock:
@@ -35,13 +37,7 @@ class ReplyClock:
         span = self.last_token - self.first_token
         return (self.n_tokens - 1) / span if span > 0 else None
 
-    def summary(self) -> str:
-        """E.g. "0.42 s to first token · 31.5 tokens/s · 64 tokens"; "" before any token."""
+    def stats(self) -> ReplyStats | None:
+        """What is shown under the reply and stored with it; None before any token."""
         ttft = self.time_to_first_token
-        if ttft is None:
-            return ""
-        parts = [f"{ttft:.2f} s to first token"]
-        if (rate := self.tokens_per_second) is not None:
-            parts.append(f"{rate:.1f} tokens/s")
-        parts.append(f"{self.n_tokens} token{'s' if self.n_tokens != 1 else ''}")
-        return " · ".join(parts)
+        return None if ttft is None else ReplyStats(ttft, self.tokens_per_second, self.n_tokens)

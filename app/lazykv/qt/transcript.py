@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QEvent, QPoint, QTimer, QUrl, Signal, Slot
@@ -30,7 +30,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QMenu, QTextBrowser, QWidget
 
-from lazykv.core.conversation import Marker
+from lazykv.core.conversation import Marker, ReplyStats
 from lazykv.qt.markdown import COPY_SCHEME, DARK, LIGHT, MarkdownRenderer, Palette, preload_lexers
 from lazykv.qt.theme import is_dark
 
@@ -75,8 +75,9 @@ class TranscriptView(QTextBrowser):
         self.document().setDocumentMargin(10)
         self.setOpenLinks(False)
         self.anchorClicked.connect(self._on_link)
-        self._messages: list[_Message | dict[str, str]] = []
+        self._messages: list[_Message | Mapping[str, str]] = []
         self._markers: dict[int, list[tuple[int, str]]] = {}  # of the messages not made _Message yet
+        self._stats: dict[int, ReplyStats] = {}  # likewise
         self._frames: list[QTextFrame] = []  # frames of messages[self._first:], in order
         self._first = 0
         self._reply: int | None = None  # index of the reply being streamed
@@ -103,11 +104,14 @@ class TranscriptView(QTextBrowser):
         self._messages.append(_Message(role, text, [(m.offset, m.label) for m in markers]))
         self._append_frame(len(self._messages) - 1)
 
-    def show_messages(self, messages: Iterable[dict[str, str]], markers: Iterable[Marker] = ()) -> None:
-        """Replace the whole transcript (opening a conversation, after an edit): the newest first."""
+    def show_messages(self, messages: Iterable[Mapping[str, str]], markers: Iterable[Marker] = (),
+                      stats: Mapping[int, ReplyStats] | None = None) -> None:
+        """Replace the whole transcript (opening a conversation, after an edit): the newest first;
+        ``stats`` are the replies' figures by message index, shown under them."""
         self._markers = {}
         for marker in markers:
             self._markers.setdefault(marker.message_index, []).append((marker.offset, marker.label))
+        self._stats = dict(stats or {})
         self._messages = list(messages)  # each becomes a _Message when it is first needed
         self._reset_document()
         self._follow = True
@@ -130,6 +134,8 @@ class TranscriptView(QTextBrowser):
         entry = self._messages[index]
         if not isinstance(entry, _Message):
             entry = _Message(entry["role"], entry["content"], self._markers.pop(index, []))
+            if (stats := self._stats.pop(index, None)) is not None:
+                entry.stats = stats.summary()
             self._messages[index] = entry
         return entry
 
