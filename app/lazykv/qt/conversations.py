@@ -63,7 +63,7 @@ from lazykv.qt.background import Background
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.conversion_banner import NoticeBanner
 from lazykv.qt.operations import EngineClient
-from lazykv.qt.worker import Failure, OpenConversation, SaveSnapshot, SetCrypto
+from lazykv.qt.worker import ClearKv, Failure, OpenConversation, SaveSnapshot, SetCrypto
 
 UNDO_MS = 10_000
 # the snapshot_encryption setting's values (settings.SNAPSHOT_CHOICES)
@@ -228,6 +228,8 @@ class Conversations(QObject):
         self.chat = Chat(Conversation(system_prompt))
         self.host.show_chat(None)
         self.host.conversations_panel.select(None)
+        if self.host.model_info is not None:  # an empty cache, 16-bit again after a compaction
+            self.host.engine.submit(ClearKv())
 
     def set_private(self, private: bool) -> None:
         """Private on: nothing more is saved. Off: saving starts from this point, as a new conversation

@@ -85,6 +85,13 @@ class Convert(Request):
 
 
 @dataclass(eq=False)
+class ClearKv(Request):
+    """Empty the KV cache (a new chat): a lazy cache starts again in its 16-bit phase."""
+
+    what: ClassVar[str] = "Emptying the context memory"
+
+
+@dataclass(eq=False)
 class SetCrypto(Request):
     """How snapshots are protected from now on; None stops saving them (transcripts are saved apart)."""
 
@@ -146,7 +153,7 @@ class EngineWorker(QObject):
         self._running: Request | None = None
         self._handlers: dict[type[Request], Callable[[Any], Any]] = {
             LoadModel: self._load, Reply: self._reply, Convert: self._convert, SetCrypto: self._set_crypto,
-            SaveSnapshot: self._save_snapshot, OpenConversation: self._open,
+            SaveSnapshot: self._save_snapshot, OpenConversation: self._open, ClearKv: self._clear_kv,
         }
         self._queued.connect(self._run)
 
@@ -214,6 +221,9 @@ class EngineWorker(QObject):
 
     def _convert(self, request: Convert) -> bool:
         return self._session.convert_kv_now()
+
+    def _clear_kv(self, request: ClearKv) -> None:
+        self._session.clear_kv()
 
     def _set_crypto(self, request: SetCrypto) -> None:
         self._persistence.set_crypto(request.crypto)  # None: no key kept for reading either
