@@ -100,8 +100,9 @@ def test_q8_0_kv_cache_replies(smollm2_path: Path) -> None:
 
 
 def test_not_gguf_file_is_rejected(not_gguf: Path) -> None:
-    with pytest.raises(NotGGUFError, match="not a GGUF model file"):
+    with pytest.raises(NotGGUFError, match="not a GGUF model file") as refused:
         EngineSession().load(not_gguf)
+    assert "magic" not in str(refused.value) and "magic" in refused.value.details
 
 
 def test_missing_file_is_rejected(tmp_path: Path) -> None:

@@ -79,12 +79,18 @@ def test_recurrent_models_have_no_kv_modes(smollm2_path: Path) -> None:
 def test_not_gguf_and_truncated_files_are_refused(tmp_path: Path, smollm2_path: Path) -> None:
     not_gguf = tmp_path / "a.gguf"
     not_gguf.write_bytes(b"PK\x03\x04zip")
-    with pytest.raises(GGUFError, match="not a GGUF model file"):
+    with pytest.raises(GGUFError) as refused:
         read_model_meta(not_gguf)
-    truncated = tmp_path / "b.gguf"
-    truncated.write_bytes(smollm2_path.read_bytes()[:5000])
-    with pytest.raises(GGUFError, match="truncated"):
-        read_model_meta(truncated)
+    assert str(refused.value) == "a.gguf is not a GGUF model file."  # the magic bytes in the details
+    assert "magic" in refused.value.details and "magic" not in str(refused.value)
+    whole = smollm2_path.read_bytes()
+    for cut in (5000, len(whole) // 2):  # inside the header, inside the tensor data
+        truncated = tmp_path / "b.gguf"
+        truncated.write_bytes(whole[:cut])
+        with pytest.raises(GGUFError) as refused:
+            read_model_meta(truncated)
+        assert str(refused.value).startswith("b.gguf is incomplete: the file ends before the model does")
+        assert "download it again" in str(refused.value) and "truncated" in refused.value.details
 
 
 def test_estimate_is_coloured_against_available_ram(smollm2_path: Path) -> None:

@@ -115,8 +115,9 @@ def test_cross_mode_opens_follow_the_restore_matrix(
     try:
         result = second.open(conv)
         assert result.how == how
-        if how == "rebuilt":
-            assert "another KV cache layout" in result.note
+        if how == "rebuilt":  # plain words first; the layout in the details
+            assert "other context-memory settings" in result.note and "K/V" not in result.note
+            assert "another KV cache layout" in result.details
         assert reply(second.engine, conversation).strip()
     finally:
         second.close()
@@ -227,7 +228,8 @@ def test_snapshot_larger_than_the_context_falls_back(tmp_path: Path, smollm2_pat
     conv, _ = first.chat_and_save(LONG + " " + LONG)
     first.close()
     result = open_after(tmp_path, conv, smollm2_path, "f16", go_on=False, n_ctx=1024)
-    assert result.how == "rebuilt" and "more than this context of 1024" in result.note
+    assert result.how == "rebuilt" and result.note == "it is longer than the context size set now"
+    assert "more than this context of 1024" in result.details
 
 
 @pytest.mark.parametrize("disabled_when", ["saved", "opened"])
@@ -244,7 +246,8 @@ def test_rotation_disabled_on_one_side_falls_back(
     else:
         monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")
     result = open_after(tmp_path, conv, smollm2_path)
-    assert result.how == "rebuilt" and "rotation" in result.note
+    assert result.how == "rebuilt" and result.note == "it was saved with other context-memory settings"
+    assert "rotation" in result.details
 
 
 def test_future_format_version_falls_back(data: tuple[Path, int], smollm2_path: Path) -> None:

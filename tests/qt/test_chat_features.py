@@ -121,7 +121,8 @@ def test_a_bad_model_file_is_reported_and_the_loaded_model_stays(
     w.open_model(bad)
     assert w.state is UiState.LOADING and not w.send_button.isEnabled()
     qtbot.waitUntil(lambda: error_box(w) is not None, timeout=WAIT_MS)
-    assert "not a GGUF model file" in error_box(w).text()
+    assert "not a GGUF model file" in error_box(w).text() and "magic" not in error_box(w).text()
+    assert "magic" in error_box(w).detailedText()  # on demand
     assert w.input.toPlainText() == "half-typed message"
     assert w.state is UiState.READY and w.model_info is not None and w.model_info.kv_mode is KvMode.LAZY
 

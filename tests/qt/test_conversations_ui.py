@@ -71,7 +71,8 @@ def test_an_incompatible_snapshot_is_re_read_with_progress_and_says_why(
             w.conversations.open(conv_id)
         assert opened.args[1].how == "rebuilt"
         assert progress and progress[-1][0] == progress[-1][1] > 512
-        assert "Re-read from the transcript" in w.resume_note and "KV cache layout" in w.resume_note
+        assert "Re-read from the transcript" in w.resume_note
+        assert "other context-memory settings (8-bit then, 16-bit now)" in w.resume_note
         with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as reply:
             w.send_text("Thanks")
         assert reply.args[0].n_reused > 512  # the re-read cache served the next reply

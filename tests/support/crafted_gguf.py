@@ -202,17 +202,17 @@ CASES: list[Case] = [
     # not GGUF / wrong version
     Case("bad-magic", "not-gguf", _spec(lambda: Spec(base_kvs(), base_tensors(), magic=b"GGML")),
          "not a GGUF model file"),
-    Case("magic-only", "truncated", _cut(lambda d: 4), "truncated"),
+    Case("magic-only", "truncated", _cut(lambda d: 4), "is incomplete"),
     Case("version-1", "not-gguf", _spec(lambda: Spec(base_kvs(), base_tensors(), version=1)),
          "GGUF version 1"),
     Case("version-99", "not-gguf", _spec(lambda: Spec(base_kvs(), base_tensors(), version=99)),
          "GGUF version 99"),
     # truncations
-    Case("cut-in-counts", "truncated", _cut(lambda d: 12), "truncated"),
-    Case("cut-in-metadata", "truncated", _cut(lambda d: kv_end(base_spec()) // 2), "truncated"),
-    Case("cut-in-tensor-infos", "truncated", _cut(lambda d: kv_end(base_spec()) + 40), "truncated"),
-    Case("cut-in-tensor-data", "truncated", _cut(lambda d: header_size(base_spec()) + 1000), "truncated"),
-    Case("cut-last-byte", "truncated", _cut(lambda d: len(d) - 1), "truncated"),
+    Case("cut-in-counts", "truncated", _cut(lambda d: 12), "is incomplete"),
+    Case("cut-in-metadata", "truncated", _cut(lambda d: kv_end(base_spec()) // 2), "is incomplete"),
+    Case("cut-in-tensor-infos", "truncated", _cut(lambda d: kv_end(base_spec()) + 40), "is incomplete"),
+    Case("cut-in-tensor-data", "truncated", _cut(lambda d: header_size(base_spec()) + 1000), "is incomplete"),
+    Case("cut-last-byte", "truncated", _cut(lambda d: len(d) - 1), "is incomplete"),
     # huge counts and lengths
     Case("huge-kv-count", "huge-count", _spec(lambda: Spec(base_kvs(), base_tensors(), n_kv=1 << 62)),
          "metadata entries"),

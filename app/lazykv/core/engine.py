@@ -179,7 +179,8 @@ def check_model_file(path: Path) -> None:
     except OSError as err:
         raise ModelFileError(f"cannot read model file {path}: {err.strerror}") from err
     if magic != GGUF_MAGIC:
-        raise NotGGUFError(f"not a GGUF model file (no GGUF magic): {path}")
+        raise NotGGUFError(f"{path.name} is not a GGUF model file.",
+                           f"{path}: it starts with {magic!r}, not the GGUF magic {GGUF_MAGIC!r}")
 
 
 def read_checked_meta(path: Path) -> ModelMeta:

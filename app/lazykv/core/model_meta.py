@@ -100,6 +100,11 @@ class ImplausibleModelError(GGUFError):
     """A GGUF file that parses but declares hyper-parameters no real model has (crafted or corrupt)."""
 
 
+# a file cut short (an interrupted download): said as such, the offsets in the details
+_INCOMPLETE = ("is incomplete: the file ends before the model does, as after an interrupted download; "
+               "download it again")
+
+
 class _Damaged(Exception):
     """Raised while parsing: ``reason`` ends "<file> is damaged: ..." (or "<file> ..." if not ``damaged``)."""
 
@@ -210,14 +215,14 @@ class _Reader:
     def read(self, n: int) -> bytes:
         data = self.f.read(n) if n <= self.left() else b""
         if len(data) != n:
-            raise _Damaged("the file ends inside its GGUF header (truncated download?)",
-                           f"needed {n} bytes at offset {self.f.tell()} of {self.size}")
+            raise _Damaged(_INCOMPLETE, f"truncated: needed {n} bytes at offset {self.f.tell()} of "
+                           f"{self.size}, inside the GGUF header", damaged=False)
         return data
 
     def skip(self, n: int) -> None:
         if n > self.left():
-            raise _Damaged("the file ends inside its GGUF header (truncated download?)",
-                           f"skipping {n} bytes at offset {self.f.tell()} of {self.size}")
+            raise _Damaged(_INCOMPLETE, f"truncated: skipping {n} bytes at offset {self.f.tell()} of "
+                           f"{self.size}, inside the GGUF header", damaged=False)
         self.f.seek(n, 1)
 
     def unpack(self, fmt: str) -> tuple[Any, ...]:
@@ -241,8 +246,10 @@ class _Reader:
 
 
 def _parse(r: _Reader) -> tuple[dict[str, Any], int, int]:
-    if r.read(4) != GGUF_MAGIC:
-        raise _Damaged("is not a GGUF model file (no GGUF magic)", damaged=False)
+    head = r.read(4)
+    if head != GGUF_MAGIC:
+        raise _Damaged("is not a GGUF model file",
+                       f"it starts with {head!r}, not the GGUF magic {GGUF_MAGIC!r}", damaged=False)
     (version,) = r.unpack("<I")
     if not 2 <= version <= 3:
         raise _Damaged(f"is GGUF version {version}; this engine reads versions 2 and 3", damaged=False)
@@ -278,8 +285,8 @@ def _check_count(n: int, limit: int, min_bytes: int, left: int, what: str) -> No
     if n > limit:
         raise _Damaged(f"its GGUF header declares {n} {what}", details)
     if n * min_bytes > left:
-        raise _Damaged(f"the file ends before the {n} {what} its header declares (truncated download?)",
-                       details)
+        raise _Damaged(_INCOMPLETE, f"truncated: the file ends before the {n} {what} its header "
+                       f"declares; {details}", damaged=False)
 
 
 def _read_tensor_infos(r: _Reader, n_tensors: int, alignment: int) -> int:
@@ -301,8 +308,8 @@ def _read_tensor_infos(r: _Reader, n_tensors: int, alignment: int) -> int:
             data_end = max(data_end, offset + -(-n // block) * size)
     data_start = -(-r.f.tell() // alignment) * alignment
     if data_start + data_end > r.size:
-        raise _Damaged("the file is shorter than the tensors it declares (truncated download?)",
-                       f"tensor data needs {data_start + data_end} bytes, the file has {r.size}")
+        raise _Damaged(_INCOMPLETE, f"truncated: the tensor data needs {data_start + data_end} bytes, "
+                       f"the file has {r.size}", damaged=False)
     return n_params
 
 

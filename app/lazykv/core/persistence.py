@@ -244,23 +244,30 @@ class Persistence:
         n = self.engine.rebuild_kv(messages, on_progress)
         return OpenResult(OpenHow.REBUILT, note, n, time.perf_counter() - t0, details)
 
-    def mismatch(self, header: SnapshotHeader) -> str | None:
-        """Why a snapshot with this header cannot go into the loaded cache (None when it can)."""
+    def mismatch(self, header: SnapshotHeader) -> _Refused | None:
+        """Why a snapshot with this header cannot go into the loaded cache (None when it can): a
+        plain note, and the technical account as its details."""
         layout = self.engine.layout()
         if header.model_sha256 != self.model_sha():
-            return "it was saved with another model"
+            return _Refused("it was saved with another model")
         if header.state_version != layout["state_version"]:
-            return (
-                f"it was saved by an engine with state format {header.state_version}, "
-                f"this one uses {layout['state_version']}"
+            return _Refused(
+                "it was saved by another version of the engine",
+                f"state format {header.state_version}; this engine uses {layout['state_version']}",
             )
         if header.n_tokens > int(layout["n_ctx"]):  # type: ignore[call-overload]
-            return f"it holds {header.n_tokens} tokens, more than this context of {layout['n_ctx']}"
+            return _Refused(
+                "it is longer than the context size set now",
+                f"it holds {header.n_tokens} tokens, more than this context of {layout['n_ctx']}",
+            )
         if not _layout_fits(header, layout):
-            return (
+            then, now = _memory_words(header.type_k), _memory_words(str(layout["type_k"]))
+            return _Refused(
+                "it was saved with other context-memory settings" + (f" ({then} then, {now} now)"
+                                                                     if then != now else ""),
                 f"it was saved with another KV cache layout (K/V {header.type_k}/{header.type_v}, "
                 f"rotation {header.n_rot_k}/{header.n_rot_v}); this {layout['kv_mode']} cache stores "
-                f"{layout['type_k']}/{layout['type_v']}, rotation {layout['n_rot_k']}/{layout['n_rot_v']}"
+                f"{layout['type_k']}/{layout['type_v']}, rotation {layout['n_rot_k']}/{layout['n_rot_v']}",
             )
         return None
 
@@ -275,9 +282,9 @@ class Persistence:
         try:
             header = read_header(path)
             _check_binding(header, header_json, conv_id, messages)
-            reason = self.mismatch(header)
-            if reason:
-                raise _Refused(reason)
+            refused = self.mismatch(header)
+            if refused is not None:
+                raise refused
             crypto = self._crypto or Crypto(Encryption.NONE)
             _, tokens, state = read_snapshot(path, crypto.key_for_reading(header))
             self.engine.restore_kv(tokens, state)
@@ -327,6 +334,11 @@ def _refusal(err: Exception) -> _Refused:
     details = str(err)
     note = next((text for kind, text in _REFUSAL_NOTES if isinstance(err, kind)), details)
     return _Refused(_one_line(note), details)
+
+
+def _memory_words(ggml_type: str) -> str:
+    """A KV cache type as a user knows it: "8-bit" for q8_0, "16-bit" for f16."""
+    return {"q8_0": "8-bit", "f16": "16-bit", "f32": "32-bit"}.get(ggml_type, ggml_type)
 
 
 def _one_line(text: str) -> str:
