@@ -40,6 +40,7 @@ class Setting:
     step: float | None = None
     reloads_engine: bool = False  # changing it reloads the model off the GUI thread
     in_dialog: bool = True
+    special: str = ""  # what the minimum means, shown in its place (e.g. "0 = automatic")
 
     def validate(self, value: Any) -> Any:
         """Return ``value`` as this setting's type, or raise ValueError saying why not."""
@@ -123,9 +124,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("n_ctx", SettingKind.INT, 4096, "Context length", "Tokens the model can see at once.", "Engine",
             minimum=256, maximum=131072, step=256, reloads_engine=True),
     Setting("n_threads", SettingKind.INT, 0, "Threads", "CPU threads for the engine; 0: one per core.",
-            "Engine", minimum=0, maximum=256, reloads_engine=True),
+            "Engine", minimum=0, maximum=256, reloads_engine=True, special="0 = automatic (one per core)"),
     Setting("n_gpu_layers", SettingKind.INT, 0, "GPU layers", "Layers offloaded to the GPU (GPU builds only; "
-            "this build runs on the CPU).", "Engine", minimum=0, maximum=1000, reloads_engine=True),
+            "this build runs on the CPU).", "Engine", minimum=0, maximum=1000, reloads_engine=True,
+            special="0 = none (CPU only)"),
     Setting("flash_attn", SettingKind.BOOL, True, "Flash attention", "Needed by the q8_0 and lazy KV caches.",
             "Engine", reloads_engine=True),
     Setting("idle_conversion", SettingKind.BOOL, True, "Compact while idle", "Lazy cache: when the f16 view "
@@ -140,7 +142,7 @@ SETTINGS: tuple[Setting, ...] = (
             "What to do when the conversation no longer fits the context.", "Chat",
             choices=CONTEXT_FULL_CHOICES),
     Setting("max_reply_tokens", SettingKind.INT, 0, "Longest reply", "Tokens per reply; 0: until the model "
-            "stops or the context is full.", "Chat", minimum=0, maximum=131072),
+            "stops or the context is full.", "Chat", minimum=0, maximum=131072, special="0 = no limit"),
     # conversations
     Setting("snapshot_encryption", SettingKind.CHOICE, "keyring", "Snapshot protection", "How saved KV "
             "snapshots (which contain the conversation) are protected: a key kept in the OS keyring, a "
@@ -153,17 +155,17 @@ SETTINGS: tuple[Setting, ...] = (
             "Salt of the passphrase key (not secret).", "Conversations", in_dialog=False),
     # sampling
     Setting("temperature", SettingKind.FLOAT, 0.7, "Temperature", "Randomness; 0 always picks the likeliest "
-            "token.", "Sampling", minimum=0.0, maximum=2.0, step=0.05),
+            "token.", "Sampling", minimum=0.0, maximum=2.0, step=0.05, special="0 = always the likeliest"),
     Setting("top_p", SettingKind.FLOAT, 0.95, "Top-p", "Sample from the likeliest tokens covering this "
             "probability.", "Sampling", minimum=0.0, maximum=1.0, step=0.01),
     Setting("top_k", SettingKind.INT, 40, "Top-k", "Sample from this many likeliest tokens; 0: all.",
-            "Sampling", minimum=0, maximum=1000),
+            "Sampling", minimum=0, maximum=1000, special="0 = all tokens"),
     Setting("min_p", SettingKind.FLOAT, 0.05, "Min-p", "Drop tokens less likely than this fraction of the "
             "likeliest.", "Sampling", minimum=0.0, maximum=1.0, step=0.01),
     Setting("repeat_penalty", SettingKind.FLOAT, 1.1, "Repeat penalty", "Above 1 discourages repetition.",
             "Sampling", minimum=0.5, maximum=2.0, step=0.05),
     Setting("seed", SettingKind.INT, -1, "Seed", "Random seed of every reply; -1: a new one each time.",
-            "Sampling", minimum=-1, maximum=2**31 - 1),
+            "Sampling", minimum=-1, maximum=2**31 - 1, special="-1 = random each time"),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}

@@ -146,6 +146,7 @@ class Conversations(QObject):
         self._dialogs = dialog_parent
         self.chat = Chat(Conversation(system_prompt))
         self.private = False
+        self.keyring_failed = False  # the OS keyring could not give the key this session
         self.history_locked = False  # encrypted under another key: nothing is saved until it opens
         self.snapshots_on = False
         self.last_saved: SaveResult | None = None
@@ -426,7 +427,8 @@ class Conversations(QObject):
 
     def ask_rename(self, conv_id: int) -> None:
         self._ask_text("rename-dialog", "Rename conversation", "Title:",
-                       lambda title: self.rename(conv_id, title))
+                       lambda title: self.rename(conv_id, title),
+                       text=self.host.conversations_panel.title(conv_id) or "")
 
     def rename(self, conv_id: int, title: str) -> None:
         self.execute(lambda s: s.rename(conv_id, title), None, "Renaming")
@@ -503,6 +505,7 @@ class Conversations(QObject):
             self.ask_passphrase()
         else:
             def use_key(key: bytes) -> None:
+                self.keyring_failed = False
                 self._use(Crypto(ENCRYPTION_KEYRING, key))
 
             self._keyring.run(load_or_create_key, use_key, self._keyring_missing, "Reading the keyring")
@@ -535,6 +538,7 @@ class Conversations(QObject):
     def _keyring_missing(self, err: Exception) -> None:
         """No keyring: the chat goes on (saved as the history allows, without snapshots) and a banner
         offers the other schemes; no question waits for an answer."""
+        self.keyring_failed = True
         self._use(None)
         if isinstance(err, KeyringUnavailableError):
             first, details = str(err), err.details
@@ -605,12 +609,14 @@ class Conversations(QObject):
                        password=True)
 
     def _ask_text(self, name: str, title: str, label: str, on_text: Callable[[str], None],
-                  password: bool = False) -> QInputDialog:
-        """A window-modal text question, deleted when closed; ``on_text`` gets the accepted text."""
+                  password: bool = False, text: str = "") -> QInputDialog:
+        """A window-modal text question starting with ``text``, deleted when closed; ``on_text`` gets
+        the accepted text."""
         dialog = QInputDialog(self._dialogs)
         dialog.setObjectName(name)
         dialog.setWindowTitle(title)
         dialog.setLabelText(label)
+        dialog.setTextValue(text)
         if password:
             dialog.setTextEchoMode(QLineEdit.EchoMode.Password)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)

@@ -6,6 +6,7 @@ The panel only shows and asks (signals); the window does the work off the GUI th
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -29,6 +30,7 @@ from lazykv.qt.markdown import plain_rich_text
 
 SEARCH_DELAY_MS = 250
 UPDATED_ROLE = Qt.ItemDataRole.UserRole + 1  # a row's ``updated`` time: the list's order
+SUMMARY_ROLE = Qt.ItemDataRole.UserRole + 2  # the row's ConversationSummary
 EXPORTS = (("Export as Markdown…", ExportFormat.MARKDOWN), ("Export as JSON…", ExportFormat.JSON))
 
 
@@ -59,6 +61,8 @@ class ConversationsPanel(QWidget):
         self.list.setObjectName("conversation-list")
         self.list.currentItemChanged.connect(lambda *_: self._enable_delete())
         self.list.setWordWrap(True)
+        self.list.setAlternatingRowColors(True)  # rows of two or three lines each: told apart
+        self.list.setSpacing(1)
         self.list.itemActivated.connect(self._activated)
         self.list.itemClicked.connect(self._activated)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
@@ -104,6 +108,7 @@ class ConversationsPanel(QWidget):
         self.list.clear()
         for summary in items:
             self.list.addItem(_item(summary))
+        self._tell_apart()
         self.select(current)
         bar.setValue(scrolled)
         self.listed.emit()
@@ -133,6 +138,7 @@ class ConversationsPanel(QWidget):
             place = self._place(summary, moving=row)
             if place != row and not searching:  # a search's results keep the search's order
                 self.list.insertItem(place, self.list.takeItem(row))
+        self._tell_apart()
         if selected:
             self.select(summary.id)
 
@@ -160,6 +166,22 @@ class ConversationsPanel(QWidget):
         row = self._row(conv_id)
         if row is not None:
             self.list.takeItem(row)
+            self._tell_apart()
+
+    def _tell_apart(self) -> None:
+        """Rows with the same title also show when each conversation was started (to the second)."""
+        items = [self.list.item(i) for i in range(self.list.count())]
+        titles = Counter(item.data(SUMMARY_ROLE).title for item in items)
+        for item in items:
+            summary = item.data(SUMMARY_ROLE)
+            text = _item_text(summary, started=titles[summary.title] > 1)
+            if item.text() != text:
+                item.setText(text)
+
+    def title(self, conv_id: int) -> str | None:
+        """The title the list shows for ``conv_id`` (None: not listed)."""
+        row = self._row(conv_id)
+        return None if row is None else self.list.item(row).data(SUMMARY_ROLE).title
 
     def select(self, conv_id: int | None) -> None:
         row = self._row(conv_id) if conv_id is not None else None
@@ -203,16 +225,18 @@ class ConversationsPanel(QWidget):
         menu.exec(self.list.viewport().mapToGlobal(pos))
 
 
-def _item_text(summary: ConversationSummary) -> str:
+def _item_text(summary: ConversationSummary, started: bool = False) -> str:
     plural = "" if summary.n_messages == 1 else "s"
     text = f"{summary.title}\n{_when(summary.updated)} · {summary.n_messages} message{plural}"
+    if started:
+        text += f" · started {_when(summary.created, '%Y-%m-%d %H:%M:%S')}"
     return f"{text}\n{summary.snippet}" if summary.snippet else text
 
 
-def _when(timestamp: float) -> str:
+def _when(timestamp: float, fmt: str = "%Y-%m-%d %H:%M") -> str:
     """The row's date; a time no calendar can show (a damaged or hostile row) never hides the list."""
     try:
-        return dt.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
+        return dt.datetime.fromtimestamp(timestamp).strftime(fmt)
     except (OverflowError, OSError, ValueError):
         return "date unknown"
 
@@ -225,6 +249,7 @@ def _item(summary: ConversationSummary) -> QListWidgetItem:
 
 
 def _fill(item: QListWidgetItem, summary: ConversationSummary) -> None:
+    item.setData(SUMMARY_ROLE, summary)
     item.setText(_item_text(summary))
     item.setToolTip(plain_rich_text(summary.snippet or summary.title))
     item.setData(UPDATED_ROLE, float(summary.updated))

@@ -532,7 +532,8 @@ class MainWindow(QMainWindow):
     @Slot()
     def _open_settings(self) -> None:
         meta = self.model_info.meta if self.model_info else None
-        dialog = SettingsDialog(self.settings.copy(self._overrides), meta, self)
+        dialog = SettingsDialog(self.settings.copy(self._overrides), meta, self,
+                                keyring_works=not self.conversations.keyring_failed)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self.apply_settings(dialog.changed()))
         self.settings_dialog = dialog

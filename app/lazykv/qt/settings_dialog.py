@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from PySide6.QtCore import Qt, SignalInstance
-from PySide6.QtGui import QStandardItemModel
+from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -40,8 +40,11 @@ class SettingsDialog(QDialog):
     Each setting's editor comes from ``EDITORS`` by its kind (path lists are never in the dialog)."""
 
     def __init__(
-        self, settings: Settings, meta: ModelMeta | None = None, parent: QWidget | None = None
+        self, settings: Settings, meta: ModelMeta | None = None, parent: QWidget | None = None,
+        keyring_works: bool = True,
     ) -> None:
+        """``meta``: the loaded model's (None: no model loaded); ``keyring_works``: False when the OS
+        keyring failed this session (its protection scheme is then offered disabled)."""
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setObjectName("settings-dialog")
@@ -72,6 +75,10 @@ class SettingsDialog(QDialog):
         self.estimate_label.setObjectName("settings-estimate")
         right.addWidget(self.estimate_label)
         right.addStretch()
+        self.reload_note = QLabel(RELOAD_NOTE)
+        self.reload_note.setObjectName("settings-reload-note")
+        self.reload_note.setWordWrap(True)
+        self.reload_note.hide()
         columns.addLayout(left, 1)
         columns.addLayout(right, 1)
 
@@ -85,12 +92,20 @@ class SettingsDialog(QDialog):
         buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(self.restore_defaults)
         layout = QVBoxLayout(self)
         layout.addLayout(columns)
+        layout.addWidget(self.reload_note)
         layout.addWidget(buttons)
 
+        if not keyring_works:
+            _disable_choice(self.editors["snapshot_encryption"], "keyring",
+                            "Your system's keyring is not available in this session.")
         self._update_kv_choices()
         self._update_estimate()
         for name in ("n_ctx", "kv_mode", "flash_attn"):
             self._editors[name].changed.connect(self._on_engine_change)
+        if meta is not None:  # a model is loaded: say before OK that applying reloads it
+            for setting in SETTINGS:
+                if setting.reloads_engine and setting.name in self._editors:
+                    self._editors[setting.name].changed.connect(self._update_reload_note)
 
     def value(self, name: str) -> Any:
         return self._editors[name].get()
@@ -103,9 +118,14 @@ class SettingsDialog(QDialog):
         self._editors[name].set(value)
 
     def restore_defaults(self) -> None:
+        """Every setting to its default, except a choice this session cannot use (e.g. the keyring
+        scheme without a keyring): that one stays as it is."""
         for setting in SETTINGS:
-            if setting.in_dialog:
+            if setting.in_dialog and _choice_allowed(self.editors[setting.name], setting.default):
                 self.set_value(setting.name, setting.default)
+
+    def _update_reload_note(self) -> None:
+        self.reload_note.setVisible(any(s.reloads_engine for s in SETTINGS if s.name in self.changed()))
 
     def _editor(self, setting: Setting, value: Any) -> QWidget:
         editor = EDITORS[setting.kind](setting)
@@ -125,10 +145,8 @@ class SettingsDialog(QDialog):
         combo = self.editors["kv_mode"]
         assert isinstance(combo, QComboBox)
         support = self._meta.kv_support(flash_attn=self.value("flash_attn"))
-        model = combo.model()
-        assert isinstance(model, QStandardItemModel)
         for row in range(combo.count()):
-            item = model.item(row)
+            item = _choice_item(combo, row)
             allowed = support.allows(combo.itemData(row))
             item.setEnabled(allowed)
             reason = plain_rich_text(f"Not possible for this model: {support.reason}")
@@ -147,6 +165,31 @@ class SettingsDialog(QDialog):
             f"<span style='color:{color}'>● {est.fit.value}</span>: {est.summary()}"
         )
         self.estimate_label.setTextFormat(Qt.TextFormat.RichText)
+
+
+RELOAD_NOTE = ("OK reloads the model: its context memory is emptied, and the next reply reads this chat "
+               "again (a long chat takes a moment).")
+
+
+def _choice_item(combo: QComboBox, row: int) -> QStandardItem:
+    model = combo.model()
+    assert isinstance(model, QStandardItemModel)
+    return model.item(row)
+
+
+def _disable_choice(combo: QWidget, value: str, reason: str) -> None:
+    assert isinstance(combo, QComboBox)
+    item = _choice_item(combo, combo.findData(value))
+    item.setEnabled(False)
+    item.setToolTip(plain_rich_text(reason))
+
+
+def _choice_allowed(editor: QWidget, value: Any) -> bool:
+    """Whether ``value`` may be chosen in ``editor`` (only a choice's items can be disabled)."""
+    if not isinstance(editor, QComboBox):
+        return True
+    row = editor.findData(str(value))
+    return row >= 0 and _choice_item(editor, row).isEnabled()
 
 
 @dataclass(frozen=True)
@@ -168,6 +211,7 @@ def _int_editor(setting: Setting) -> Editor:
     spin = QSpinBox()
     spin.setRange(int(setting.minimum or 0), int(setting.maximum or 2**31 - 1))
     spin.setSingleStep(int(setting.step or 1))
+    spin.setSpecialValueText(setting.special)  # shown instead of the minimum ("0 = automatic")
     return Editor(spin, spin.value, spin.setValue, spin.valueChanged)
 
 
@@ -176,6 +220,7 @@ def _float_editor(setting: Setting) -> Editor:
     spin.setRange(setting.minimum or 0.0, setting.maximum or 1e9)
     spin.setSingleStep(setting.step or 0.1)
     spin.setDecimals(2)
+    spin.setSpecialValueText(setting.special)
     return Editor(spin, spin.value, spin.setValue, spin.valueChanged)
 
 
