@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QInputDialog, QSpinBox
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.model_meta import read_model_meta
+from lazykv.core.persistence import OpenHow, OpenResult
 from lazykv.core.settings import Settings
 from lazykv.core.store import ConversationSummary
 from lazykv.qt.conversations_panel import ConversationsPanel
@@ -129,3 +130,19 @@ def test_list_rows_are_visibly_separated(qtbot: QtBot) -> None:
     # the right edge of each row: past the text, the row's own background
     colours = [image.pixelColor(rect.right() - 2, rect.center().y()).name() for rect in rects]
     assert colours[0] != colours[1], colours
+
+
+def test_a_re_read_says_why_in_plain_words_and_the_layout_on_demand(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    w = fake_window()
+    technical = "it was saved with another KV cache layout (K/V q8_0/q8_0, rotation 64/64)"
+    w.end_resume(OpenResult(OpenHow.REBUILT, "it was saved with other context-memory settings", 12, 0.2,
+                            technical))
+    banner = w.banner
+    assert banner.isVisible() and "other context-memory settings" in banner.label.text()
+    assert "K/V" not in banner.label.text() and banner.details_button.isVisible()
+    banner.details_button.click()
+    assert technical in banner.label.text() and not banner.details_button.isVisible()
+    w.end_resume(OpenResult(OpenHow.RESTORED, "", 12, 0.01))  # no details: no button
+    assert not banner.details_button.isVisible()

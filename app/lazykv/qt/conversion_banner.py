@@ -49,11 +49,17 @@ class ConversionBanner(QFrame):
         self.stop_button.setObjectName("banner-stop")
         self.stop_button.clicked.connect(self.stop_requested.emit)
         self.stop_button.hide()
+        self.details_button = QPushButton("Details")  # a note's technical account, on demand
+        self.details_button.setObjectName("banner-details")
+        self.details_button.clicked.connect(self._show_details)
+        self.details_button.hide()
+        self._details = ""
         layout = QHBoxLayout(self)
         layout.setContentsMargins(8, 4, 8, 4)
         layout.addWidget(self.label, 1)
         layout.addWidget(self.bar)
         layout.addWidget(self.stop_button)
+        layout.addWidget(self.details_button)
         self._hide_timer = QTimer(self)
         self._hide_timer.setSingleShot(True)
         self._hide_timer.timeout.connect(self.hide)
@@ -62,25 +68,36 @@ class ConversionBanner(QFrame):
     def show_progress(self, text: str, fraction: float, can_stop: bool = False) -> None:
         """Any other long engine task (e.g. re-reading a conversation)."""
         self._hide_timer.stop()
+        self.details_button.hide()
         self.stop_button.setVisible(can_stop)
         self.bar.show()
         self.bar.setValue(round(100 * fraction))
         self.label.setText(text)
         self.show()
 
-    def show_note(self, text: str, ms: int = 2 * SHOW_DONE_MS) -> None:
+    def show_note(self, text: str, ms: int = 2 * SHOW_DONE_MS, details: str = "") -> None:
+        """A sentence for a while; ``details`` behind a Details button (shown, the note stays)."""
         self.stop_button.hide()
         self.bar.hide()
         self.label.setText(text)
+        self._details = details
+        self.details_button.setVisible(bool(details))
         self.show()
         self._hide_timer.start(ms)
 
+    def _show_details(self) -> None:
+        self._hide_timer.stop()
+        self.details_button.hide()
+        self.label.setText(f"{self.label.text()}\n{self._details}")
+
     def close_task(self) -> None:
         self.stop_button.hide()
+        self.details_button.hide()
         self.hide()
 
     def on_event(self, event: ConversionEvent) -> None:
         self.stop_button.hide()
+        self.details_button.hide()
         self.bar.show()
         percent = round(100 * event.fraction)
         if event.stage is ConversionStage.END:

@@ -835,7 +835,7 @@ class MainWindow(QMainWindow):
         else:
             text = "Empty conversation"
         self.resume_note = text
-        self.banner.show_note(text)
+        self.banner.show_note(text, details=result.details)
         self.statusBar().showMessage(text, 10_000)
 
     # -- drag and drop, shutdown ------------------------------------------------------------------
