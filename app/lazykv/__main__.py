@@ -74,14 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.model is not None:
         overrides["model_path"] = str(args.model)
     model = Path(overrides.get("model_path") or settings["model_path"] or default_model_path())
+    unavailable = ""  # why the model asked for cannot be opened: said in the window, another is chosen
     try:
         engine.check_model_file(model)
     except engine.ModelFileError as err:
         hint = "; run `make models` to fetch the default model" if model == default_model_path() else ""
         if args.model is not None or model == default_model_path():
-            return _fail(f"{err}{hint}", code=2)
-        print(f"lazykv: the saved model is gone ({err}); using the default model", file=sys.stderr)
-        settings.set("model_path", "")
+            unavailable = f"{err}{hint}"
+            overrides.pop("model_path", None)
+            print(f"lazykv: {unavailable}", file=sys.stderr)
+        else:
+            print(f"lazykv: the saved model is gone ({err}); using the default model", file=sys.stderr)
+            settings.set("model_path", "")
 
     app = _application()
     instance = SingleInstance(data_dir(), app)
@@ -93,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     app.aboutToQuit.connect(window.shutdown_engine)
     _quit_on_sigint(window)
     window.show()
-    window.open_configured_model()
+    if unavailable:
+        window.choose_another_model(unavailable)
+    else:
+        window.open_configured_model()
     code = app.exec()
     clean = window.shutdown_engine()
     instance.release()

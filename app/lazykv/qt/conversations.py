@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QInputDialog,
     QLineEdit,
+    QMessageBox,
     QPushButton,
     QStatusBar,
     QWidget,
@@ -92,7 +93,7 @@ class ConversationsHost(Protocol):
     history_notice: NoticeBanner
 
     def statusBar(self) -> QStatusBar: ...  # noqa: N802 - Qt's name
-    def show_error(self, title: str, message: str, details: str = "") -> None: ...
+    def show_error(self, title: str, message: str, details: str = "") -> QMessageBox: ...
     def setting(self, name: str) -> Any: ...
     def sampling(self) -> SamplingSettings: ...
     def can_switch_conversation(self) -> bool: ...

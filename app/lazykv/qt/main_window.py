@@ -252,6 +252,13 @@ class MainWindow(QMainWindow):
         else:
             self.statusBar().showMessage("Open a model (File > Open model…) to start chatting")
 
+    def choose_another_model(self, message: str) -> None:
+        """The model asked for at start cannot be opened: say why, then offer the file chooser (the
+        window stays, with File > Open model and Recent, if the user cancels it)."""
+        box = self.show_error("The model could not be opened", f"{message}. Choose another model.")
+        box.finished.connect(lambda _result: self._choose_model())
+        self.statusBar().showMessage("Open a model (File > Open model…) to start chatting")
+
     def send_text(self, text: str) -> None:
         self.input.setPlainText(text)
         self._send()
@@ -507,11 +514,12 @@ class MainWindow(QMainWindow):
     @Slot()
     def _choose_model(self) -> None:
         start = self.model_info.path.parent if self.model_info else models_dir()
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Open model", str(start), "GGUF models (*.gguf);;All files (*)"
-        )
-        if path:
-            self.open_model(Path(path))
+        dialog = QFileDialog(self, "Open model", str(start), "GGUF models (*.gguf);;All files (*)")
+        dialog.setObjectName("model-chooser")
+        dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.fileSelected.connect(lambda path: self.open_model(Path(path)))
+        dialog.open()  # window-modal, the event loop runs on (a static getOpenFileName nests one)
 
     def _fill_recent_menu(self) -> None:
         self.recent_menu.clear()
@@ -782,7 +790,7 @@ class MainWindow(QMainWindow):
                             lambda err: self.memory_panel.set_estimate(title, None, str(err)),
                             "Reading the model's header")
 
-    def show_error(self, title: str, message: str, details: str = "") -> None:
+    def show_error(self, title: str, message: str, details: str = "") -> QMessageBox:
         """Status bar plus a window-modal box that does not block the event loop; ``details`` on demand."""
         self.statusBar().showMessage(message)
         box = QMessageBox(QMessageBox.Icon.Warning, APP_TITLE, "", QMessageBox.StandardButton.Ok, self)
@@ -793,6 +801,7 @@ class MainWindow(QMainWindow):
         box.setObjectName("error-box")
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()
+        return box
 
     # -- conversations ----------------------------------------------------------------------------
 
