@@ -63,3 +63,37 @@ def test_forgotten_turns_stay_visible_but_are_not_sent() -> None:
 def test_turn_roles_are_user_or_assistant(role: str) -> None:
     with pytest.raises(ValueError, match="user or assistant"):
         Conversation().add(role, "beep")  # type: ignore[arg-type]
+
+
+def test_a_regenerated_reply_keeps_every_version_and_the_chat_continues_from_the_one_chosen() -> None:
+    c = Conversation()
+    c.add("user", "Name a colour.")
+    c.add("assistant", "Red.")
+    assert c.versions(1) == ["Red."] and c.all_versions() == {}
+    c.take_back_reply()
+    assert len(c) == 1
+    c.add("assistant", "Blue.")
+    c.take_back_reply()
+    c.add("assistant", "Green.")
+    assert c.versions(1) == ["Red.", "Blue.", "Green."] and c.version_shown(1) == 2
+    c.choose_version(0)
+    assert c.turns()[1]["content"] == "Red." and c.version_shown(1) == 0
+    assert c.messages()[-1] == {"role": "assistant", "content": "Red."}  # what the next reply reads
+    c.add("user", "Another?")
+    assert c.all_versions() == {1: ["Red.", "Blue.", "Green."]}
+    c.truncate(1)  # an edit before the reply: its versions go with it
+    assert c.all_versions() == {}
+
+
+def test_a_taken_back_reply_not_replaced_at_its_place_joins_nothing() -> None:
+    c = Conversation()
+    c.add("user", "Hi")
+    c.add("assistant", "Hello")
+    c.take_back_reply()
+    c.pop()  # the regeneration failed and its prompt went back to the input box
+    c.add("user", "Hi again")
+    c.add("assistant", "Hello again")
+    assert c.all_versions() == {}
+    c.pop()
+    with pytest.raises(ValueError, match="not a reply"):  # the last turn is the user's
+        c.take_back_reply()

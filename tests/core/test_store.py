@@ -477,6 +477,46 @@ def test_a_version_2_database_gets_the_stats_column_and_keeps_its_messages(tmp_p
         assert record.stats == {}
         store.sync_transcript(record.uid, record.messages, 2, stats={1: ReplyStats(0.1, 9.0, 12)})
         assert store.conversation(1).stats == {1: ReplyStats(0.1, 9.0, 12)}
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    finally:
+        store.close()
+
+
+def test_a_regenerated_replys_versions_are_stored_with_it_and_come_back(store: Store) -> None:
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    synced = store.sync_transcript(new_uid(), messages, 0, create=True)
+    uid = store.conversation(synced.id).uid
+    assert store.conversation(synced.id).versions == {}
+    again = [messages[0], {"role": "assistant", "content": "Hey"}]  # regenerated: the reply rewritten
+    store.sync_transcript(uid, again, 2, versions={1: ["Hello", "Hey"]})
+    record = store.conversation(synced.id)
+    assert record.versions == {1: ["Hello", "Hey"]} and record.messages == again
+    store.sync_transcript(uid, messages, 2, versions={1: ["Hello", "Hey"]})  # the first one chosen
+    assert store.conversation(synced.id).messages == messages
+    assert store.conversation(synced.id).versions == {1: ["Hello", "Hey"]}
+    restored = store.undelete(store.delete(synced.id).record)
+    assert store.conversation(restored.id).versions == {1: ["Hello", "Hey"]}
+    store._db.execute("UPDATE messages SET versions = '{\"not\": 1}' WHERE seq = 1")
+    assert store.conversation(restored.id).versions == {}  # a damaged value reads as none
+
+
+def test_a_version_3_database_gets_the_versions_column_and_keeps_its_messages(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite3"
+    db = sqlite3.connect(path, isolation_level=None)  # a version-3 database, as the last release wrote it
+    for version in range(3):
+        store_module.MIGRATIONS[version](db)
+    db.execute("PRAGMA user_version = 3")
+    db.execute("INSERT INTO conversations (uid, title, created, updated) VALUES (?, 'old', 1, 2)",
+               ("b" * 32,))
+    db.execute("INSERT INTO messages (conv_id, seq, role, content, stats) VALUES (1, 0, 'user', 'Hi', NULL)")
+    db.execute("INSERT INTO messages (conv_id, seq, role, content) VALUES (1, 1, 'assistant', 'Hello')")
+    db.close()
+    store = Store(path, tmp_path / "snaps")
+    try:
+        record = store.conversation(1)
+        assert [m["content"] for m in record.messages] == ["Hi", "Hello"] and record.versions == {}
+        store.sync_transcript(record.uid, record.messages, 2, versions={1: ["Hello", "Hi there"]})
+        assert store.conversation(1).versions == {1: ["Hello", "Hi there"]}
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == 4
     finally:
         store.close()

@@ -70,16 +70,62 @@ class Conversation:
         self._turns: list[dict[str, str]] = []
         self._markers: list[Marker] = []
         self._stats: dict[int, ReplyStats] = {}  # by turn index: the replies' figures
+        self._versions: dict[int, list[str]] = {}  # by turn index: every reply regenerated there
+        self._regenerating: tuple[int, list[str]] | None = None  # the replies a new one joins
         self._first_sent = 0  # turns before this were dropped to fit the context: shown, not sent
 
     def add(self, role: Role, content: str) -> None:
         if role not in ROLES or role == "system":
             raise ValueError(f"a turn's role is user or assistant, not {role!r}")
         self._turns.append({"role": role, "content": content})
+        pending, self._regenerating = self._regenerating, None
+        if pending is not None and role == "assistant" and pending[0] == len(self._turns) - 1:
+            self._versions[pending[0]] = [*pending[1], content]
+
+    def take_back_reply(self) -> None:
+        """Remove the last turn, a reply, to regenerate it: the next reply added there joins it (and
+        the replies it replaced) as one more version, the one shown."""
+        index = len(self._turns) - 1
+        if index < 0 or self._turns[index]["role"] != "assistant":
+            raise ValueError("the last turn is not a reply")
+        versions = self.versions(index)
+        self.pop()
+        self._regenerating = (index, versions)
+
+    def versions(self, index: int) -> list[str]:
+        """Every version of the turn at ``index``, oldest first (one: its content, if never regenerated)."""
+        return list(self._versions.get(index) or [self._turns[index]["content"]])
+
+    def version_shown(self, index: int) -> int:
+        """Which of ``versions(index)`` the turn holds now (the last one with its content)."""
+        versions = self.versions(index)
+        content = self._turns[index]["content"]
+        return max(i for i, text in enumerate(versions) if text == content)
+
+    def choose_version(self, number: int) -> None:
+        """Show version ``number`` of the last turn, to continue from it; its markers and figures
+        belonged to the version it replaces and go."""
+        index = len(self._turns) - 1
+        versions = self.versions(index)
+        if not 0 <= number < len(versions):
+            raise IndexError(f"no version {number} of turn {index}")
+        self._turns[index] = {"role": self._turns[index]["role"], "content": versions[number]}
+        self._markers = [m for m in self._markers if m.message_index != index]
+        self._stats.pop(index, None)
+
+    def set_versions(self, index: int, versions: Sequence[str]) -> None:
+        """The versions of the turn at ``index`` (as stored); ignored unless its content is one of them."""
+        if len(versions) > 1 and self._turns[index]["content"] in versions:
+            self._versions[index] = list(versions)
+
+    def all_versions(self) -> dict[int, list[str]]:
+        """The turns that have more than one version, by index."""
+        return {i: list(v) for i, v in self._versions.items()}
 
     def pop(self) -> dict[str, str]:
         """Remove and return the last turn (e.g. a user turn whose reply failed)."""
         turn = self._turns.pop()
+        self._regenerating = None
         self._first_sent = min(self._first_sent, len(self._turns))
         self._drop_after(len(self._turns))
         return turn
@@ -88,6 +134,7 @@ class Conversation:
         """Keep the first ``n_turns`` turns; return the removed ones (for edit-and-resend)."""
         removed = self._turns[n_turns:]
         del self._turns[n_turns:]
+        self._regenerating = None
         self._first_sent = min(self._first_sent, n_turns)
         self._drop_after(n_turns)
         return removed
@@ -96,11 +143,14 @@ class Conversation:
         """Markers and stats of turns from ``n_turns`` on go with them."""
         self._markers = [m for m in self._markers if m.message_index < n_turns]
         self._stats = {i: s for i, s in self._stats.items() if i < n_turns}
+        self._versions = {i: v for i, v in self._versions.items() if i < n_turns}
 
     def clear(self) -> None:
         self._turns.clear()
         self._markers.clear()
         self._stats.clear()
+        self._versions.clear()
+        self._regenerating = None
         self._first_sent = 0
 
     @property

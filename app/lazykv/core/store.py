@@ -43,7 +43,7 @@ import platformdirs
 from lazykv.core.conversation import ReplyStats, common_prefix
 from lazykv.core.files import fsync_dir
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 APP_DIR_NAME = "lazykv"
 DB_FILE = "conversations.sqlite3"
 SNAPSHOTS_DIR = "snapshots"
@@ -211,6 +211,7 @@ class ConversationRecord:
     snapshot: SnapshotRef | None
     uid: str = field(default_factory=new_uid)
     stats: dict[int, ReplyStats] = field(default_factory=dict)  # by index in ``messages``: replies' figures
+    versions: dict[int, list[str]] = field(default_factory=dict)  # by index: a regenerated reply's versions
 
 
 _SCHEMA_V1 = """
@@ -286,6 +287,12 @@ _SCHEMA_V3 = """
 ALTER TABLE messages ADD COLUMN stats TEXT;
 """
 
+# v4: a regenerated reply keeps every version (a JSON list of texts, oldest first; the message's
+# content is the one shown); NULL for a message never regenerated
+_SCHEMA_V4 = """
+ALTER TABLE messages ADD COLUMN versions TEXT;
+"""
+
 
 def _execute_script(db: sqlite3.Connection, script: str) -> None:
     """Run the statements of ``script`` one by one, inside the caller's transaction (unlike
@@ -305,6 +312,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     0: lambda db: _execute_script(db, _SCHEMA_V1),
     1: lambda db: _execute_script(db, _SCHEMA_V2),
     2: lambda db: _execute_script(db, _SCHEMA_V3),
+    3: lambda db: _execute_script(db, _SCHEMA_V4),
 }
 
 
@@ -457,6 +465,15 @@ def _json_dict(text: str) -> dict:
     except (TypeError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _json_texts(text: str) -> list[str]:
+    """Stored JSON (a reply's versions) as a list of texts; a damaged value reads as none."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return []
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else []
 
 
 def _check_sha256(sha256: str) -> str:
@@ -782,6 +799,7 @@ class Store:
             id=row[0], title=row[1], created=_shown_time(row[2]), updated=_shown_time(row[3]),
             system_prompt=row[4], settings=_json_dict(row[5]), messages=self._messages(db, conv_id),
             snapshot=self._snapshot(db, conv_id), uid=row[6], stats=self._stats(db, conv_id),
+            versions=self._versions(db, conv_id),
         )  # fmt: skip
 
     def list_conversations(self) -> list[ConversationSummary]:
@@ -864,6 +882,7 @@ class Store:
             conv_id = int(cursor.lastrowid)
             self._insert_messages(db, conv_id, messages)
             self._write_stats(db, conv_id, record.stats)
+            self._write_versions(db, conv_id, record.versions)
             snap = record.snapshot
             if snap is not None and self.snapshot_path(snap.sha256).exists():
                 db.execute(
@@ -885,6 +904,24 @@ class Store:
         rows = db.execute("SELECT stats FROM messages WHERE conv_id = ? ORDER BY seq", (conv_id,))
         found = {i: ReplyStats.from_json(_json_dict(text)) for i, (text,) in enumerate(rows) if text}
         return {i: stats for i, stats in found.items() if stats is not None}
+
+    @staticmethod
+    def _versions(db: sqlite3.Connection, conv_id: int) -> dict[int, list[str]]:
+        rows = db.execute("SELECT versions FROM messages WHERE conv_id = ? ORDER BY seq", (conv_id,))
+        found = {i: _json_texts(text) for i, (text,) in enumerate(rows) if text}
+        return {i: versions for i, versions in found.items() if len(versions) > 1}
+
+    @staticmethod
+    def _write_versions(db: sqlite3.Connection, conv_id: int, versions: Mapping[int, Sequence[str]]) -> None:
+        """Store each regenerated reply's versions with the message at that index."""
+        if not versions:
+            return
+        seqs = [seq for (seq,) in db.execute("SELECT seq FROM messages WHERE conv_id = ? ORDER BY seq",
+                                             (conv_id,))]  # fmt: skip
+        rows = [(json.dumps([_check_text("reply version", t) for t in texts], ensure_ascii=False), seqs[i])
+                for i, texts in versions.items() if 0 <= i < len(seqs)]
+        db.executemany("UPDATE messages SET versions = ? WHERE conv_id = ? AND seq = ? AND versions IS NOT ?",
+                       [(text, conv_id, seq, text) for text, seq in rows])
 
     @staticmethod
     def _write_stats(db: sqlite3.Connection, conv_id: int, stats: Mapping[int, ReplyStats]) -> None:
@@ -928,6 +965,7 @@ class Store:
         settings: dict | None = None,
         create: bool = False,
         stats: Mapping[int, ReplyStats] | None = None,
+        versions: Mapping[int, Sequence[str]] | None = None,
     ) -> Synced:
         """Bring the stored transcript of conversation ``uid`` up to the caller's ``messages``, in one
         transaction; ``synced`` is how many of them the store held after the caller's last sync (0
@@ -943,8 +981,9 @@ class Store:
         and settings are its first ones): a second sync of the same new chat finds it instead of
         making another. Without it, a missing conversation is ConversationNotFound (it was deleted).
         The system prompt and settings are updated each time (settings only when given). ``stats``
-        (replies' figures by index in ``messages``) are stored with those messages, unless another
-        window's turns were merged in (the indices would not be the caller's).
+        (replies' figures by index in ``messages``) and ``versions`` (a regenerated reply's texts) are
+        stored with those messages, unless another window's turns were merged in (the indices would
+        not be the caller's).
         """
         if not isinstance(uid, str) or not _UID.fullmatch(uid):
             raise ValueError(f"not a conversation uid: {uid!r}")
@@ -973,8 +1012,9 @@ class Store:
             if kinds and not created:
                 self._touch(db, conv_id)
             result = self._messages(db, conv_id) if kinds else stored
-            if stats and result == wanted:
-                self._write_stats(db, conv_id, stats)
+            if result == wanted:
+                self._write_stats(db, conv_id, stats or {})
+                self._write_versions(db, conv_id, versions or {})
         if created or kinds:
             kinds |= {Change.LIST}
         return Synced(id=conv_id, created=created, messages=result, merged=result != wanted,

@@ -266,12 +266,13 @@ class Conversations(QObject):
         messages = chat.conversation.messages()  # what the KV cache holds: the snapshot's binding
         first = chat.first_saved
         stats = {i - first: s for i, s in chat.conversation.stats().items() if i >= first}
+        versions = {i - first: v for i, v in chat.conversation.all_versions().items() if i >= first}
 
         def job(store: Store) -> Synced:
             # appended, or compare-and-swapped for an edit or a taken-back turn: never replaced wholesale
             result = store.sync_transcript(saved.uid, turns, saved.synced, title=title_from(turns),
                                            system_prompt=system, settings=settings, create=saved.id is None,
-                                           stats=stats)
+                                           stats=stats, versions=versions)
             saved.id, saved.synced = result.id, len(result.messages)
             return result
 
@@ -647,6 +648,8 @@ def _load(store: Store, conv_id: int) -> Loaded:
         conversation.add(message["role"], message["content"])
         if (stats := record.stats.get(i)) is not None:
             conversation.set_stats(len(conversation) - 1, stats)
+        if i in record.versions:
+            conversation.set_versions(len(conversation) - 1, record.versions[i])
     return Loaded(record, conversation, conversation.messages())
 
 

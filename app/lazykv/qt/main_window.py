@@ -267,9 +267,32 @@ class MainWindow(QMainWindow):
         """Replace the last reply with a new one (the cache keeps the prompt up to it)."""
         if self._state is not UiState.READY or not self._ends_with_reply():
             return
-        self.conversation.pop()
+        self.conversation.take_back_reply()  # the new reply joins it as one more version
         self._rerender()
         self._request_reply()
+
+    def show_version(self, step: int) -> None:
+        """Page the last reply ``step`` versions back or on (1/3 ‹ ›): the chat continues from the
+        version shown, which is saved as the reply."""
+        if self._state is not UiState.READY or not self._ends_with_reply():
+            return
+        index = len(self.conversation) - 1
+        number = self.conversation.version_shown(index) + step
+        if 0 <= number < len(self.conversation.versions(index)):
+            self.conversation.choose_version(number)
+            self._rerender()
+            self.conversations.persist(snapshot=False)
+
+    def _update_versions_bar(self) -> None:
+        index = len(self.conversation) - 1
+        versions = self.conversation.versions(index) if self._ends_with_reply() else []
+        self.versions_bar.setVisible(len(versions) > 1)
+        if len(versions) > 1:
+            number = self.conversation.version_shown(index)
+            self.versions_label.setText(f"Reply {number + 1}/{len(versions)}")
+            ready = self._state is UiState.READY
+            self.previous_version.setEnabled(ready and number > 0)
+            self.next_version.setEnabled(ready and number < len(versions) - 1)
 
     def edit_message(self, index: int) -> None:
         """Put a user turn back into the composer; sending replaces it and everything after it."""
@@ -296,6 +319,23 @@ class MainWindow(QMainWindow):
             self.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
 
     # -- UI ---------------------------------------------------------------------------------------
+
+    def _build_versions_bar(self) -> None:
+        """Under a regenerated reply: which version is shown, and the way to the others."""
+        self.versions_bar = QFrame()
+        self.versions_bar.setObjectName("versions-bar")
+        self.versions_label = QLabel()
+        self.previous_version = QPushButton("‹ Previous")
+        self.previous_version.clicked.connect(lambda: self.show_version(-1))
+        self.next_version = QPushButton("Next ›")
+        self.next_version.clicked.connect(lambda: self.show_version(1))
+        row = QHBoxLayout(self.versions_bar)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.versions_label)
+        row.addWidget(self.previous_version)
+        row.addWidget(self.next_version)
+        row.addStretch()
+        self.versions_bar.hide()
 
     def _build_ui(self) -> None:
         self.setWindowTitle(APP_TITLE)
@@ -332,6 +372,7 @@ class MainWindow(QMainWindow):
         edit_row.addWidget(self.edit_label, 1)
         edit_row.addWidget(cancel_edit)
         self.edit_bar.hide()
+        self._build_versions_bar()
 
         self.input = ChatInput()
         self.input.submitted.connect(self._send)
@@ -355,6 +396,7 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.keyring_notice)
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.banner)
+        layout.addWidget(self.versions_bar)
         layout.addWidget(self.edit_bar)
         layout.addLayout(composer)
         self.context_meter = ContextMeter()
@@ -486,6 +528,7 @@ class MainWindow(QMainWindow):
         self.system_edit.setReadOnly(not idle)
         self.transcript.actions_enabled = ready
         self.regenerate_action.setEnabled(ready and self._ends_with_reply())
+        self._update_versions_bar()
         self.edit_last_action.setEnabled(ready and self.conversation.last_index("user") is not None)
         self.compact_action.setEnabled(
             ready and self.kv is not None and self.kv.kv_mode is KvMode.LAZY and self.kv.phase is KvPhase.F16
@@ -508,6 +551,7 @@ class MainWindow(QMainWindow):
     def _rerender(self) -> None:
         self.transcript.show_messages(self.conversation.shown(), self.conversation.markers(),
                                       self.conversation.stats())
+        self._update_versions_bar()
 
     # -- slots: user ------------------------------------------------------------------------------
 

@@ -1,0 +1,76 @@
+"""Regenerate keeps the alternatives (issue 12): the user pages between replies (1/3) and the chat
+continues from the one shown; they are saved and come back with the conversation."""
+
+from __future__ import annotations
+
+from pytestqt.qtbot import QtBot
+
+from lazykv.qt.main_window import MainWindow
+from tests.qt.conftest import FakeWindow
+from tests.qt.fake_engine import FakeSession
+from tests.qt.helpers import WAIT_MS, chat, settle, stored
+
+
+def _regenerate(qtbot: QtBot, w: MainWindow, fake: FakeSession, reply: str) -> None:
+    fake.reply = (reply,)
+    with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
+        w.regenerate()
+    settle(qtbot, w)
+
+
+def _last(w: MainWindow) -> str:
+    return w.conversation.turns()[-1]["content"]
+
+
+def test_regenerated_replies_can_be_paged_and_the_chat_goes_on_from_the_one_shown(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    w = fake_window()
+    fake.reply = ("Red.",)
+    chat(qtbot, w, "Name a colour.")
+    assert not w.versions_bar.isVisible()  # one reply: nothing to page
+    _regenerate(qtbot, w, fake, "Blue.")
+    _regenerate(qtbot, w, fake, "Green.")
+    assert w.versions_bar.isVisible() and w.versions_label.text() == "Reply 3/3"
+    assert not w.next_version.isEnabled() and w.previous_version.isEnabled()
+    w.previous_version.click()
+    w.previous_version.click()
+    assert _last(w) == "Red." and w.versions_label.text() == "Reply 1/3"
+    assert not w.previous_version.isEnabled()
+    w.next_version.click()
+    assert _last(w) == "Blue." and w.versions_label.text() == "Reply 2/3"
+    settle(qtbot, w)
+    assert stored(w)[0][1][-1]["content"] == "Blue."  # the version shown is the reply saved
+    fake.reply = ("Because.",)
+    chat(qtbot, w, "Why?")  # continues from the one chosen
+    assert [t["content"] for t in w.conversation.turns()] == ["Name a colour.", "Blue.", "Why?", "Because."]
+    assert not w.versions_bar.isVisible()  # the last reply has one version
+    conv_id = w.conversations.current
+    w.new_chat()
+    settle(qtbot, w)
+    with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS):
+        w.conversations.open(conv_id)
+    assert w.conversation.versions(1) == ["Red.", "Blue.", "Green."]  # kept with the conversation
+    assert w.conversation.version_shown(1) == 1
+
+
+def test_paging_back_to_the_last_reply_after_reopening(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    w = fake_window()
+    fake.reply = ("One.",)
+    chat(qtbot, w, "Count.")
+    _regenerate(qtbot, w, fake, "Two.")
+    w.previous_version.click()
+    settle(qtbot, w)
+    conv_id = w.conversations.current
+    w.new_chat()
+    settle(qtbot, w)
+    with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS):
+        w.conversations.open(conv_id)
+    qtbot.waitUntil(w.versions_bar.isVisible, timeout=WAIT_MS)
+    assert w.versions_label.text() == "Reply 1/2" and _last(w) == "One."
+    w.next_version.click()
+    assert _last(w) == "Two."
+    settle(qtbot, w)
+    assert stored(w)[0][1][-1]["content"] == "Two."
