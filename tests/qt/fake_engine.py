@@ -51,6 +51,7 @@ class FakeSession:
         self._cancel: threading.Event | None = None
         self._listener: Callable[[ConversionEvent], None] | None = None
         self.reply: tuple[str, ...] = REPLY
+        self.finish_reason = FinishReason.STOP  # how a reply that is not stopped ends (LENGTH: cut off)
         self.convert_error: Exception | None = None
         self.restore_error: Exception | None = None  # e.g. KvRestoreError: resuming re-reads instead
         self.calls: list[str] = []  # what ran, in order: "load", "reply", "convert", "rebuild", ...
@@ -136,7 +137,7 @@ class FakeSession:
         tokens = _words(fitted.messages)
         n_reused = common_prefix(self._kv.tokens, tokens)
         pieces: list[str] = []
-        finish = FinishReason.STOP
+        finish = self.finish_reason
         with self.cancellable(cancel):
             try:
                 self._step()  # the prompt's reading

@@ -46,9 +46,12 @@ def test_a_conversion_during_a_reply_shows_progress_then_the_phase_change(
         qtbot.waitUntil(lambda: w.kv.phase is KvPhase.Q8_0, timeout=10_000)
         assert w.memory_panel.phase_label.text().startswith("q8_0")
         assert "/ 1024 (q8_0)" in w.memory_panel.cells_bar.format()
-        assert "8-bit KV from here, token" in w.transcript.toPlainText()
+        # converted while the prompt was read: a line between the user's message and the reply
+        text = w.transcript.toPlainText()
+        assert text.index(LONG_MESSAGE[-20:]) < text.index("Context compacted to 8-bit here (at token") \
+            < text.index(finished.args[0].text.strip()[:20])
         [marker] = w.conversation.markers()
-        assert marker.message_index == 1
+        assert marker.message_index == 0
         assert meter.max_gap_ms < GUI_STALL_BOUND_MS
     finally:
         w.close()

@@ -1,5 +1,5 @@
-"""What is recorded with a reply and shown again when its conversation is reopened (its figures), and
-what a new chat starts with (an empty cache in the 16-bit phase)."""
+"""What is recorded with a reply and shown again when its conversation is reopened (its figures, how it
+ended), where a compaction is shown, and what a new chat starts with (an empty 16-bit cache)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from pathlib import Path
 
 from pytestqt.qtbot import QtBot
 
+from lazykv.core.engine import FinishReason
 from lazykv.core.kinds import KvPhase
+from lazykv.qt.transcript import TranscriptView
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import WAIT_MS, chat, settle
@@ -74,3 +76,40 @@ def test_with_the_real_engine_a_new_chat_after_a_compaction_is_16_bit_again(
         settle(qtbot, w)
     finally:
         w.close()
+
+
+def test_a_reply_cut_off_says_why_under_it_and_again_when_reopened(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    w = fake_window(max_reply_tokens=8)
+    fake.finish_reason = FinishReason.LENGTH
+    chat(qtbot, w, "Tell me a long story.")
+    limit = "Reply stopped at the length limit (8 tokens; Settings > Max reply tokens)"
+    assert _text(w).endswith(limit)
+    w.settings.set("max_reply_tokens", 0)
+    chat(qtbot, w, "Go on.")
+    assert _text(w).endswith("Reply stopped: the context is full")
+    conv_id = w.conversations.current
+    w.new_chat()
+    settle(qtbot, w)
+    w.conversations.open(conv_id)
+    qtbot.waitUntil(lambda: w.transcript.message_count() == 4, timeout=WAIT_MS)
+    settle(qtbot, w)
+    text = _text(w)
+    assert text.index(limit) < text.index("Go on.") < text.index("Reply stopped: the context is full")
+
+
+def test_a_compaction_during_a_reply_is_a_line_under_it_never_inside_a_sentence(qtbot: QtBot) -> None:
+    view = TranscriptView()
+    qtbot.addWidget(view)
+    view.add_message("user", "Tell me.")
+    view.begin_reply()
+    view.mark_here("Context compacted to 8-bit here (at token 500)", before_reply=True)  # prompt read
+    view.append_to_reply("The first half of a sentence")
+    view.mark_here("Context compacted to 8-bit during this reply (at token 900)")
+    view.append_to_reply(" and its second half.")
+    view.end_reply("Reply stopped")
+    lines = [line for line in view.toPlainText().splitlines() if line.strip()]
+    assert lines == ["You", "Tell me.", "Context compacted to 8-bit here (at token 500)", "Assistant",
+                     "The first half of a sentence and its second half.",
+                     "Context compacted to 8-bit during this reply (at token 900)", "Reply stopped"]

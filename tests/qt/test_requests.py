@@ -176,7 +176,7 @@ def test_idle_conversion_runs_after_the_injected_delay(
     assert converted.args == [True]
     engine_work = [c for c in fake.calls if c in ("reply", "convert")]
     assert engine_work == ["reply", "convert"]  # after the reply, never inside it
-    assert "8-bit KV from here" in w.transcript.toPlainText()
+    assert "Context compacted to 8-bit here (at token" in w.transcript.toPlainText()
     [marker] = w.conversation.markers()
     assert marker.message_index == 1
 

@@ -32,11 +32,13 @@ class Marker:
 @dataclass(frozen=True)
 class ReplyStats:
     """Figures of one reply, shown under it and stored with it: time to first token (prompt processing
-    included), generation speed, length."""
+    included), generation speed, length; and how it ended when it did not end by itself ("Reply
+    stopped: the context is full")."""
 
     time_to_first_token: float
     tokens_per_second: float | None
     n_tokens: int
+    note: str = ""
 
     def summary(self) -> str:
         """E.g. "0.42 s to first token · 31.5 tokens/s · 64 tokens"."""
@@ -48,7 +50,7 @@ class ReplyStats:
 
     def to_json(self) -> dict[str, Any]:
         return {"ttft_s": self.time_to_first_token, "tokens_per_s": self.tokens_per_second,
-                "n_tokens": self.n_tokens}
+                "n_tokens": self.n_tokens, "note": self.note}
 
     @classmethod
     def from_json(cls, data: Any) -> ReplyStats | None:
@@ -56,10 +58,12 @@ class ReplyStats:
         if not isinstance(data, dict):
             return None
         ttft, rate, n = data.get("ttft_s"), data.get("tokens_per_s"), data.get("n_tokens")
+        note = data.get("note", "")
         numbers = isinstance(ttft, int | float) and isinstance(n, int) and not isinstance(n, bool)
-        if not numbers or (rate is not None and not isinstance(rate, int | float)):
+        rate_ok = rate is None or isinstance(rate, int | float)
+        if not (numbers and rate_ok and isinstance(note, str)):
             return None
-        return cls(float(ttft), None if rate is None else float(rate), n)
+        return cls(float(ttft), None if rate is None else float(rate), n, note)
 
 
 class Conversation:

@@ -27,9 +27,11 @@ def compacted_text(event: ConversionEvent) -> str:
     return f"Context memory compacted to 8-bit in {1000 * event.duration_s:.0f} ms at token {event.n_cells}"
 
 
-def marker_label(event: ConversionEvent) -> str:
-    """The transcript's marker where the cache went to 8-bit."""
-    return f"8-bit KV from here, token {event.n_cells}"
+def marker_label(event: ConversionEvent, during_reply: bool = False) -> str:
+    """The line the transcript shows where the cache went to 8-bit: under the message it followed, or
+    under the reply it happened in."""
+    where = "during this reply" if during_reply else "here"
+    return f"Context compacted to 8-bit {where} (at token {event.n_cells})"
 
 
 class ConversionBanner(QFrame):

@@ -130,7 +130,7 @@ class MainWindow(QMainWindow):
         self._state = UiState.NO_MODEL
         self._editing: int | None = None  # index of the user turn being edited
         self._reply: Reply | None = None  # the reply streaming now
-        self._reply_markers: list[tuple[int, str]] = []  # (offset, label) inside the reply streaming
+        self._reply_markers: list[str] = []  # lines to put under the reply streaming, once it is added
         self._reply_text = ""
         self.reply_clock = ReplyClock()
         self.resume_note = ""
@@ -734,18 +734,18 @@ class MainWindow(QMainWindow):
             n = sum(1 for m in result.dropped if m["role"] != "system")
             self.conversation.forget_oldest(n)
             notes.append(f"context full: the {n} oldest messages were dropped to make room")
+        if ended := _how_it_ended(result, self.reply_options().max_tokens):
+            notes.append(ended)
+        note = "; ".join(notes)
         stats = self.reply_clock.stats()
+        stats = replace(stats, note=note) if stats is not None else None
         if result.text:
             self.conversation.add("assistant", result.text)
             if stats is not None:
                 self.conversation.set_stats(len(self.conversation) - 1, stats)
-        for offset, label in self._reply_markers:
-            self._add_marker(label, offset if result.text else None)
-        if result.cancelled:
-            notes.append("stopped")
-        elif result.finish_reason is FinishReason.LENGTH and not self.reply_options().max_tokens:
-            notes.append("context full: the reply was cut off")
-        self.transcript.end_reply("; ".join(notes) or None, stats.summary() if stats else None)
+        for label in self._reply_markers:  # under the reply (under the user's message if it has none)
+            self._add_marker(label)
+        self.transcript.end_reply(note or None, stats.summary() if stats else None)
         self._set_state(UiState.READY)
         self.conversations.persist(snapshot=True)
         if notes:
@@ -798,21 +798,21 @@ class MainWindow(QMainWindow):
             self.memory_panel.set_status(converting)
             self.context_meter.set_status(converting)
         if event.stage is ConversionStage.END:
-            label = marker_label(event)
-            if self._state is UiState.REPLYING:
-                self._reply_markers.append((len(self._reply_text), label))
-            else:
+            in_reply = self._state is UiState.REPLYING and bool(self._reply_text)
+            label = marker_label(event, during_reply=in_reply)
+            if in_reply:
+                self._reply_markers.append(label)
+            else:  # idle, or while the prompt was read: a line under the last message
                 self._add_marker(label)
-            self.transcript.mark_here(label)
+            self.transcript.mark_here(label, before_reply=self._state is UiState.REPLYING and not in_reply)
             self.statusBar().showMessage(compacted_text(event), 10_000)
         self.conversion_shown.emit(event)
 
-    def _add_marker(self, label: str, offset: int | None = None) -> None:
-        """A marker in the last message, at ``offset`` (None: at its end)."""
+    def _add_marker(self, label: str) -> None:
+        """A line under the last message (a marker at its end)."""
         if len(self.conversation):
             index = len(self.conversation) - 1
-            end = len(self.conversation.shown()[index]["content"])
-            self.conversation.add_marker(index, end if offset is None else offset, label)
+            self.conversation.add_marker(index, len(self.conversation.shown()[index]["content"]), label)
 
     def _maybe_schedule_idle_conversion(self) -> None:
         if (self._state is UiState.READY and self.setting("idle_conversion")
@@ -965,3 +965,14 @@ def _human_count(n: int) -> str:
         if n >= divisor:
             return f"{n / divisor:.3g}{suffix}"
     return str(n)
+
+
+def _how_it_ended(result: ReplyResult, max_tokens: int | None) -> str:
+    """The line under a reply that did not end by itself ("" when it did)."""
+    if result.cancelled:
+        return "Reply stopped"
+    if result.finish_reason is FinishReason.LENGTH:
+        if max_tokens:  # the prompt was fitted to leave room for them: the limit was reached
+            return f"Reply stopped at the length limit ({max_tokens} tokens; Settings > Max reply tokens)"
+        return "Reply stopped: the context is full"
+    return ""

@@ -59,8 +59,9 @@ class _Stream:
 class _Message:
     role: str
     text: str
-    markers: list[tuple[int, str]] = field(default_factory=list)  # (offset, label)
-    note: str = ""  # e.g. "stopped", under the message
+    markers: list[tuple[int, str]] = field(default_factory=list)  # (offset, label) inside the text
+    lines: list[str] = field(default_factory=list)  # what happened after it, each a line under it
+    note: str = ""  # e.g. "Reply stopped", under the message
     stats: str = ""  # e.g. "0.4 s to first token · 31.2 tokens/s", under a reply
     code_blocks: list[str] = field(default_factory=list)
 
@@ -101,7 +102,7 @@ class TranscriptView(QTextBrowser):
     # -- content ----------------------------------------------------------------------------------
 
     def add_message(self, role: str, text: str, markers: Iterable[Marker] = ()) -> None:
-        self._messages.append(_Message(role, text, [(m.offset, m.label) for m in markers]))
+        self._messages.append(_message(role, text, [(m.offset, m.label) for m in markers]))
         self._append_frame(len(self._messages) - 1)
 
     def show_messages(self, messages: Iterable[Mapping[str, str]], markers: Iterable[Marker] = (),
@@ -133,9 +134,9 @@ class TranscriptView(QTextBrowser):
     def _message(self, index: int) -> _Message:
         entry = self._messages[index]
         if not isinstance(entry, _Message):
-            entry = _Message(entry["role"], entry["content"], self._markers.pop(index, []))
+            entry = _message(entry["role"], entry["content"], self._markers.pop(index, []))
             if (stats := self._stats.pop(index, None)) is not None:
-                entry.stats = stats.summary()
+                entry.stats, entry.note = stats.summary(), stats.note
             self._messages[index] = entry
         return entry
 
@@ -153,20 +154,21 @@ class TranscriptView(QTextBrowser):
             if not self._render_timer.isActive():
                 self._render_timer.start()
 
-    def mark_here(self, label: str) -> None:
-        """A marker at the end of the reply being streamed, else at the end of the last message."""
+    def mark_here(self, label: str, before_reply: bool = False) -> None:
+        """A line under the reply being streamed (``before_reply``: under the message before it, the
+        reply has no text yet), else under the last message."""
         index = self._reply if self._reply is not None else len(self._messages) - 1
+        index -= 1 if before_reply and self._reply is not None else 0
         if index < 0:
             return
-        message = self._message(index)
-        message.markers.append((len(message.text), label))
+        self._message(index).lines.append(label)
         if index == self._reply:
             self._render_reply()
         else:
             self._rerender(index)
 
     def end_reply(self, note: str | None = None, stats: str | None = None) -> None:
-        """Close the streaming reply, with ``note`` (e.g. "stopped") and ``stats`` shown under it."""
+        """Close the streaming reply, with ``note`` (e.g. "Reply stopped") and ``stats`` shown under it."""
         if self._reply is None:
             return
         self._render_timer.stop()
@@ -401,11 +403,20 @@ class TranscriptView(QTextBrowser):
 
     def _footer_html(self, message: _Message) -> str:
         c = self._colours
+        lines = "".join(f'<p style="color:{c.marker}; font-style: italic; font-size: small">'
+                        f"{_escape(line)}</p>" for line in message.lines)
         note = (f'<p style="color:{c.muted}; font-style: italic; font-size: small">'
                 f"{_escape(message.note)}</p>") if message.note else ""
         stats = (f'<p style="color:{c.muted}; font-size: small">{_escape(message.stats)}</p>'
                  if message.stats else "")
-        return stats + note
+        return lines + stats + note
+
+
+def _message(role: str, text: str, markers: list[tuple[int, str]]) -> _Message:
+    """A message whose markers at or past its end are lines under it, the others inline."""
+    inside = [(offset, label) for offset, label in markers if offset < len(text)]
+    lines = [label for offset, label in sorted(markers) if offset >= len(text)]
+    return _Message(role, text, inside, lines)
 
 
 def _escape(text: str) -> str:
