@@ -3,16 +3,18 @@ ended), where a compaction is shown, and what a new chat starts with (an empty 1
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine import FinishReason
 from lazykv.core.kinds import KvPhase
+from lazykv.core.store import Store
 from lazykv.qt.transcript import TranscriptView
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
-from tests.qt.helpers import WAIT_MS, chat, settle
+from tests.qt.helpers import WAIT_MS, chat, settle, stored
 from tests.qt.test_lazy_ui import LONG_MESSAGE
 from tests.qt.test_main_window import REPLY_TIMEOUT_MS, open_window
 
@@ -113,3 +115,31 @@ def test_a_compaction_during_a_reply_is_a_line_under_it_never_inside_a_sentence(
     assert lines == ["You", "Tell me.", "Context compacted to 8-bit here (at token 500)", "Assistant",
                      "The first half of a sentence and its second half.",
                      "Context compacted to 8-bit during this reply (at token 900)", "Reply stopped"]
+
+
+def test_a_reply_cut_by_quitting_is_kept_with_a_line_saying_so(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    w = fake_window()
+    chat(qtbot, w, "Start here.")
+
+    def half_then_held() -> Iterator[str]:
+        yield "Half of "
+        fake.hold()  # the next piece waits in the engine: the app is closed mid-reply
+        yield "a reply never seen"
+
+    fake.reply = half_then_held()  # type: ignore[assignment]
+    w.send_text("Then this.")
+    qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: "Half of" in w.transcript.toPlainText(), timeout=WAIT_MS)
+    w.close()
+    fake.release()
+    [(_, messages)] = stored()
+    assert [m["content"] for m in messages][-2:] == ["Then this.", "Half of "]
+    store = Store()
+    try:
+        [summary] = store.list_conversations()
+        stats = store.conversation(summary.id).stats
+    finally:
+        store.close()
+    assert stats[3].note == "Reply stopped: the app was closed"

@@ -916,6 +916,7 @@ class MainWindow(QMainWindow):
         self.hide()
         self._sampler.stop()
         self._idle_timer.stop()
+        self._keep_cut_reply()
         waiting = self.ops.labels()
         if waiting:
             print(f"lazykv: finishing before exit: {', '.join(waiting)}", file=sys.stderr)
@@ -932,6 +933,20 @@ class MainWindow(QMainWindow):
         database_done = self.database.close(max(500, deadline.remainingTime()) / 1000)
         self._shut_down = disk_done and engine_done and database_done
         return self._shut_down
+
+    def _keep_cut_reply(self) -> None:
+        """Quitting while a reply streams: what it had written is kept and saved, with a line saying
+        that closing the app stopped it (its answer will never come)."""
+        if self._reply is None or not self._reply_text:
+            return
+        self._reply = None
+        stats = self.reply_clock.stats()
+        note = "Reply stopped: the app was closed"
+        self.conversation.add("assistant", self._reply_text)
+        if stats is not None:
+            self.conversation.set_stats(len(self.conversation) - 1, replace(stats, note=note))
+        self.transcript.end_reply(note, stats.summary() if stats else None)
+        self.conversations.persist(snapshot=False)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         window_state.save(self)
