@@ -143,3 +143,20 @@ def test_a_reply_cut_by_quitting_is_kept_with_a_line_saying_so(
     finally:
         store.close()
     assert stats[3].note == "Reply stopped: the app was closed"
+
+
+def test_switching_to_a_16_bit_cache_says_so_under_the_compaction_it_follows(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    w = fake_window()
+    chat(qtbot, w, "Fill it")
+    with qtbot.waitSignal(w.converted, timeout=WAIT_MS):
+        w.compact_action.trigger()
+    settle(qtbot, w)
+    with qtbot.waitSignal(w.model_loaded, timeout=WAIT_MS):
+        w.apply_settings({"kv_mode": "f16"})
+    settle(qtbot, w)
+    text = _text(w)
+    reloaded = "Context memory emptied here: fake loaded with the 16-bit cache; the next reply reads"
+    assert text.index("Context compacted to 8-bit here") < text.index(reloaded)
+    assert [m.label for m in w.conversation.markers()][-1].startswith("Context memory emptied here")

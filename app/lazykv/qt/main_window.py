@@ -705,6 +705,11 @@ class MainWindow(QMainWindow):
     # -- engine answers -----------------------------------------------------------------------------
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
+        if self.model_info is not None and len(self.conversation):  # a reload: the cache is empty now
+            label = (f"Context memory emptied here: {info.name} loaded with the {_KV_WORDS[info.kv_mode]} "
+                     "cache; the next reply reads the conversation again")
+            self._add_marker(label)
+            self.transcript.mark_here(label)
         self.model_info = info
         self.model_label.setText(model_summary(info))
         self.memory_panel.set_model(info)
@@ -980,6 +985,9 @@ def _human_count(n: int) -> str:
         if n >= divisor:
             return f"{n / divisor:.3g}{suffix}"
     return str(n)
+
+
+_KV_WORDS = {KvMode.F16: "16-bit", KvMode.Q8_0: "8-bit", KvMode.LAZY: "lazy (16-bit, then 8-bit)"}
 
 
 def _how_it_ended(result: ReplyResult, max_tokens: int | None) -> str:
