@@ -90,8 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     app = _application()
     instance = SingleInstance(data_dir(), app)
     if not instance.claim():
-        print(f"lazykv: {APP_NAME} is already running; its window was brought forward", file=sys.stderr)
+        if instance.answered:
+            print(f"lazykv: {APP_NAME} is already running; its window was brought forward", file=sys.stderr)
+        else:
+            print(f"lazykv: {APP_NAME} is already running (it did not answer; it may still be starting)",
+                  file=sys.stderr)
         return 0
+    if instance.listen_error:
+        print(f"lazykv: a second start will not find this window: {instance.listen_error}", file=sys.stderr)
     window = MainWindow(settings, overrides, default_model=default_model_path(), reopen_last=True)
     instance.activated.connect(lambda: _bring_forward(window))
     app.aboutToQuit.connect(window.shutdown_engine)

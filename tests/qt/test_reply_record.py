@@ -50,11 +50,13 @@ def test_a_new_chat_after_a_compaction_starts_with_an_empty_16_bit_cache(
     chat(qtbot, w, "Fill it")
     with qtbot.waitSignal(w.converted, timeout=WAIT_MS):
         w.compact_action.trigger()
+    # the status that follows the conversion is its own request: wait for it, not for a fixed moment
+    qtbot.waitUntil(lambda: w.kv is not None and w.kv.phase is KvPhase.Q8_0, timeout=WAIT_MS)
     settle(qtbot, w)
-    assert w.kv is not None and w.kv.phase is KvPhase.Q8_0 and "8-bit" in w.context_meter.label.text()
+    assert "8-bit" in w.context_meter.label.text()
     w.new_chat()
+    qtbot.waitUntil(lambda: w.kv.phase is KvPhase.F16 and w.kv.n_cells_used == 0, timeout=WAIT_MS)
     settle(qtbot, w)
-    assert w.kv.phase is KvPhase.F16 and w.kv.n_cells_used == 0
     assert "16-bit" in w.context_meter.label.text() and w.memory_panel.phase_label.text().startswith("f16")
 
 

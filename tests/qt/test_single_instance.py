@@ -81,9 +81,14 @@ def test_starting_the_app_again_brings_its_window_forward(tmp_path: Path, smollm
         second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
                                 check=False)
         assert second.returncode == 0
+        seen: list[str] = []
+        while not any("bringing the window forward" in line for line in seen):
+            try:
+                seen.append(lines.get(timeout=TIMEOUT_S))
+            except queue.Empty:
+                raise AssertionError(f"the first process never came forward; second: {second.stderr!r}; "
+                                     f"first: {''.join(seen)!r}") from None
         assert "already running; its window was brought forward" in second.stderr
-        while "bringing the window forward" not in lines.get(timeout=TIMEOUT_S):
-            pass
         first.send_signal(signal.SIGINT)  # closes the window: the engine is freed, the process ends
         assert first.wait(TIMEOUT_S) == 0
     finally:
