@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from lazykv.core.conversation import ReplyStats
 from lazykv.core.store import (
     SCHEMA_VERSION,
     ConversationNotFound,
+    ConversationRecord,
     Store,
     StoreBusyError,
     StoreError,
@@ -459,27 +462,35 @@ def test_a_replys_stats_are_stored_with_it_and_come_back(store: Store) -> None:
     assert store.conversation(restored.id).stats == {3: second}
 
 
-def test_a_version_2_database_gets_the_stats_column_and_keeps_its_messages(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def migrated(tmp_path: Path, version: int) -> Iterator[tuple[Store, ConversationRecord]]:
+    """A database of schema ``version`` as that release wrote it (one conversation: "Hi", "Hello"),
+    opened by today's Store: it is migrated to the current version and keeps its messages."""
     path = tmp_path / "c.sqlite3"
-    db = sqlite3.connect(path, isolation_level=None)  # a version-2 database, as the last release wrote it
-    store_module.MIGRATIONS[0](db)
-    store_module.MIGRATIONS[1](db)
-    db.execute("PRAGMA user_version = 2")
+    db = sqlite3.connect(path, isolation_level=None)
+    for step in range(version):
+        store_module.MIGRATIONS[step](db)
+    db.execute(f"PRAGMA user_version = {version}")
     db.execute("INSERT INTO conversations (uid, title, created, updated) VALUES (?, 'old', 1, 2)",
                ("a" * 32,))
-    db.execute("INSERT INTO messages (conv_id, seq, role, content) VALUES (1, 0, 'user', 'Hi')")
-    db.execute("INSERT INTO messages (conv_id, seq, role, content) VALUES (1, 1, 'assistant', 'Hello')")
+    db.executemany("INSERT INTO messages (conv_id, seq, role, content) VALUES (1, ?, ?, ?)",
+                   [(0, "user", "Hi"), (1, "assistant", "Hello")])
     db.close()
     store = Store(path, tmp_path / "snaps")
     try:
         record = store.conversation(1)
         assert [m["content"] for m in record.messages] == ["Hi", "Hello"]
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        yield store, record
+    finally:
+        store.close()
+
+
+def test_a_version_2_database_gets_the_stats_column_and_keeps_its_messages(tmp_path: Path) -> None:
+    with migrated(tmp_path, 2) as (store, record):
         assert record.stats == {}
         store.sync_transcript(record.uid, record.messages, 2, stats={1: ReplyStats(0.1, 9.0, 12)})
         assert store.conversation(1).stats == {1: ReplyStats(0.1, 9.0, 12)}
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
-    finally:
-        store.close()
 
 
 def test_a_regenerated_replys_versions_are_stored_with_it_and_come_back(store: Store) -> None:
@@ -501,22 +512,7 @@ def test_a_regenerated_replys_versions_are_stored_with_it_and_come_back(store: S
 
 
 def test_a_version_3_database_gets_the_versions_column_and_keeps_its_messages(tmp_path: Path) -> None:
-    path = tmp_path / "c.sqlite3"
-    db = sqlite3.connect(path, isolation_level=None)  # a version-3 database, as the last release wrote it
-    for version in range(3):
-        store_module.MIGRATIONS[version](db)
-    db.execute("PRAGMA user_version = 3")
-    db.execute("INSERT INTO conversations (uid, title, created, updated) VALUES (?, 'old', 1, 2)",
-               ("b" * 32,))
-    db.execute("INSERT INTO messages (conv_id, seq, role, content, stats) VALUES (1, 0, 'user', 'Hi', NULL)")
-    db.execute("INSERT INTO messages (conv_id, seq, role, content) VALUES (1, 1, 'assistant', 'Hello')")
-    db.close()
-    store = Store(path, tmp_path / "snaps")
-    try:
-        record = store.conversation(1)
-        assert [m["content"] for m in record.messages] == ["Hi", "Hello"] and record.versions == {}
+    with migrated(tmp_path, 3) as (store, record):
+        assert record.versions == {}
         store.sync_transcript(record.uid, record.messages, 2, versions={1: ["Hello", "Hi there"]})
         assert store.conversation(1).versions == {1: ["Hello", "Hi there"]}
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == 4
-    finally:
-        store.close()

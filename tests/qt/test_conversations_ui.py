@@ -14,6 +14,7 @@ from pytestqt.qtbot import QtBot
 from lazykv.core.kinds import ExportFormat
 from lazykv.core.settings import Settings
 from lazykv.core.store import SNAPSHOTS_DIR, data_dir, new_uid
+from lazykv.qt.conversion_banner import NoticeBanner
 from lazykv.qt.main_window import MainWindow, UiState
 from lazykv.qt.stall_meter import StallMeter
 from tests.qt.conftest import FakeWindow
@@ -104,12 +105,22 @@ def _no_modal_box(w: MainWindow) -> bool:
         box.isVisible() for box in w.findChildren(QMessageBox))
 
 
-def test_without_a_keyring_a_banner_offers_the_choices_and_chat_goes_on(
-    qtbot: QtBot, fake_window: FakeWindow
-) -> None:
+def _without_a_keyring(qtbot: QtBot, fake_window: FakeWindow) -> MainWindow:
+    """A window asked to keep snapshots under the system keyring, where there is none: its banner shown."""
     keyring.set_keyring(fail.Keyring())
     w = fake_window(snapshot_encryption="keyring")
     qtbot.waitUntil(w.keyring_notice.isVisible, timeout=WAIT_MS)
+    return w
+
+
+def _choose(notice: NoticeBanner, text: str) -> None:
+    next(b for b in notice.choices() if b.text() == text).click()
+
+
+def test_without_a_keyring_a_banner_offers_the_choices_and_chat_goes_on(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    w = _without_a_keyring(qtbot, fake_window)
     assert _no_modal_box(w)  # nothing waits for an answer before the first message
     first_line = w.keyring_notice.label.text()
     assert first_line.startswith("Your system's keyring") and "Secret Service" not in first_line
@@ -118,7 +129,7 @@ def test_without_a_keyring_a_banner_offers_the_choices_and_chat_goes_on(
     assert w.keyring_notice.details.isVisible()
     chat(qtbot, w, "Saved anyway?")  # no snapshot key yet: the transcript only
     assert [title for title, _ in stored()] == ["Saved anyway?"]
-    next(b for b in w.keyring_notice.choices() if b.text() == "Save without encryption").click()
+    _choose(w.keyring_notice, "Save without encryption")
     assert not w.keyring_notice.isVisible()
     qtbot.waitUntil(lambda: w.conversations.snapshots_on, timeout=WAIT_MS)
     with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
@@ -130,10 +141,8 @@ def test_without_a_keyring_a_banner_offers_the_choices_and_chat_goes_on(
 def test_the_banners_passphrase_choice_asks_for_one_and_turns_snapshots_on(
     qtbot: QtBot, fake_window: FakeWindow
 ) -> None:
-    keyring.set_keyring(fail.Keyring())
-    w = fake_window(snapshot_encryption="keyring")
-    qtbot.waitUntil(w.keyring_notice.isVisible, timeout=WAIT_MS)
-    next(b for b in w.keyring_notice.choices() if b.text() == "Use a passphrase…").click()
+    w = _without_a_keyring(qtbot, fake_window)
+    _choose(w.keyring_notice, "Use a passphrase…")
     for name in ("passphrase-dialog", "passphrase-confirm-dialog"):  # chosen: typed twice
         qtbot.waitUntil(lambda n=name: w.findChild(QInputDialog, n) is not None, timeout=WAIT_MS)
         dialog = w.findChild(QInputDialog, name)

@@ -11,11 +11,31 @@ from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import WAIT_MS, chat, settle, stored
 
 
+def _replied(qtbot: QtBot, w: MainWindow, fake: FakeSession, text: str, *replies: str) -> MainWindow:
+    """``w`` after ``text`` got the first of ``replies``, then was regenerated as each of the others."""
+    fake.reply = (replies[0],)
+    chat(qtbot, w, text)
+    assert not w.versions_bar.isVisible()  # one reply: nothing to page
+    for reply in replies[1:]:
+        _regenerate(qtbot, w, fake, reply)
+    return w
+
+
 def _regenerate(qtbot: QtBot, w: MainWindow, fake: FakeSession, reply: str) -> None:
     fake.reply = (reply,)
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
         w.regenerate()
     settle(qtbot, w)
+
+
+def _reopened(qtbot: QtBot, w: MainWindow) -> None:
+    """The conversation on screen, saved, left for a new chat and opened again."""
+    settle(qtbot, w)
+    conv_id = w.conversations.current
+    w.new_chat()
+    settle(qtbot, w)
+    with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS):
+        w.conversations.open(conv_id)
 
 
 def _last(w: MainWindow) -> str:
@@ -25,12 +45,7 @@ def _last(w: MainWindow) -> str:
 def test_regenerated_replies_can_be_paged_and_the_chat_goes_on_from_the_one_shown(
     qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
 ) -> None:
-    w = fake_window()
-    fake.reply = ("Red.",)
-    chat(qtbot, w, "Name a colour.")
-    assert not w.versions_bar.isVisible()  # one reply: nothing to page
-    _regenerate(qtbot, w, fake, "Blue.")
-    _regenerate(qtbot, w, fake, "Green.")
+    w = _replied(qtbot, fake_window(), fake, "Name a colour.", "Red.", "Blue.", "Green.")
     assert w.versions_bar.isVisible() and w.versions_label.text() == "Reply 3/3"
     assert not w.next_version.isEnabled() and w.previous_version.isEnabled()
     w.previous_version.click()
@@ -45,11 +60,7 @@ def test_regenerated_replies_can_be_paged_and_the_chat_goes_on_from_the_one_show
     chat(qtbot, w, "Why?")  # continues from the one chosen
     assert [t["content"] for t in w.conversation.turns()] == ["Name a colour.", "Blue.", "Why?", "Because."]
     assert not w.versions_bar.isVisible()  # the last reply has one version
-    conv_id = w.conversations.current
-    w.new_chat()
-    settle(qtbot, w)
-    with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS):
-        w.conversations.open(conv_id)
+    _reopened(qtbot, w)
     assert w.conversation.versions(1) == ["Red.", "Blue.", "Green."]  # kept with the conversation
     assert w.conversation.version_shown(1) == 1
 
@@ -57,17 +68,9 @@ def test_regenerated_replies_can_be_paged_and_the_chat_goes_on_from_the_one_show
 def test_paging_back_to_the_last_reply_after_reopening(
     qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
 ) -> None:
-    w = fake_window()
-    fake.reply = ("One.",)
-    chat(qtbot, w, "Count.")
-    _regenerate(qtbot, w, fake, "Two.")
+    w = _replied(qtbot, fake_window(), fake, "Count.", "One.", "Two.")
     w.previous_version.click()
-    settle(qtbot, w)
-    conv_id = w.conversations.current
-    w.new_chat()
-    settle(qtbot, w)
-    with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS):
-        w.conversations.open(conv_id)
+    _reopened(qtbot, w)
     qtbot.waitUntil(w.versions_bar.isVisible, timeout=WAIT_MS)
     assert w.versions_label.text() == "Reply 1/2" and _last(w) == "One."
     w.next_version.click()
