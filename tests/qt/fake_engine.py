@@ -28,6 +28,7 @@ from lazykv.core.engine import (
     read_checked_meta,
 )
 from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
+from lazykv.core.remote import normalize_endpoints, probe_all
 
 HOLD_LIMIT_S = 10.0  # a test that forgets to release fails instead of hanging
 N_CTX = 256
@@ -99,14 +100,18 @@ class FakeSession:
             self._cancel = previous
 
     def load(self, model_path: Path | str, n_ctx: int = N_CTX, kv_mode: str = KvMode.LAZY,
-             n_threads: int | None = None, *, flash_attn: bool = True, n_gpu_layers: int = 0) -> ModelInfo:
+             n_threads: int | None = None, *, flash_attn: bool = True, n_gpu_layers: int = 0,
+             rpc_servers: Sequence[str] = (), rpc_layers: int = 0) -> ModelInfo:
+        """Remote backends are probed as the real session does; those that answer are reported as used."""
         self.calls.append("load")
         path = Path(model_path)
         meta = read_checked_meta(path)
         self._step(cancellable=not self.uncancellable_load)
         size = path.stat().st_size
         mode = KvMode(kv_mode)
-        self._info = ModelInfo(path, meta.architecture, 1000, 4096, size, n_ctx, mode, n_threads or 1, meta)
+        remote, unreachable = probe_all(normalize_endpoints(rpc_servers))
+        self._info = ModelInfo(path, meta.architecture, 1000, 4096, size, n_ctx, mode, n_threads or 1, meta,
+                               remote=tuple(remote), unreachable=tuple(unreachable))
         self._kv = _Kv([])
         return self._info
 

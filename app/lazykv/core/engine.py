@@ -29,7 +29,9 @@ from lazykv.core.kinds import (
     KvMode,
     KvPhase,
 )
+from lazykv.core.memory import DeviceMemory
 from lazykv.core.model_meta import GGUFError, KvSupport, ModelMeta, read_model_meta
+from lazykv.core.remote import Unreachable, normalize_endpoints, probe_all
 
 GGUF_MAGIC = b"GGUF"
 
@@ -90,6 +92,9 @@ class ModelInfo:
     kv_mode: KvMode
     n_threads: int
     meta: ModelMeta
+    memory: tuple[DeviceMemory, ...] = ()  # what the engine allocated, per place (host, each device)
+    remote: tuple[str, ...] = ()  # the remote backends (llama.cpp RPC servers) the model runs on
+    unreachable: tuple[Unreachable, ...] = ()  # those asked for but left out, and why
 
     @property
     def name(self) -> str:
@@ -209,6 +214,22 @@ def _kv_cache_params(kv_mode: KvMode, flash_attn: bool) -> dict[str, object]:
     return params
 
 
+def _remote_backends(endpoints: Sequence[str]) -> tuple[list[str], list[Unreachable]]:
+    """The endpoints the engine may use (they answered, and the engine registered them), and the others.
+
+    Probed first: llama.cpp's RPC client aborts the process on a server that does not answer."""
+    reachable, unreachable = probe_all(normalize_endpoints(endpoints))
+    usable: list[str] = []
+    for endpoint in reachable:
+        try:
+            llama_cpp.rpc_add_server(endpoint)
+        except RuntimeError as err:  # e.g. an engine built without RPC support
+            unreachable.append(Unreachable(endpoint, str(err)))
+        else:
+            usable.append(endpoint)
+    return usable, unreachable
+
+
 class _AbortWatch:
     """The context's abort callback: a decode in progress stops between graph nodes once the watched
     token is set (llama_decode then returns 2 and keeps the micro-batches it finished).
@@ -264,19 +285,27 @@ class EngineSession:
         *,
         flash_attn: bool = True,
         n_gpu_layers: int = 0,
+        rpc_servers: Sequence[str] = (),
+        rpc_layers: int = 0,
     ) -> ModelInfo:
         """Load a model, replacing the current one only once the new one has loaded.
 
-        On any error the previous model stays loaded and usable.
+        ``rpc_servers``: remote backends (``host:port`` of llama.cpp RPC servers); those that answer
+        get ``rpc_layers`` layers (0: all) with their part of the KV cache, the others are left out
+        and listed in ``ModelInfo.unreachable``. On any error the previous model stays loaded and usable.
         """
         path = Path(model_path)
         meta = read_checked_meta(path)
         kv_mode = _kv_mode(kv_mode)
-        kv_params = _kv_cache_params(kv_mode, flash_attn)
+        params = _kv_cache_params(kv_mode, flash_attn)
         support: KvSupport = meta.kv_support(flash_attn)
         if not support.allows(kv_mode):
             raise KvModeError(f"a {kv_mode} KV cache cannot run {path.name}: {support.reason}")
         threads = n_threads or default_threads()
+        remote, unreachable = _remote_backends(rpc_servers)
+        if remote:
+            params.update(rpc_servers=remote)
+            n_gpu_layers = rpc_layers if rpc_layers > 0 else -1
         try:
             llama = llama_cpp.Llama(
                 model_path=str(path),
@@ -285,7 +314,7 @@ class EngineSession:
                 n_threads_batch=threads,
                 n_gpu_layers=n_gpu_layers,
                 verbose=False,
-                **kv_params,
+                **params,
             )
         except ValueError as err:  # llama_cpp raises ValueError for every native load failure
             raise ModelLoadError(f"llama.cpp could not load {path.name}: {err}") from err
@@ -299,6 +328,8 @@ class EngineSession:
             kv_mode=kv_mode,
             n_threads=threads,
             meta=meta,
+            remote=tuple(remote),
+            unreachable=tuple(unreachable),
         )
         self.close()
         self._llama, self._info = llama, info

@@ -65,3 +65,4 @@ class SettingKind(StrEnum):
     TEXT = "text"  # multi-line
     CHOICE = "choice"
     PATH_LIST = "path_list"
+    ENDPOINT_LIST = "endpoint_list"  # host:port entries (remote backends)

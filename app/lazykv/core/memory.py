@@ -7,8 +7,10 @@ import math
 import os
 import resource
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from lazykv.core.model_meta import Q8_0_BLOCK, ModelMeta, padded_ctx
 
@@ -26,6 +28,31 @@ class Fit(enum.Enum):
     RED = "red"  # likely to swap or fail
 
 
+HOST_CPU = "host memory (CPU)"
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Layers placed on remote backends (llama.cpp RPC servers) when the model loads."""
+
+    endpoints: tuple[str, ...] = ()
+    n_layers: int = 0  # 0: all of them
+
+    @classmethod
+    def of(cls, endpoints: Sequence[str], n_layers: int) -> Offload:
+        return cls(tuple(endpoints), n_layers)
+
+    def layers(self, n_layer: int) -> int:
+        """How many of a model's ``n_layer`` layers go to the remote backends."""
+        if not self.endpoints:
+            return 0
+        return n_layer if self.n_layers <= 0 else min(self.n_layers, n_layer)
+
+    @property
+    def place(self) -> str:
+        return f"device memory (remote: {', '.join(self.endpoints)})"
+
+
 @dataclass(frozen=True)
 class Estimate:
     weights: int
@@ -33,22 +60,39 @@ class Estimate:
     compute: int
     total: int
     available: int
-    fit: Fit
+    fit: Fit  # of the host part against the RAM available
+    device_weights: int = 0  # of weights and kv_cache, the part on the remote backends
+    device_kv: int = 0
+    device: str = ""  # where that part is ("": everything is in host memory)
+
+    @property
+    def host(self) -> int:
+        return self.total - self.device_weights - self.device_kv
 
     def summary(self) -> str:
-        return (
-            f"needs about {fmt_bytes(self.total)} (weights {fmt_bytes(self.weights)}, KV cache "
-            f"{fmt_bytes(self.kv_cache)}, buffers {fmt_bytes(self.compute)}) of "
+        host = (
+            f"needs about {fmt_bytes(self.host)} of {HOST_CPU} (weights "
+            f"{fmt_bytes(self.weights - self.device_weights)}, KV cache "
+            f"{fmt_bytes(self.kv_cache - self.device_kv)}, buffers {fmt_bytes(self.compute)}) of "
             f"{fmt_bytes(self.available)} available"
         )
+        if not self.device:
+            return host
+        return (f"{host}, and {fmt_bytes(self.device_weights + self.device_kv)} of {self.device} (weights "
+                f"{fmt_bytes(self.device_weights)}, KV cache {fmt_bytes(self.device_kv)})")
 
 
-def estimate(meta: ModelMeta, n_ctx: int, kv_mode: str, available: int | None = None) -> Estimate:
+def estimate(
+    meta: ModelMeta, n_ctx: int, kv_mode: str, available: int | None = None, offload: Offload = Offload()
+) -> Estimate:
     """An estimate of the memory loading ``meta`` with this context and KV mode takes.
 
     The KV cache is exact (as the engine allocates it: n_ctx padded to 256 cells, a lazy
     cache as q8_0); the compute buffers are an approximation for the CPU backend: the
     attention and feed-forward activations of one micro-batch plus the output logits.
+    Layers offloaded to remote backends take their share of the weights (about: the token
+    embeddings stay in host memory) and of the KV cache (exactly: each layer's cells live
+    with the layer) to the device; the fit is of what stays in host memory.
     Whole-number arithmetic, each figure capped at ``MAX_BYTES``: it runs on the GUI thread
     and must not raise whatever a file declares.
     """
@@ -57,11 +101,59 @@ def estimate(meta: ModelMeta, n_ctx: int, kv_mode: str, available: int | None = 
     kv = _capped(elements * 2 if kv_mode == "f16" else elements * (2 + Q8_0_BLOCK) // Q8_0_BLOCK)
     activations = 4 * N_UBATCH * (4 * _whole(meta.n_embd) + _whole(meta.n_head) * 64)
     compute = _capped(activations + 4 * _whole(meta.n_vocab) * 2 + BASE_OVERHEAD)
-    total = _capped(_whole(meta.file_size) + kv + compute)
+    weights = _whole(meta.file_size)
+    total = _capped(weights + kv + compute)
+    n_layer = _whole(meta.n_layer)
+    on_device = offload.layers(n_layer)
+    device_weights = weights * on_device // n_layer if n_layer else 0
+    device_kv = kv * on_device // n_layer if n_layer else 0
     available = available_ram() if available is None else available
-    share = total / available if available > 0 else float("inf")
+    host = total - device_weights - device_kv
+    share = host / available if available > 0 else float("inf")
     fit = Fit.GREEN if share < GREEN_BELOW else Fit.YELLOW if share < YELLOW_BELOW else Fit.RED
-    return Estimate(_whole(meta.file_size), kv, compute, total, available, fit)
+    device = offload.place if on_device else ""
+    return Estimate(weights, kv, compute, total, available, fit, device_weights, device_kv, device)
+
+
+class MemoryUseLike(Protocol):
+    """One buffer type in use, as ``llama_cpp.Llama.memory_breakdown()`` reports it."""
+
+    device: str
+    host: bool
+    weights: int
+    kv: int
+    compute: int
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Bytes a loaded model uses in one place: host memory, or one device's own memory."""
+
+    device: str  # "CPU", "RPC0[192.168.1.20:50052]", "CUDA0"
+    host: bool  # True: host RAM (also a device's pinned host buffers)
+    weights: int
+    kv: int
+    compute: int
+
+    @property
+    def place(self) -> str:
+        return f"host memory ({self.device})" if self.host else f"device memory ({self.device})"
+
+
+def split_by_device(uses: Iterable[MemoryUseLike]) -> tuple[DeviceMemory, ...]:
+    """The engine's buffers summed per place, device memory first, then host memory (each in engine order)."""
+    totals: dict[tuple[bool, str], list[int]] = {}
+    for use in uses:
+        sums = totals.setdefault((use.host, use.device), [0, 0, 0])
+        for i, n in enumerate((use.weights, use.kv, use.compute)):
+            sums[i] += n
+    places = [DeviceMemory(device, host, *sums) for (host, device), sums in totals.items()]
+    return tuple(sorted(places, key=lambda p: p.host))
+
+
+def placed(parts: Iterable[tuple[str, int]]) -> str:
+    """``12.0 MiB in device memory (RPC0[…]), 1.0 MiB in host memory (CPU)``: the non-zero parts."""
+    return ", ".join(f"{fmt_bytes(n)} in {place}" for place, n in parts if n > 0)
 
 
 def _whole(x: float) -> int:

@@ -17,6 +17,7 @@ import platformdirs
 from lazykv.core.files import write_text_atomic
 from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL
 from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, KvMode, SettingKind
+from lazykv.core.remote import normalize_endpoints
 
 APP_DIR_NAME = "lazykv"
 SCHEMA_VERSION = 2
@@ -85,6 +86,15 @@ def _path_list(setting: Setting, value: Any) -> list[str]:
     return list(value)
 
 
+def _endpoint_list(setting: Setting, value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise ValueError(f"{setting.name}: expected a list of host:port entries, got {value!r}")
+    try:
+        return normalize_endpoints(value)
+    except ValueError as err:
+        raise ValueError(f"{setting.name}: {err}") from None
+
+
 _VALIDATORS: dict[SettingKind, Callable[[Setting, Any], Any]] = {
     SettingKind.BOOL: _bool,
     SettingKind.INT: _number,
@@ -93,6 +103,7 @@ _VALIDATORS: dict[SettingKind, Callable[[Setting, Any], Any]] = {
     SettingKind.TEXT: _text,
     SettingKind.CHOICE: _choice,
     SettingKind.PATH_LIST: _path_list,
+    SettingKind.ENDPOINT_LIST: _endpoint_list,
 }
 
 
@@ -109,6 +120,8 @@ SNAPSHOT_CHOICES = (
     ("passphrase", "encrypted with a passphrase"),
     ("none", "not encrypted"),
 )
+
+REMOTE_GROUP = "Remote backends (llama.cpp RPC servers)"
 
 THEME_CHOICES = (("system", "follow the system"), ("light", "light"), ("dark", "dark"))
 
@@ -133,6 +146,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("idle_conversion", SettingKind.BOOL, True, "Compact while idle", "Lazy cache: when the f16 view "
             f"is at least {IDLE_FILL:.0%} full and the engine has been idle for {IDLE_DELAY_S:g} s, compact "
             "it then, so the pause does not land inside a reply.", "Engine"),
+    Setting("rpc_servers", SettingKind.ENDPOINT_LIST, [], "Servers", "llama.cpp's own way to offload "
+            "layers and the KV cache to another machine: run ggml-rpc-server there and list it here as "
+            "host:port, one per line.", REMOTE_GROUP, reloads_engine=True),
+    Setting("rpc_layers", SettingKind.INT, 0, "Layers to offload", "Layers (with their part of the KV "
+            "cache) placed on the remote backends when servers are listed; 0: all of them.", REMOTE_GROUP,
+            minimum=0, maximum=1000, reloads_engine=True, special="0 = all layers"),
     Setting("theme", SettingKind.CHOICE, "system", "Theme", "Light or dark colours; by default those of "
             "the desktop.", "Chat", choices=THEME_CHOICES),
     # conversation

@@ -43,6 +43,7 @@ from lazykv.core.idle import IDLE_DELAY_S, wants_idle_conversion
 from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
 from lazykv.core.model_fetch import models_dir
 from lazykv.core.persistence import OpenHow, OpenResult
+from lazykv.core.remote import UNREACHABLE_DETAILS, unreachable_text
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 from lazykv.core.store import Database
 from lazykv.qt import theme, window_state
@@ -240,6 +241,8 @@ class MainWindow(QMainWindow):
             n_threads=self.setting("n_threads"),
             n_gpu_layers=self.setting("n_gpu_layers"),
             flash_attn=self.setting("flash_attn"),
+            rpc_servers=tuple(self.setting("rpc_servers")),
+            rpc_layers=self.setting("rpc_layers"),
         )
         self._show_estimate(path, config)
         self.engine.submit(LoadModel(config), self._on_model_loaded, self._on_load_failed)
@@ -357,7 +360,8 @@ class MainWindow(QMainWindow):
         self.banner.stop_requested.connect(lambda: self.conversations.cancel_resume())
         self.keyring_notice = NoticeBanner("keyring-banner")
         self.history_notice = NoticeBanner("history-banner")
-        for notice in (self.keyring_notice, self.history_notice):
+        self.remote_notice = NoticeBanner("remote-banner")  # remote backends left out at the last load
+        for notice in (self.keyring_notice, self.history_notice, self.remote_notice):
             _wrap_without_widening(notice.label)
             _wrap_without_widening(notice.details)
 
@@ -394,6 +398,7 @@ class MainWindow(QMainWindow):
         layout.addLayout(system_row)
         layout.addWidget(self.history_notice)
         layout.addWidget(self.keyring_notice)
+        layout.addWidget(self.remote_notice)
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.banner)
         layout.addWidget(self.versions_bar)
@@ -713,6 +718,7 @@ class MainWindow(QMainWindow):
         self.model_info = info
         self.model_label.setText(model_summary(info))
         self.memory_panel.set_model(info)
+        self._show_unreachable(info)
         self.update_title()
         self.settings.add_recent_model(str(info.path))
         if "model_path" not in self._overrides and info.path != self.default_model:
@@ -721,6 +727,14 @@ class MainWindow(QMainWindow):
         self._set_state(UiState.READY)
         self.statusBar().showMessage(f"Loaded {info.name}", 5000)
         self.model_loaded.emit(info)
+
+    def _show_unreachable(self, info: ModelInfo) -> None:
+        """Remote backends left out of this load: said once, with the way to change them."""
+        if info.unreachable:
+            self.remote_notice.show_choices(unreachable_text(info.unreachable),
+                                            [("Settings…", self._open_settings)], UNREACHABLE_DETAILS)
+        else:
+            self.remote_notice.hide()
 
     def _on_load_failed(self, failure: Failure) -> None:
         self._set_state(self._idle_state())
@@ -833,7 +847,9 @@ class MainWindow(QMainWindow):
         title = f"{path.name}, ctx {config.n_ctx}, KV {config.kv_mode}"
 
         def done(meta: Any) -> None:
-            self.memory_panel.set_estimate(title, memory.estimate(meta, config.n_ctx, config.kv_mode))
+            offload = memory.Offload.of(config.rpc_servers, config.rpc_layers)
+            self.memory_panel.set_estimate(title, memory.estimate(meta, config.n_ctx, config.kv_mode,
+                                                                  offload=offload))
 
         self.background.run(lambda: read_checked_meta(path), done,
                             lambda err: self.memory_panel.set_estimate(title, None, str(err)),

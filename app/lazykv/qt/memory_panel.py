@@ -1,4 +1,7 @@
-"""The memory panel: KV cache phase and bytes, model weights, process RSS, a history graph, the estimate."""
+"""The memory panel: KV cache phase and bytes, model weights, process RSS, a history graph, the estimate.
+
+The KV cache and the weights are split into host memory and each device's own memory (remote
+backends, GPUs), named as the engine names them."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from PySide6.QtWidgets import QFormLayout, QLabel, QProgressBar, QSizePolicy, QV
 
 from lazykv.core.engine import KvStatus, ModelInfo
 from lazykv.core.kinds import KvMode, KvPhase
-from lazykv.core.memory import Estimate, Fit, fmt_bytes
+from lazykv.core.memory import DeviceMemory, Estimate, Fit, fmt_bytes, placed
 
 HISTORY_SAMPLES = 120
 FIT_COLORS = {Fit.GREEN: "#1a7f37", Fit.YELLOW: "#b08800", Fit.RED: "#cf222e"}
@@ -73,6 +76,7 @@ class MemoryPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.status: KvStatus | None = None
+        self.memory: tuple[DeviceMemory, ...] = ()  # the loaded model's, per place
         self.phase_label = QLabel("no model")
         self.phase_label.setObjectName("kv-phase")
         self.cells_bar = QProgressBar()
@@ -102,7 +106,9 @@ class MemoryPanel(QWidget):
         layout.addStretch()
 
     def set_model(self, info: ModelInfo) -> None:
-        self.weights_label.setText(f"{fmt_bytes(info.file_size)} ({info.name})")
+        self.memory = info.memory
+        weights = placed((p.place, p.weights) for p in self.memory) or fmt_bytes(info.file_size)
+        self.weights_label.setText(f"{weights} ({info.name})")
 
     def set_status(self, status: KvStatus) -> None:
         self.status = status
@@ -111,7 +117,9 @@ class MemoryPanel(QWidget):
         self.cells_bar.setRange(0, max(1, status.n_cells_capacity))
         self.cells_bar.setValue(min(status.n_cells_used, status.n_cells_capacity))
         self.cells_bar.setFormat(f"{status.n_cells_used} / {status.n_cells_capacity} ({store})")
-        self.kv_label.setText(f"{fmt_bytes(status.kv_bytes_used)} in use of {fmt_bytes(status.kv_bytes)}")
+        where = placed((p.place, p.kv) for p in self.memory)
+        self.kv_label.setText(f"{fmt_bytes(status.kv_bytes_used)} in use of {fmt_bytes(status.kv_bytes)}"
+                              + (f": {where}" if where else ""))
         if status.n_conversions:
             self.conversion_label.setText(
                 f"{status.n_conversions}× (last {1000 * status.last_conversion_s:.0f} ms)"

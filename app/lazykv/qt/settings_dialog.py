@@ -27,8 +27,9 @@ from PySide6.QtWidgets import (
 )
 
 from lazykv.core.kinds import KvMode, SettingKind
-from lazykv.core.memory import estimate
+from lazykv.core.memory import Fit, Offload, estimate
 from lazykv.core.model_meta import ModelMeta
+from lazykv.core.remote import parse_endpoint_text
 from lazykv.core.settings import SETTINGS, Setting, Settings
 from lazykv.qt.markdown import plain_rich_text
 from lazykv.qt.memory_panel import FIT_COLORS
@@ -87,6 +88,9 @@ class SettingsDialog(QDialog):
             | QDialogButtonBox.StandardButton.Cancel
             | QDialogButtonBox.StandardButton.RestoreDefaults
         )
+        self.ok_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
+        for editor in self._editors.values():
+            editor.changed.connect(self._update_ok)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(self.restore_defaults)
@@ -100,7 +104,7 @@ class SettingsDialog(QDialog):
                             "Your system's keyring is not available in this session.")
         self._update_kv_choices()
         self._update_estimate()
-        for name in ("n_ctx", "kv_mode", "flash_attn"):
+        for name in ("n_ctx", "kv_mode", "flash_attn", "rpc_servers", "rpc_layers"):
             self._editors[name].changed.connect(self._on_engine_change)
         if meta is not None:  # a model is loaded: say before OK that applying reloads it
             for setting in SETTINGS:
@@ -123,6 +127,10 @@ class SettingsDialog(QDialog):
         for setting in SETTINGS:
             if setting.in_dialog and _choice_allowed(self.editors[setting.name], setting.default):
                 self.set_value(setting.name, setting.default)
+
+    def _update_ok(self) -> None:
+        """OK waits until every editor holds a valid value (each says what is wrong under itself)."""
+        self.ok_button.setEnabled(not any(editor.problem() for editor in self._editors.values()))
 
     def _update_reload_note(self) -> None:
         self.reload_note.setVisible(any(s.reloads_engine for s in SETTINGS if s.name in self.changed()))
@@ -158,7 +166,8 @@ class SettingsDialog(QDialog):
         if self._meta is None:
             self.estimate_label.setText("")
             return
-        est = estimate(self._meta, self.value("n_ctx"), self.value("kv_mode"))
+        est = estimate(self._meta, self.value("n_ctx"), self.value("kv_mode"),
+                       offload=Offload.of(self.value("rpc_servers"), self.value("rpc_layers")))
         color = FIT_COLORS[est.fit]
         self.estimate_label.setText(
             f"<b>{html.escape(self._meta.name)}</b> with these settings<br>"
@@ -200,6 +209,7 @@ class Editor:
     get: Callable[[], Any]
     set: Callable[[Any], None]
     changed: SignalInstance
+    problem: Callable[[], str] = lambda: ""  # why the value typed cannot be used ("": it can)
 
 
 def _bool_editor(setting: Setting) -> Editor:
@@ -243,6 +253,41 @@ def _line_editor(setting: Setting) -> Editor:
     return Editor(line, line.text, line.setText, line.textChanged)
 
 
+def _endpoint_list_editor(setting: Setting) -> Editor:
+    """One host:port per line; what is wrong with an entry is said under the list (OK waits for it)."""
+    box = QWidget()
+    hint = QLabel(setting.description)
+    hint.setWordWrap(True)
+    edit = QPlainTextEdit()
+    edit.setObjectName(f"{setting.name}-edit")
+    edit.setPlaceholderText("192.168.1.20:50052")
+    edit.setFixedHeight(3 * edit.fontMetrics().lineSpacing() + 12)
+    problems = QLabel()
+    problems.setObjectName(f"{setting.name}-problems")
+    problems.setWordWrap(True)
+    problems.setTextFormat(Qt.TextFormat.PlainText)
+    problems.setStyleSheet(f"color: {FIT_COLORS[Fit.RED]}")
+    problems.hide()
+    layout = QVBoxLayout(box)
+    layout.setContentsMargins(0, 0, 0, 0)
+    for widget in (hint, edit, problems):
+        layout.addWidget(widget)
+
+    def show_problems() -> None:
+        found = parse_endpoint_text(edit.toPlainText()).problems
+        problems.setText("\n".join(found))
+        problems.setVisible(bool(found))
+
+    edit.textChanged.connect(show_problems)
+    return Editor(
+        box,
+        lambda: parse_endpoint_text(edit.toPlainText()).endpoints,
+        lambda v: edit.setPlainText("\n".join(v)),
+        edit.textChanged,
+        lambda: "\n".join(parse_endpoint_text(edit.toPlainText()).problems),
+    )
+
+
 EDITORS: dict[SettingKind, Callable[[Setting], Editor]] = {
     SettingKind.BOOL: _bool_editor,
     SettingKind.INT: _int_editor,
@@ -250,4 +295,5 @@ EDITORS: dict[SettingKind, Callable[[Setting], Editor]] = {
     SettingKind.CHOICE: _choice_editor,
     SettingKind.TEXT: _text_editor,
     SettingKind.STR: _line_editor,
+    SettingKind.ENDPOINT_LIST: _endpoint_list_editor,
 }

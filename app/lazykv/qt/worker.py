@@ -44,6 +44,8 @@ class EngineConfig:
     n_threads: int = 0  # 0: one per core
     n_gpu_layers: int = 0
     flash_attn: bool = True
+    rpc_servers: tuple[str, ...] = ()  # remote backends, host:port
+    rpc_layers: int = 0  # layers on them; 0: all
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,8 @@ class EngineWorker(QObject):
             n_threads=config.n_threads or None,
             flash_attn=config.flash_attn,
             n_gpu_layers=config.n_gpu_layers,
+            rpc_servers=config.rpc_servers,
+            rpc_layers=config.rpc_layers,
         )
 
     def _reply(self, request: Reply) -> ReplyResult:
