@@ -11,7 +11,7 @@ from pathlib import Path
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 
-from lazykv import __version__
+from lazykv import __version__, console
 from lazykv.core import model_fetch
 from lazykv.core.engine_check import EngineMissingError, check_engine
 from lazykv.core.kinds import KvMode
@@ -91,13 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     instance = SingleInstance(data_dir(), app)
     if not instance.claim():
         if instance.answered:
-            print(f"lazykv: {APP_NAME} is already running; its window was brought forward", file=sys.stderr)
+            console.say(f"{APP_NAME} is already running; its window was brought forward")
         else:
-            print(f"lazykv: {APP_NAME} is already running (it did not answer; it may still be starting)",
-                  file=sys.stderr)
+            console.say(f"{APP_NAME} is already running (it did not answer; it may still be starting)")
         return 0
     if instance.listen_error:
-        print(f"lazykv: a second start will not find this window: {instance.listen_error}", file=sys.stderr)
+        console.say(f"a second start will not find this window: {instance.listen_error}")
     window = MainWindow(settings, overrides, default_model=default_model_path(), reopen_last=True)
     instance.activated.connect(lambda: _bring_forward(window))
     app.aboutToQuit.connect(window.shutdown_engine)
@@ -118,13 +117,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _bring_forward(window: QWidget) -> None:
     """Another start of the app asked for this window."""
-    print("lazykv: started again: bringing the window forward", file=sys.stderr)
+    console.say("started again: bringing the window forward")
     window.showNormal()
     window.raise_()
     window.activateWindow()
 
 
 def _application() -> QApplication:
+    console.hold()  # before any model loads: the engine silences stdout and stderr while it loads one
     app = QApplication.instance() or QApplication([sys.argv[0]])
     app.setApplicationName(APP_NAME)
     app.setApplicationVersion(__version__)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import html
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from lazykv import console
 from lazykv.core import memory
 from lazykv.core.conversation import Conversation
 from lazykv.core.engine import (
@@ -940,7 +940,7 @@ class MainWindow(QMainWindow):
         self._keep_cut_reply()
         waiting = self.ops.labels()
         if waiting:
-            print(f"lazykv: finishing before exit: {', '.join(waiting)}", file=sys.stderr)
+            console.say(f"finishing before exit: {', '.join(waiting)}")
         self._worker.close()
         self.engine.close()
         deadline = QDeadlineTimer(self.timings.shutdown_deadline_ms)
@@ -950,7 +950,7 @@ class MainWindow(QMainWindow):
             self.shutdown_requested.emit()
             engine_done = self._thread.wait(deadline)
         if not engine_done:
-            print("lazykv: the engine did not stop in time; exiting without it", file=sys.stderr)
+            console.say("the engine did not stop in time; exiting without it")
         database_done = self.database.close(max(500, deadline.remainingTime()) / 1000)
         self._shut_down = disk_done and engine_done and database_done
         return self._shut_down
