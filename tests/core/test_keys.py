@@ -206,6 +206,19 @@ def test_a_hanging_keyring_times_out_and_holds_nothing_else_up(
         db.close(10)
 
 
+def test_a_keyring_that_answers_after_its_timeout_still_gives_the_key(
+    use_keyring: Callable[[KeyringBackend], None],
+) -> None:
+    backend = HangingKeyring()
+    use_keyring(backend)
+    with pytest.raises(KeyringTimeoutError) as timed_out:
+        load_or_create_key(0.1)
+    assert not timed_out.value.late.done()
+    backend.release.set()  # unlocked at last
+    key = timed_out.value.late.result(30)
+    assert len(key) == 32 and load_or_create_key(5) == key
+
+
 def test_a_process_whose_keyring_hangs_exits_at_once(tmp_path: Path) -> None:
     script = (
         "import threading, keyring\n"

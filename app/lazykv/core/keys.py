@@ -22,6 +22,7 @@ import os
 import threading
 import unicodedata
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -66,7 +67,13 @@ class KeyringUnavailableError(Exception):
 
 
 class KeyringTimeoutError(KeyringUnavailableError):
-    """The OS keyring did not answer in time (e.g. an unlock prompt is waiting)."""
+    """The OS keyring did not answer in time (e.g. an unlock prompt is waiting). ``late`` is the
+    question still asked: it completes with the key (or the keyring's error) if the keyring answers
+    after all, e.g. once the user has unlocked it."""
+
+    def __init__(self, message: str, details: str = "", late: Future[bytes] | None = None) -> None:
+        super().__init__(message, details)
+        self.late: Future[bytes] = late if late is not None else Future()
 
 
 class PassphraseError(Exception):
@@ -99,27 +106,26 @@ def load_or_create_key(timeout_s: float = KEYRING_TIMEOUT_S) -> bytes:
 
 
 def _with_timeout(fn: Callable[[], _T], timeout_s: float) -> _T:
-    outcome: list = []
-    done = threading.Event()
+    answer: Future[_T] = Future()
 
     def run() -> None:
         try:
-            outcome.append((True, fn()))
+            answer.set_result(fn())
         except BaseException as err:  # handed to the caller's thread
-            outcome.append((False, err))
-        done.set()
+            answer.set_exception(err)
 
     threading.Thread(target=run, name="lazykv-keyring", daemon=True).start()
-    if not done.wait(timeout_s):
+    try:
+        return answer.result(timeout_s)
+    except TimeoutError:
+        if answer.done():  # the keyring's own timeout, not ours
+            raise
         raise KeyringTimeoutError(
             "Your system's keyring did not answer; it may be waiting for you to unlock it.",
-            f"The OS keyring did not answer within {timeout_s:g} s. Conversations are saved anyway; "
-            "snapshots wait until the keyring answers.",
-        )
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
+            f"The OS keyring did not answer within {timeout_s:g} s. Whatever it answers later is "
+            "used then.",
+            answer,
+        ) from None
 
 
 def _load_or_create_key() -> bytes:

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -35,6 +36,7 @@ from lazykv.core.engine import ModelInfo, SamplingSettings
 from lazykv.core.files import write_text_atomic
 from lazykv.core.keys import (
     PASSPHRASE_FILE,
+    KeyringTimeoutError,
     KeyringUnavailableError,
     PassphraseError,
     PassphraseLock,
@@ -139,6 +141,7 @@ class Conversations(QObject):
     # after each database operation: its OpChanges, and {conversation id: its list row now, or None
     # when it is gone} for the conversations whose row it changed
     operation_did_execute = Signal(object, object)
+    _keyring_answered = Signal(object)  # Future[bytes]: the keyring answered after its timeout
 
     def __init__(self, host: ConversationsHost, dialog_parent: QWidget, system_prompt: str,
                  undo_ms: int = UNDO_MS) -> None:
@@ -149,6 +152,9 @@ class Conversations(QObject):
         self.private = False
         self.keyring_failed = False  # the OS keyring could not give the key this session
         self.history_locked = False  # encrypted under another key: nothing is saved until it opens
+        self._history_open = False  # opened with the scheme's key: turns can be written
+        self._waiting_chats: list[Chat] = []  # left (New chat) with turns to write once it opens
+        self._keyring_late = False  # the keyring timed out; its late answer is still awaited
         self.snapshots_on = False
         self.last_saved: SaveResult | None = None
         self._keyring = Background(self)  # its own thread: a keyring that hangs holds up no database job
@@ -166,6 +172,7 @@ class Conversations(QObject):
         panel.search_changed.connect(self.refresh)
         panel.private_toggled.connect(self.set_private)
         self.operation_did_execute.connect(self._show_changes)
+        self._keyring_answered.connect(self._use_late_key)
         self.undo_button = QPushButton("Undo")
         self.undo_button.setObjectName("undo-delete")
         self.undo_button.hide()
@@ -212,6 +219,7 @@ class Conversations(QObject):
         when the history is read-only."""
         def done(answer: tuple[Cleanup, str]) -> None:
             cleanup, notice = answer
+            self._history_opened()
             if notice:
                 self.host.show_error("The conversation history is read-only", notice)
             elif cleanup.orphans or cleanup.unfinished:
@@ -227,6 +235,8 @@ class Conversations(QObject):
     def new_chat(self, system_prompt: str) -> None:
         self._cancel_resume()
         self._opening = None
+        if not self._history_open and self._unwritten(self.chat):  # written once the history opens
+            self._waiting_chats.append(self.chat)
         self.chat = Chat(Conversation(system_prompt))
         self.host.show_chat(None)
         self.host.conversations_panel.select(None)
@@ -254,8 +264,43 @@ class Conversations(QObject):
         if self.private:
             chat.unsaved_private_turns = chat.unsaved_private_turns or len(chat.conversation) > 0
             return
+        if self._history_open:
+            self._write(chat, snapshot)
+        # else kept here, written once the history opens (locked, or its key has not come yet)
+
+    def unsaved_turns(self) -> int:
+        """How many turns on screen or in chats left since are waiting for the history to open (it is
+        locked, or its key has not come): a quit now loses them. Private turns are never saved."""
+        if self._history_open:
+            return 0
+        chats = [*self._waiting_chats, *([] if self.private else [self.chat])]
+        return sum(self._unwritten(chat) for chat in chats)
+
+    def why_unsaved(self) -> str:
+        """Why the history is not open, in a few words for a sentence."""
+        if self._keyring_late:
+            return "your system's keyring has not answered yet"
         if self.history_locked:
-            return  # written once the history opens (the next save writes the turns it lacks)
+            return "your saved conversations are locked with another key"
+        return "the conversation history is not open yet"
+
+    @staticmethod
+    def _unwritten(chat: Chat) -> int:
+        return max(0, len(chat.conversation) - chat.first_saved - chat.saved.synced)
+
+    def _history_opened(self) -> None:
+        """The history opened with the scheme's key: what waited for it is written now, in order."""
+        self._history_open, self.history_locked = True, False
+        self.host.history_notice.hide()  # it only ever says that the history is locked
+        waiting, self._waiting_chats = self._waiting_chats, []
+        for chat in waiting:
+            self._write(chat, snapshot=False)
+        if not self.private and self._unwritten(self.chat):
+            self._write(self.chat, snapshot=False)
+
+    def _write(self, chat: Chat, snapshot: bool) -> None:
+        """The chat's transcript into the history (append or compare-and-swap); then, for the chat on
+        screen when asked, its KV snapshot."""
         chat.first_saved = min(chat.first_saved, len(chat.conversation))
         turns = chat.conversation.turns()[chat.first_saved:]
         if not turns:
@@ -506,11 +551,14 @@ class Conversations(QObject):
         elif scheme == PASSPHRASE:
             self.ask_passphrase()
         else:
-            def use_key(key: bytes) -> None:
-                self.keyring_failed = False
-                self._use(Crypto(ENCRYPTION_KEYRING, key))
+            self._keyring_late = False
+            self._keyring.run(load_or_create_key, self._use_keyring_key, self._keyring_missing,
+                              "Reading the keyring")
 
-            self._keyring.run(load_or_create_key, use_key, self._keyring_missing, "Reading the keyring")
+    def _use_keyring_key(self, key: bytes) -> None:
+        self.keyring_failed = self._keyring_late = False
+        self.host.keyring_notice.hide()
+        self._use(Crypto(ENCRYPTION_KEYRING, key))
 
     def _use(self, crypto: Crypto | None) -> None:
         """Hand the protection to its one owner (the worker's Persistence); keep no key here."""
@@ -541,6 +589,9 @@ class Conversations(QObject):
         """No keyring: the chat goes on (saved as the history allows, without snapshots) and a banner
         offers the other schemes; no question waits for an answer."""
         self.keyring_failed = True
+        if isinstance(err, KeyringTimeoutError):  # it may still answer (an unlock prompt): then use it
+            self._keyring_late = True
+            err.late.add_done_callback(self._keyring_answered_late)
         self._use(None)
         if isinstance(err, KeyringUnavailableError):
             first, details = str(err), err.details
@@ -553,22 +604,47 @@ class Conversations(QObject):
              ("Save without encryption", lambda: self._choose_scheme(NO_ENCRYPTION))],
             details)
 
+    def _keyring_answered_late(self, answer: Future[bytes]) -> None:
+        """On the keyring's thread: hand its late answer to the GUI thread."""
+        try:
+            self._keyring_answered.emit(answer)
+        except RuntimeError:  # this window is gone
+            pass
+
+    def _use_late_key(self, answer: Future[bytes]) -> None:
+        """The keyring answered after its timeout (e.g. once unlocked): its key is used now, unless
+        another scheme was chosen meanwhile; a history it locked opens and what waited is written."""
+        if not self._keyring_late or self.host.setting("snapshot_encryption") != KEYRING:
+            return
+        if answer.exception() is None:
+            self._use_keyring_key(answer.result())
+
     def _choose_scheme(self, scheme: str) -> None:
         self.host.apply_settings({"snapshot_encryption": scheme})
 
     def _history_failed(self, err: Exception) -> None:
-        """Opening or listing the history failed. Encrypted under another key: said in a banner (the
-        chat goes on, unsaved, until the user picks the scheme that opens it); else an error."""
+        """Opening or listing the history failed. Encrypted under another key, or the keyring has not
+        answered: said in a banner (the chat goes on, its turns kept here and written once the history
+        opens); else an error."""
         if not isinstance(err, StoreLockedError):
             self.host.show_error("The conversation history could not be opened", str(err))
+            self._history_opened()  # not locked: saves try again, and say their own errors
             return
         if self.history_locked:
             return  # opening and listing both failed: one banner
-        self.history_locked = True
+        self.history_locked, self._history_open = True, False
         self._history_key = _UNOPENED  # the next scheme chosen opens it anew (set_key, not change_key)
+        if self._keyring_late:  # one banner, which says what happens when the keyring answers
+            self.host.keyring_notice.hide()
+            text = ("Your saved conversations are locked until your system's keyring answers (it may be "
+                    "waiting for you to unlock it). You can chat: what you type is kept here and saved "
+                    "as soon as it answers.")
+        else:
+            text = ("Your saved conversations are locked: they were protected with another key (another "
+                    "keyring, or a passphrase). You can chat: what you type is kept here and saved once "
+                    "they are unlocked.")
         self.host.history_notice.show_choices(
-            "Your saved conversations are locked: they were protected with another key (another "
-            "keyring, or a passphrase). You can chat, but nothing is saved until they are unlocked.",
+            text,
             [(label, lambda scheme=scheme: self._choose_scheme(scheme)) for scheme, label in
              ((PASSPHRASE, "Unlock with a passphrase…"), (KEYRING, "Use the keyring"))
              if scheme != self.host.setting("snapshot_encryption")],

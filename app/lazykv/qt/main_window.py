@@ -136,6 +136,7 @@ class MainWindow(QMainWindow):
         self.reply_clock = ReplyClock()
         self.resume_note = ""
         self._shut_down: bool | None = None  # after shutdown_engine: whether everything ended in time
+        self._losing_unsaved_ok = False  # the user chose to quit although turns are not saved
         self.ops = Operations(self)
         self.background = Background(self, self.ops)
         self.background.unhandled.connect(lambda what, err: self.show_error(f"{what} failed", str(err)))
@@ -970,9 +971,43 @@ class MainWindow(QMainWindow):
         self.conversations.persist(snapshot=False)
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        if self._asked_before_losing_turns():
+            event.ignore()
+            return
         window_state.save(self)
         self.shutdown_engine()
         super().closeEvent(event)
+
+    def _asked_before_losing_turns(self) -> bool:
+        """Turns that wait for the history to open would be lost by quitting: ask first (window-modal,
+        the event loop runs on). True while the question stands."""
+        unsaved = self.conversations.unsaved_turns()
+        if not unsaved or self._losing_unsaved_ok or self._shut_down is not None:
+            return False
+        if self.findChild(QMessageBox, "unsaved-box") is None:
+            self._ask_before_losing_turns(unsaved)
+        return True
+
+    def _ask_before_losing_turns(self, unsaved: int) -> None:
+        messages, they, them = ("1 message you typed is", "it", "it") if unsaved == 1 else \
+            (f"{unsaved} messages you typed are", "they", "them")
+        text = (f"{messages} not saved: {self.conversations.why_unsaved()}. If you quit now, {they} will "
+                "be lost.")
+        box = QMessageBox(QMessageBox.Icon.Warning, APP_TITLE, text, QMessageBox.StandardButton.NoButton,
+                          self)
+        box.setInformativeText(f"Keep the window open and {they} will be saved as soon as the history opens.")
+        box.setObjectName("unsaved-box")
+        lose = box.addButton(f"Quit and lose {them}", QMessageBox.ButtonRole.DestructiveRole)
+        box.setDefaultButton(box.addButton("Keep the window open", QMessageBox.ButtonRole.RejectRole))
+        lose.clicked.connect(self._quit_losing_turns)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
+
+    def _quit_losing_turns(self) -> None:
+        self._losing_unsaved_ok = True
+        console.say(f"quit with {self.conversations.unsaved_turns()} messages not saved "
+                    f"({self.conversations.why_unsaved()})")
+        self.close()
 
 
 def _wrap_without_widening(label: QLabel) -> None:
