@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from lazykv.core.remote import (
+    RPC_PROTO_VERSION,
     Unreachable,
     normalize_endpoints,
     parse_endpoint,
@@ -19,6 +19,7 @@ from lazykv.core.remote import (
     unreachable_text,
 )
 from lazykv.core.settings import SCHEMA_VERSION, Settings
+from tests.support.rpc_server import fake_rpc_server, free_port, hello_reply
 
 
 @pytest.mark.parametrize(
@@ -92,25 +93,49 @@ def test_a_bad_stored_list_falls_back_and_is_reported(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def listening() -> Iterator[str]:
-    """An endpoint that accepts TCP connections (the backlog answers; nothing is served)."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        yield f"127.0.0.1:{server.getsockname()[1]}"
+def rpc_like() -> Iterator[str]:
+    """An endpoint that answers llama.cpp's HELLO as the engine's RPC protocol version does."""
+    with fake_rpc_server(hello_reply(*RPC_PROTO_VERSION, 3)) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
 def closed_port() -> str:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        port = server.getsockname()[1]
-    return f"127.0.0.1:{port}"
+    return f"127.0.0.1:{free_port()}"
 
 
-def test_probe_tells_a_listening_port_from_a_closed_one(listening: str, closed_port: str) -> None:
-    assert probe(listening) is None
-    assert probe(closed_port) == "nothing is listening on that port (connection refused)"
-    reachable, refused = probe_all([closed_port, listening])
-    assert reachable == [listening]
-    assert refused == [Unreachable(closed_port, "nothing is listening on that port (connection refused)")]
+REFUSED = "nothing is listening on that port (connection refused)"
+
+
+def test_probe_tells_a_server_from_a_closed_port(rpc_like: str, closed_port: str) -> None:
+    assert probe(rpc_like) is None
+    assert probe(closed_port) == REFUSED
+    reachable, refused = probe_all([closed_port, rpc_like])
+    assert reachable == [rpc_like]
+    assert refused == [Unreachable(closed_port, REFUSED)]
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (None, "did not answer llama.cpp's handshake within 0.3 s: it serves another client, or it is not"),
+        (b"", "closed the connection at llama.cpp's handshake"),
+        (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", "answered, but not as a llama.cpp RPC"),
+        (hello_reply(RPC_PROTO_VERSION[0] + 1, 0, 0), f"protocol {RPC_PROTO_VERSION[0] + 1}.0.0, this app's"),
+        (hello_reply(RPC_PROTO_VERSION[0], RPC_PROTO_VERSION[1] + 1, 0), "update one of them"),
+    ],
+)
+def test_a_port_that_is_not_a_usable_rpc_server_is_refused(answer: bytes | None, why: str) -> None:
+    """llama.cpp's client would abort the app on each of these, or wait forever on the silent one."""
+    with fake_rpc_server(answer) as endpoint:
+        reason = probe(endpoint, timeout=0.3)
+    assert reason is not None and why in reason
+
+
+def test_a_server_this_process_uses_is_not_asked_for_a_handshake() -> None:
+    """It serves one client at a time, this process: the connection is all that can be checked."""
+    with fake_rpc_server(None) as endpoint:
+        assert probe_all([endpoint], timeout=0.3, in_use=frozenset({endpoint})) == ([endpoint], [])
 
 
 def test_probe_names_an_unknown_host() -> None:

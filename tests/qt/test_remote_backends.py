@@ -3,7 +3,6 @@ memory panel's split into device and host memory."""
 
 from __future__ import annotations
 
-import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,21 +14,21 @@ from lazykv.core.engine import KvStatus, ModelInfo
 from lazykv.core.kinds import KvMode, KvPhase
 from lazykv.core.memory import HOST_CPU, DeviceMemory, MiB
 from lazykv.core.model_meta import read_model_meta
+from lazykv.core.remote import RPC_PROTO_VERSION
 from lazykv.core.settings import REMOTE_GROUP, Settings
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.settings_dialog import SettingsDialog
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import WAIT_MS, chat, settle
+from tests.support.rpc_server import fake_rpc_server, free_port, hello_reply
 
 RPC = "RPC0[127.0.0.1:50052]"
 
 
 @pytest.fixture
 def closed_port() -> str:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        port = server.getsockname()[1]
-    return f"127.0.0.1:{port}"
+    return f"127.0.0.1:{free_port()}"
 
 
 def _servers_edit(dialog: SettingsDialog) -> QPlainTextEdit:
@@ -80,9 +79,8 @@ def test_an_unreachable_server_is_left_out_said_and_the_chat_goes_on(
     assert fake.calls.count("load") == 2 and not w.remote_notice.isVisible()
 
 
-def test_a_listening_server_is_used_and_no_banner_shows(qtbot: QtBot, fake_window: FakeWindow) -> None:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        endpoint = f"127.0.0.1:{server.getsockname()[1]}"
+def test_an_answering_server_is_used_and_no_banner_shows(qtbot: QtBot, fake_window: FakeWindow) -> None:
+    with fake_rpc_server(hello_reply(*RPC_PROTO_VERSION, 0)) as endpoint:
         w = fake_window(rpc_servers=[endpoint])
     assert w.model_info is not None and w.model_info.remote == (endpoint,)
     assert not w.remote_notice.isVisible()

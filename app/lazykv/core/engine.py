@@ -214,11 +214,14 @@ def _kv_cache_params(kv_mode: KvMode, flash_attn: bool) -> dict[str, object]:
     return params
 
 
+_registered: set[str] = set()  # RPC servers registered with the engine: process-wide, as in ggml
+
+
 def _remote_backends(endpoints: Sequence[str]) -> tuple[list[str], list[Unreachable]]:
     """The endpoints the engine may use (they answered, and the engine registered them), and the others.
 
     Probed first: llama.cpp's RPC client aborts the process on a server that does not answer."""
-    reachable, unreachable = probe_all(normalize_endpoints(endpoints))
+    reachable, unreachable = probe_all(normalize_endpoints(endpoints), in_use=frozenset(_registered))
     usable: list[str] = []
     for endpoint in reachable:
         try:
@@ -226,6 +229,7 @@ def _remote_backends(endpoints: Sequence[str]) -> tuple[list[str], list[Unreacha
         except RuntimeError as err:  # e.g. an engine built without RPC support
             unreachable.append(Unreachable(endpoint, str(err)))
         else:
+            _registered.add(endpoint)
             usable.append(endpoint)
     return usable, unreachable
 
