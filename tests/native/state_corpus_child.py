@@ -5,9 +5,10 @@ A context of one KV mode saves its state through each API in turn; the state is 
 mode that already holds another conversation. Each variant prints two JSON lines: the
 variant before it is tried (so that the parent can name the one that killed the process)
 and its outcome: "refused" (StateMismatchError; the context must then decode exactly as a
-fresh one), "restored" (the damage went undetected, e.g. a flipped value bit: decoding
-afterwards must not crash) or "decode-error" (restored, then the engine refused to
-decode: an error, not a crash).
+fresh one: the same logits, bit for bit, after a short probe and after one greedy token more),
+"restored" (the damage went undetected, e.g. a flipped value bit: decoding afterwards must
+not crash) or "decode-error" (restored, then the engine refused to decode: an error, not a
+crash).
 
     python -m tests.native.state_corpus_child MODEL MODE
 """
@@ -20,15 +21,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+import llama_cpp
+import numpy as np
 from llama_cpp import Llama, LlamaState, StateMismatchError
 
-from .helpers import greedy, make_llama
+from .helpers import make_llama
 
 APIS = ["memory-whole", "memory-seq", "file-whole", "file-seq"]
 N_CTX = 512  # the lazy cache's f16 view holds 256 cells
 N_TOKENS = {"f16": 80, "q8_0": 80, "lazy-before": 80, "lazy-after": 300}
 N_TRUNCATIONS = 20
 N_FLIPS = 20
+N_PROBE = 4  # decoding costs per token: a short probe, its logits compared in full
 HEADER_BYTES = 96  # the stream count, rotation sizes, storage layout, cell count and the first cells
 
 TEXT = (
@@ -52,6 +56,23 @@ def filled(model: Path, mode: str, tokens: list[int]) -> Llama:
     if mode == "lazy-after":
         assert llm.kv_lazy_info().phase == "q8_0", "the lazy cache should have converted"
     return llm
+
+
+def last_logits(llm: Llama) -> np.ndarray:
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
+
+
+def decoded(llm: Llama, probe: list[int]) -> list[np.ndarray]:
+    """The logits after ``probe`` decoded from position 0, and after one greedy token more."""
+    llm.reset()
+    llm.eval(probe)
+    first = last_logits(llm)
+    llm.eval([int(first.argmax())])
+    return [first, last_logits(llm)]
+
+
+def same(got: list[np.ndarray], want: list[np.ndarray]) -> bool:
+    return all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 def variants(size: int) -> list[tuple[str, int]]:
@@ -79,8 +100,8 @@ def main(model: Path, mode: str) -> int:
     # the target already holds another conversation (converted, for lazy-after)
     target = filled(model, mode, tokens[5 : 5 + N_TOKENS[mode]])
     base = target.save_state()
-    probe = tokens[-12:]
-    expected = greedy(context(model, mode), probe, 2)
+    probe = tokens[-N_PROBE:]
+    expected = decoded(context(model, mode), probe)
     tmp = Path(tempfile.mkdtemp(prefix="state-corpus-"))
     for api in APIS:
         run_api(api, src, target, base, probe, expected, tmp)
@@ -88,8 +109,8 @@ def main(model: Path, mode: str) -> int:
     return 0
 
 
-def run_api(api: str, src: Llama, target: Llama, base: LlamaState, probe: list[int], expected: list[int],
-            tmp: Path) -> None:
+def run_api(api: str, src: Llama, target: Llama, base: LlamaState, probe: list[int],
+            expected: list[np.ndarray], tmp: Path) -> None:
     seq_id = 0 if api.endswith("seq") else None
 
     if api.startswith("memory"):
@@ -119,11 +140,11 @@ def run_api(api: str, src: Llama, target: Llama, base: LlamaState, probe: list[i
                 path.write_bytes(bad)
                 target.load_state_file(path, seq_id=seq_id)
         except StateMismatchError:
-            usable = target.n_tokens == 0 and greedy(target, probe, 2) == expected
+            usable = target.n_tokens == 0 and same(decoded(target, probe), expected)
             emit(variant=name, outcome="refused", usable=usable)
             continue
         try:
-            greedy(target, probe, 2)
+            decoded(target, probe)
             emit(variant=name, outcome="restored", usable=True)
         except RuntimeError as err:
             emit(variant=name, outcome="decode-error", usable=True, error=str(err)[:200])
