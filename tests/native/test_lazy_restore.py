@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -82,10 +83,31 @@ def short_prompt(path: Path) -> tuple[int, ...]:
     return tuple(prompt_tokens(make_llama(path, "f16", n_ctx=64)))
 
 
-def check_pair(path: Path, source: str, target: str, api: str, tmp_path: Path) -> None:
+SavedState = Callable[..., object]
+
+
+@pytest.fixture(scope="module")
+def saved_state(tmp_path_factory: pytest.TempPathFactory) -> SavedState:
+    """``saved_state(path, source, api, tokens, n_ctx)``: what ``save`` returns for a context of
+    ``source`` holding ``tokens``, saved through ``api``. Built once per module for every target that
+    restores it (a restore only reads it; the source depends on these and on the rotation)."""
+    states: dict[tuple, object] = {}
+    folder = tmp_path_factory.mktemp("saved-states")
+
+    def get(path: Path, source: str, api: str, tokens: list[int], n_ctx: int = N_CTX) -> object:
+        key = (path, source, api, tuple(tokens), n_ctx, os.environ.get("LLAMA_ATTN_ROT_DISABLE"))
+        if key not in states:
+            (where := folder / str(len(states))).mkdir()
+            states[key] = save(build(path, source, tokens, n_ctx), api, where)
+        return states[key]
+
+    return get
+
+
+def check_pair(path: Path, source: str, target: str, api: str, saved_state: SavedState) -> None:
     outcome = expected_outcome(source, target, api)
     prompt = list(short_prompt(path))
-    saved = save(build(path, source, prompt[:-1]), api, tmp_path)
+    saved = saved_state(path, source, api, prompt[:-1])
     dst = target_context(path, target, filler=prompt[5:40])
 
     if outcome == "refused":
@@ -106,25 +128,25 @@ def check_pair(path: Path, source: str, target: str, api: str, tmp_path: Path) -
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("api", APIS)
 def test_restore_matrix_smollm2(
-    smollm2_path: Path, source: str, target: str, api: str, tmp_path: Path
+    smollm2_path: Path, source: str, target: str, api: str, saved_state: SavedState
 ) -> None:
-    check_pair(smollm2_path, source, target, api, tmp_path)
+    check_pair(smollm2_path, source, target, api, saved_state)
 
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("source", SOURCES)
-def test_restore_matrix_gemma3(gemma3_path: Path, source: str, target: str, tmp_path: Path) -> None:
-    check_pair(gemma3_path, source, target, "seq_memory", tmp_path)
+def test_restore_matrix_gemma3(gemma3_path: Path, source: str, target: str, saved_state: SavedState) -> None:
+    check_pair(gemma3_path, source, target, "seq_memory", saved_state)
 
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("api", ["seq_memory"])
 def test_restore_matrix_rotation_off(
-    smollm2_path: Path, source: str, target: str, api: str, tmp_path: Path, attn_rot_disabled: None
+    smollm2_path: Path, source: str, target: str, api: str, saved_state: SavedState, attn_rot_disabled: None
 ) -> None:
     """Both lazy phases report rotation 0 here: the restore decides on the storage types."""
-    check_pair(smollm2_path, source, target, api, tmp_path)
+    check_pair(smollm2_path, source, target, api, saved_state)
 
 
 N_CTX_BIG = 2048  # its f16 view holds 1024 cells; the targets' (N_CTX) 512
@@ -133,12 +155,14 @@ N_OVERSIZE = 600
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("api", ["memory", "seq_file"])
-def test_more_cells_than_the_f16_view(smollm2_path: Path, target: str, api: str, tmp_path: Path) -> None:
+def test_more_cells_than_the_f16_view(
+    smollm2_path: Path, target: str, api: str, saved_state: SavedState
+) -> None:
     """600 f16 cells from a lazy cache of 2048 cells (still in f16) into caches of 1024 cells: an
     f16 cache takes them as they are; the others hold them only as q8_0 and convert them on read."""
-    long_prompt = make_llama(smollm2_path, "f16", n_ctx=64).tokenize(PROMPT_LONG)[: N_OVERSIZE + 1]
+    long_prompt = list(long_prompt_tokens(smollm2_path))
     assert len(long_prompt) == N_OVERSIZE + 1
-    saved = save(build(smollm2_path, "lazy-before", long_prompt[:-1], n_ctx=N_CTX_BIG), api, tmp_path)
+    saved = saved_state(smollm2_path, "lazy-before", api, long_prompt[:-1], N_CTX_BIG)
     dst = target_context(smollm2_path, target, filler=long_prompt[5:40])
     restore(dst, api, saved)
     outcome = "same" if target == "f16" else "converted"
@@ -147,6 +171,11 @@ def test_more_cells_than_the_f16_view(smollm2_path: Path, target: str, api: str,
     assert greedy(dst, long_prompt, N_CONTINUE) == want
     if target.startswith("lazy"):
         assert dst.kv_lazy_info().phase == "q8_0"
+
+
+@functools.lru_cache(maxsize=2)
+def long_prompt_tokens(path: Path) -> tuple[int, ...]:
+    return tuple(make_llama(path, "f16", n_ctx=64).tokenize(PROMPT_LONG)[: N_OVERSIZE + 1])
 
 
 PROMPT_LONG = b" ".join(
