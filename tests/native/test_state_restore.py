@@ -9,6 +9,7 @@ the same configuration continues exactly like an uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,6 +84,32 @@ def native_restore(llm: Llama, api: str, saved) -> tuple[bool, str]:
     return bool(ok), "".join(errors)
 
 
+@functools.lru_cache(maxsize=8)
+def filled(path: Path, rot_off: bool, n_drop: int) -> Llama:
+    """A q8_0 context holding the prompt but its last ``n_drop`` tokens, memoised: saving from it
+    (through any API) reads it and changes nothing."""
+    llm = q8_llama(path, rot_off=rot_off)
+    prompt = prompt_tokens(llm)
+    llm.eval(prompt[: len(prompt) - n_drop])
+    return llm
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_filled_contexts() -> Iterator[None]:
+    yield
+    filled.cache_clear()
+
+
+@functools.lru_cache(maxsize=8)
+def continuation(path: Path, rot_off: bool, n_drop: int, n: int) -> tuple[int, ...]:
+    """The ``n`` greedy tokens after the prompt of a fresh q8_0 context that first held all of it
+    but its last ``n_drop`` tokens (memoised: it depends only on these)."""
+    llm = q8_llama(path, rot_off=rot_off)
+    prompt = prompt_tokens(llm)
+    llm.eval(prompt[: len(prompt) - n_drop])
+    return tuple(greedy(llm, prompt, n))
+
+
 def cells_used(llm: Llama) -> int:
     mem = llama_cpp.llama_get_memory(llm.ctx)
     return max(0, llama_cpp.llama_memory_seq_pos_max(mem, 0) + 1)
@@ -100,17 +127,11 @@ def test_rotation_sizes_reported(smollm2_path: Path, gemma3_path: Path) -> None:
 
 @pytest.mark.parametrize("api", APIS)
 def test_same_config_restore_continues_identically(model_path: Path, api: str, tmp_path: Path) -> None:
-    uninterrupted = q8_llama(model_path)
-    prompt = prompt_tokens(uninterrupted)
-    uninterrupted.eval(prompt[:-1])
-    expected = greedy(uninterrupted, prompt, N_CONTINUE)
-
-    saver = q8_llama(model_path)
-    saver.eval(prompt[:-1])
-    saved = save(saver, api, tmp_path)
-    del saver
+    expected = list(continuation(model_path, False, 1, N_CONTINUE))  # an uninterrupted run
+    saved = save(filled(model_path, False, 1), api, tmp_path)
 
     restored = q8_llama(model_path)
+    prompt = prompt_tokens(restored)
     restore(restored, api, saved)
     assert restored.n_tokens == len(prompt) - 1
     assert greedy(restored, prompt, N_CONTINUE) == expected
@@ -119,12 +140,10 @@ def test_same_config_restore_continues_identically(model_path: Path, api: str, t
 @pytest.mark.parametrize("saved_rot_off", [False, True], ids=["rotated->unrotated", "unrotated->rotated"])
 @pytest.mark.parametrize("api", APIS)
 def test_rotation_mismatch_refused(model_path: Path, api: str, saved_rot_off: bool, tmp_path: Path) -> None:
-    saver = q8_llama(model_path, rot_off=saved_rot_off)
-    prompt = prompt_tokens(saver)
-    saver.eval(prompt)
-    saved = save(saver, api, tmp_path)
+    saved = save(filled(model_path, saved_rot_off, 0), api, tmp_path)
 
     target = q8_llama(model_path, rot_off=not saved_rot_off)
+    prompt = prompt_tokens(target)
     target.eval(prompt[:4])  # something cached that a refusal must not leave half-overwritten
     with pytest.raises(StateMismatchError, match="rotation") as refused:
         restore(target, api, saved)
@@ -137,8 +156,7 @@ def test_rotation_mismatch_refused(model_path: Path, api: str, saved_rot_off: bo
     assert cells_used(target) == 0
 
     # still usable: continues exactly like a fresh context of its own configuration
-    fresh = q8_llama(model_path, rot_off=not saved_rot_off)
-    assert greedy(target, prompt, 8) == greedy(fresh, prompt, 8)
+    assert greedy(target, prompt, 8) == list(continuation(model_path, not saved_rot_off, len(prompt), 8))
 
 
 @pytest.mark.parametrize("api", APIS)
