@@ -169,8 +169,8 @@ def test_a_history_locked_by_another_key_is_a_banner_and_nothing_is_lost(
     chat(qtbot, w, "Typed while locked")  # the chat goes on
     assert w.conversations.history_locked and error_box(w) is None
     keyring.set_keyring(own)  # the key that opens it: the next scheme choice opens the history
-    w.conversations.setup_crypto()
-    qtbot.waitUntil(lambda: len(w.conversations_panel.ids()) == 1, timeout=WAIT_MS)
+    w.conversations.setup_crypto()  # opened: the turns typed while locked are written at once
+    qtbot.waitUntil(lambda: len(w.conversations_panel.ids()) == 2, timeout=WAIT_MS)
     chat(qtbot, w, "And after")
     assert [title for title, _ in stored(w)] == ["Typed while locked", "Kept under the first key"]
     assert len(stored(w)[0][1]) == 4  # the turns typed while locked were written too
