@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import llama_cpp
@@ -58,6 +62,45 @@ def greedy(llm: Llama, tokens: list[int], n: int, reset: bool = True) -> list[in
 
 def prompt_tokens(llm: Llama) -> list[int]:
     return llm.tokenize(PROMPT)
+
+
+@contextlib.contextmanager
+def rot_disabled(disabled: bool) -> Iterator[None]:
+    """Contexts created inside are built with/without LLAMA_ATTN_ROT_DISABLE=1."""
+    old = os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+    if disabled:
+        os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+        if old is not None:
+            os.environ["LLAMA_ATTN_ROT_DISABLE"] = old
+
+
+def q8_llama(path: Path, rot_off: bool = False, **kwargs) -> Llama:
+    with rot_disabled(rot_off):
+        return make_llama(path, "q8_0", **kwargs)
+
+
+@functools.lru_cache(maxsize=8)
+def filled(path: Path, rot_off: bool, n_drop: int) -> Llama:
+    """A q8_0 context holding the prompt but its last ``n_drop`` tokens, memoised: saving from it
+    (through any API) reads it and changes nothing."""
+    llm = q8_llama(path, rot_off=rot_off)
+    prompt = prompt_tokens(llm)
+    llm.eval(prompt[: len(prompt) - n_drop])
+    return llm
+
+
+@functools.lru_cache(maxsize=8)
+def continuation(path: Path, rot_off: bool, n_drop: int, n: int) -> tuple[int, ...]:
+    """The ``n`` greedy tokens after the prompt of a fresh q8_0 context that first held all of it
+    but its last ``n_drop`` tokens (memoised: it depends only on these)."""
+    llm = q8_llama(path, rot_off=rot_off)
+    prompt = prompt_tokens(llm)
+    llm.eval(prompt[: len(prompt) - n_drop])
+    return tuple(greedy(llm, prompt, n))
 
 
 def synthetic_model(tmp_path_factory: pytest.TempPathFactory, head_dim: int) -> RawModel:

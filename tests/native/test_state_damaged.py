@@ -11,7 +11,7 @@ import llama_cpp
 import pytest
 from llama_cpp import LlamaState, StateMismatchError
 
-from .helpers import greedy, make_llama, prompt_tokens
+from .helpers import continuation, filled, greedy, make_llama, prompt_tokens
 
 # session file, sequence file: before the storage layout was recorded (11, 4), before patch 0001 (10, 3)
 PREVIOUS_VERSIONS = {None: (11, 10), 0: (4, 3)}
@@ -23,19 +23,17 @@ def test_versions_bumped() -> None:
 
 
 def _assert_usable(llm, smollm2_path: Path) -> None:
+    """Empty, and continues the prompt exactly like a fresh context (memoised)."""
     assert llm.n_tokens == 0
-    fresh = make_llama(smollm2_path)
-    prompt = prompt_tokens(fresh)
-    assert greedy(llm, prompt, 6) == greedy(fresh, prompt, 6)
+    prompt = prompt_tokens(llm)
+    assert greedy(llm, prompt, 6) == list(continuation(smollm2_path, False, len(prompt), 6))
 
 
 @pytest.mark.parametrize("age", [0, 1], ids=["previous", "older"])
 @pytest.mark.parametrize("seq_id", [None, 0], ids=["session-file", "sequence-file"])
 def test_previous_version_file_refused(smollm2_path: Path, tmp_path: Path, seq_id, age: int) -> None:
-    llm = make_llama(smollm2_path)
-    llm.eval(prompt_tokens(llm))
     path = tmp_path / "old.bin"
-    llm.save_state_file(path, seq_id=seq_id)
+    filled(smollm2_path, False, 0).save_state_file(path, seq_id=seq_id)
     data = bytearray(path.read_bytes())
     data[4:8] = struct.pack("<I", PREVIOUS_VERSIONS[seq_id][age])
     path.write_bytes(bytes(data))
@@ -49,10 +47,8 @@ def test_previous_version_file_refused(smollm2_path: Path, tmp_path: Path, seq_i
 @pytest.mark.parametrize("how", ["truncated", "random"])
 @pytest.mark.parametrize("seq_id", [None, 0], ids=["session-file", "sequence-file"])
 def test_damaged_file_refused(smollm2_path: Path, tmp_path: Path, seq_id, how: str) -> None:
-    llm = make_llama(smollm2_path)
-    llm.eval(prompt_tokens(llm))
     path = tmp_path / "state.bin"
-    llm.save_state_file(path, seq_id=seq_id)
+    filled(smollm2_path, False, 0).save_state_file(path, seq_id=seq_id)
     data = path.read_bytes()
     if how == "truncated":
         path.write_bytes(data[: len(data) // 2])
@@ -69,9 +65,7 @@ def test_damaged_file_refused(smollm2_path: Path, tmp_path: Path, seq_id, how: s
 @pytest.mark.parametrize("how", ["truncated", "random"])
 @pytest.mark.parametrize("seq_id", [None, 0], ids=["context", "sequence"])
 def test_damaged_memory_state_refused(smollm2_path: Path, seq_id, how: str) -> None:
-    llm = make_llama(smollm2_path)
-    llm.eval(prompt_tokens(llm))
-    good = llm.save_state(seq_id=seq_id)
+    good = filled(smollm2_path, False, 0).save_state(seq_id=seq_id)
     size = good.llama_state_size
     blob = good.llama_state[: size // 2] if how == "truncated" else _noise(size)
     bad = LlamaState(

@@ -8,10 +8,7 @@ the same configuration continues exactly like an uninterrupted run.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import llama_cpp
@@ -19,29 +16,10 @@ import pytest
 from llama_cpp import Llama, StateMismatchError
 from llama_cpp._logger import capture_errors
 
-from .helpers import greedy, make_llama, prompt_tokens
+from .helpers import continuation, filled, greedy, make_llama, prompt_tokens, q8_llama
 
 N_CONTINUE = 32
 APIS = ["memory", "file", "seq_memory", "seq_file"]
-
-
-@contextlib.contextmanager
-def rot_disabled(disabled: bool) -> Iterator[None]:
-    """Contexts created inside are built with/without LLAMA_ATTN_ROT_DISABLE=1."""
-    old = os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
-    if disabled:
-        os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
-        if old is not None:
-            os.environ["LLAMA_ATTN_ROT_DISABLE"] = old
-
-
-def q8_llama(path: Path, rot_off: bool = False, **kwargs) -> Llama:
-    with rot_disabled(rot_off):
-        return make_llama(path, "q8_0", **kwargs)
 
 
 def save(llm: Llama, api: str, tmp_path: Path):
@@ -82,32 +60,6 @@ def native_restore(llm: Llama, api: str, saved) -> tuple[bool, str]:
             else:
                 ok = llama_cpp.llama_state_seq_load_file(ctx, os.fsencode(saved), 0, toks, cap, ref) != 0
     return bool(ok), "".join(errors)
-
-
-@functools.lru_cache(maxsize=8)
-def filled(path: Path, rot_off: bool, n_drop: int) -> Llama:
-    """A q8_0 context holding the prompt but its last ``n_drop`` tokens, memoised: saving from it
-    (through any API) reads it and changes nothing."""
-    llm = q8_llama(path, rot_off=rot_off)
-    prompt = prompt_tokens(llm)
-    llm.eval(prompt[: len(prompt) - n_drop])
-    return llm
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _free_filled_contexts() -> Iterator[None]:
-    yield
-    filled.cache_clear()
-
-
-@functools.lru_cache(maxsize=8)
-def continuation(path: Path, rot_off: bool, n_drop: int, n: int) -> tuple[int, ...]:
-    """The ``n`` greedy tokens after the prompt of a fresh q8_0 context that first held all of it
-    but its last ``n_drop`` tokens (memoised: it depends only on these)."""
-    llm = q8_llama(path, rot_off=rot_off)
-    prompt = prompt_tokens(llm)
-    llm.eval(prompt[: len(prompt) - n_drop])
-    return tuple(greedy(llm, prompt, n))
 
 
 def cells_used(llm: Llama) -> int:
