@@ -45,8 +45,8 @@ def test_valid_endpoints_are_written_one_way(text: str, expected: str) -> None:
         ("host:port", "port must be a number from 1 to 65535"),
         ("host:-1", "port must be a number from 1 to 65535"),
         ("host:٣", "port must be a number from 1 to 65535"),  # a digit, but not one llama.cpp reads
-        ("[::1]:50052", "does not take IPv6"),
-        ("::1:50052", "does not take IPv6"),
+        ("[::1]:50052", "takes no IPv6"),
+        ("::1:50052", "takes no IPv6"),
         ("300.1.2.3:50052", "not a valid host name or IPv4 address"),
         ("10.1:50052", "not a valid host name or IPv4 address"),
         ("-bad.host:50052", "not a valid host name or IPv4 address"),

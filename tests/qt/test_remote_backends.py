@@ -32,8 +32,8 @@ def closed_port() -> str:
 
 
 def _servers_edit(dialog: SettingsDialog) -> QPlainTextEdit:
-    edit = dialog.findChild(QPlainTextEdit, "rpc_servers-edit")
-    assert edit is not None
+    edit = dialog.editors["rpc_servers"]
+    assert isinstance(edit, QPlainTextEdit)
     return edit
 
 
@@ -43,8 +43,9 @@ def test_the_editor_explains_validates_and_removes_duplicates(qtbot: QtBot, fake
     dialog.show()
     group = dialog.editors["rpc_servers"].parentWidget()
     assert group is not None and group.title() == REMOTE_GROUP
-    texts = [label.text() for label in dialog.editors["rpc_servers"].findChildren(QLabel)]
-    assert any("ggml-rpc-server" in text and "offload" in text for text in texts)  # the one-line explanation
+    hint = dialog.findChild(QLabel, "rpc_servers-hint")
+    assert hint is not None and hint.isVisible()  # the explanation
+    assert "ggml-rpc-server" in hint.text() and "offload" in hint.text()
     assert dialog.editors["rpc_layers"].specialValueText() == "0 = all layers"
 
     _servers_edit(dialog).setPlainText("gpu-box:50052\nGPU-box:50052, 10.0.0.7:1\nbox:99999")

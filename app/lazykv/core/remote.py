@@ -46,8 +46,7 @@ def parse_endpoint(text: str) -> Endpoint:
     if not sep or not host:
         raise ValueError(f"“{entry}” is not host:port (for example 192.168.1.20:50052)")
     if host.startswith("[") or ":" in host:
-        raise ValueError(f"“{entry}”: llama.cpp's RPC client does not take IPv6 addresses; use an IPv4 "
-                         "address or a host name")
+        raise ValueError(f"“{entry}”: llama.cpp's RPC client takes no IPv6; use IPv4 or a host name")
     if not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"“{entry}”: the port must be a number from 1 to 65535")
     if not _valid_host(host):

@@ -147,8 +147,8 @@ SETTINGS: tuple[Setting, ...] = (
             f"is at least {IDLE_FILL:.0%} full and the engine has been idle for {IDLE_DELAY_S:g} s, compact "
             "it then, so the pause does not land inside a reply.", "Engine"),
     Setting("rpc_servers", SettingKind.ENDPOINT_LIST, [], "Servers", "llama.cpp's own way to offload "
-            "layers and the KV cache to another machine: run ggml-rpc-server there and list it here as "
-            "host:port, one per line.", REMOTE_GROUP, reloads_engine=True),
+            "layers and the KV cache\nto another machine: run ggml-rpc-server there and list it\nhere "
+            "as host:port, one per line.", REMOTE_GROUP, reloads_engine=True),
     Setting("rpc_layers", SettingKind.INT, 0, "Layers to offload", "Layers (with their part of the KV "
             "cache) placed on the remote backends when servers are listed; 0: all of them.", REMOTE_GROUP,
             minimum=0, maximum=1000, reloads_engine=True, special="0 = all layers"),

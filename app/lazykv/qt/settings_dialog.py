@@ -64,12 +64,7 @@ class SettingsDialog(QDialog):
                 box = QGroupBox(setting.group)
                 groups[setting.group] = QFormLayout(box)
                 (left if setting.group in ("Engine", "Chat") else right).addWidget(box)
-            editor = self._editor(setting, settings[setting.name])
-            editor.setToolTip(setting.description)
-            label = QLabel(setting.label)
-            label.setToolTip(setting.description)
-            groups[setting.group].addRow(label, editor)
-            self.editors[setting.name] = editor
+            self._add_row(groups[setting.group], setting, settings[setting.name])
         left.addStretch()
         self.estimate_label = QLabel()
         self.estimate_label.setWordWrap(True)
@@ -135,12 +130,20 @@ class SettingsDialog(QDialog):
     def _update_reload_note(self) -> None:
         self.reload_note.setVisible(any(s.reloads_engine for s in SETTINGS if s.name in self.changed()))
 
-    def _editor(self, setting: Setting, value: Any) -> QWidget:
+    def _add_row(self, form: QFormLayout, setting: Setting, value: Any) -> None:
+        """The setting's label and editor, with the editor's full-width notes above and below."""
         editor = EDITORS[setting.kind](setting)
         self._editors[setting.name] = editor
         self.editors[setting.name] = editor.widget
         editor.set(value)
-        return editor.widget
+        editor.widget.setToolTip(setting.description)
+        label = QLabel(setting.label)
+        label.setToolTip(setting.description)
+        if editor.above is not None:
+            form.addRow(editor.above)
+        form.addRow(label, editor.widget)
+        if editor.below is not None:
+            form.addRow(editor.below)
 
     def _on_engine_change(self) -> None:
         self._update_kv_choices()
@@ -210,6 +213,8 @@ class Editor:
     set: Callable[[Any], None]
     changed: SignalInstance
     problem: Callable[[], str] = lambda: ""  # why the value typed cannot be used ("": it can)
+    above: QWidget | None = None  # full-width rows of the form around the editor's own
+    below: QWidget | None = None
 
 
 def _bool_editor(setting: Setting) -> Editor:
@@ -254,24 +259,19 @@ def _line_editor(setting: Setting) -> Editor:
 
 
 def _endpoint_list_editor(setting: Setting) -> Editor:
-    """One host:port per line; what is wrong with an entry is said under the list (OK waits for it)."""
-    box = QWidget()
-    hint = QLabel(setting.description)
-    hint.setWordWrap(True)
+    """One host:port per line, the explanation above; what is wrong with an entry is said under the list
+    (OK waits for it)."""
+    hint = QLabel(setting.description)  # its own line breaks: a wrapped label in a form gets squeezed
+    hint.setObjectName(f"{setting.name}-hint")
     edit = QPlainTextEdit()
     edit.setObjectName(f"{setting.name}-edit")
     edit.setPlaceholderText("192.168.1.20:50052")
     edit.setFixedHeight(3 * edit.fontMetrics().lineSpacing() + 12)
     problems = QLabel()
     problems.setObjectName(f"{setting.name}-problems")
-    problems.setWordWrap(True)
     problems.setTextFormat(Qt.TextFormat.PlainText)
     problems.setStyleSheet(f"color: {FIT_COLORS[Fit.RED]}")
     problems.hide()
-    layout = QVBoxLayout(box)
-    layout.setContentsMargins(0, 0, 0, 0)
-    for widget in (hint, edit, problems):
-        layout.addWidget(widget)
 
     def show_problems() -> None:
         found = parse_endpoint_text(edit.toPlainText()).problems
@@ -280,11 +280,13 @@ def _endpoint_list_editor(setting: Setting) -> Editor:
 
     edit.textChanged.connect(show_problems)
     return Editor(
-        box,
+        edit,
         lambda: parse_endpoint_text(edit.toPlainText()).endpoints,
         lambda v: edit.setPlainText("\n".join(v)),
         edit.textChanged,
         lambda: "\n".join(parse_endpoint_text(edit.toPlainText()).problems),
+        above=hint,
+        below=problems,
     )
 
 
