@@ -20,6 +20,7 @@ from .state_blob import f16_values, parse_context_state, q8_split, reference_q8
 
 N_CTX = 1024
 N_F16 = 512  # floor(1024 * 34/64) = 544, rounded down to the 256-cell padding
+N_ONE_AT_A_TIME = 32  # the f16 phase's last cells, decoded token by token
 
 
 def corpus(llm: llama_cpp.Llama, n: int) -> list[int]:
@@ -87,11 +88,11 @@ def test_f16_phase_is_bit_identical_to_an_f16_cache(
     lazy = make_llama(path, "lazy", n_ctx=N_CTX, logits_all=True)
     f16 = make_llama(path, "f16", n_ctx=N_CTX, logits_all=True)
     tokens = corpus(f16, N_F16)
-    for start in range(0, N_F16, 128):  # batches, then the last cells one at a time
-        chunk = tokens[start : start + 128] if start < N_F16 - 128 else tokens[start:]
-        for piece in ([chunk] if start < N_F16 - 128 else [[t] for t in chunk]):
-            lazy.eval(piece)
-            f16.eval(piece)
+    batched = tokens[: N_F16 - N_ONE_AT_A_TIME]
+    pieces = [batched[i : i + 128] for i in range(0, len(batched), 128)]  # batches, then the last cells
+    for piece in pieces + [[t] for t in tokens[len(batched) :]]:  # one at a time, up to the view's end
+        lazy.eval(piece)
+        f16.eval(piece)
     assert lazy.kv_lazy_info().phase == "f16"
     assert lazy.kv_lazy_info().n_cells_used == N_F16
     np.testing.assert_array_equal(lazy.scores[:N_F16], f16.scores[:N_F16])
