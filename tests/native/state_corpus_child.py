@@ -95,13 +95,14 @@ def damage(blob: bytes, kind: str, offset: int, bit: int) -> bytes:
 
 
 def main(model: Path, mode: str) -> int:
-    tokens = context(model, "f16").tokenize(TEXT * 8)
+    fresh = context(model, mode)
+    tokens = fresh.tokenize(TEXT * 8)
+    probe = tokens[-N_PROBE:]
+    expected = decoded(fresh, probe)
     src = filled(model, mode, tokens[: N_TOKENS[mode]])
     # the target already holds another conversation (converted, for lazy-after)
     target = filled(model, mode, tokens[5 : 5 + N_TOKENS[mode]])
     base = target.save_state()
-    probe = tokens[-N_PROBE:]
-    expected = decoded(context(model, mode), probe)
     tmp = Path(tempfile.mkdtemp(prefix="state-corpus-"))
     for api in APIS:
         run_api(api, src, target, base, probe, expected, tmp)
