@@ -3,11 +3,14 @@ while a long code-heavy Markdown reply streams in, and while a 4,000-message con
 
 ``python -m bench.gui_stall`` (part of ``make bench``) drives the real window offscreen with a 10 ms
 timer running (lazykv.qt.stall_meter) and writes bench/results/gui_stall.md. The baseline is the
-same timer with the engine idle, measured in the same run.
+same timer with the engine idle, measured in the same run. ``--only open --runs N`` measures only
+opening the long conversations (the 4,000-message one N times) and prints the table without
+writing the report.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -27,14 +30,15 @@ HUGE_CONVERSATION = 100_000  # messages, as a big import
 TOKEN_INTERVAL_MS = 5  # the canned reply streams at 200 tokens/s, faster than this CPU's models
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ["LAZYKV_CONFIG_DIR"] = tempfile.mkdtemp(prefix="lazykv-bench-gui-")
     os.environ["LAZYKV_DATA_DIR"] = tempfile.mkdtemp(prefix="lazykv-bench-gui-data-")
     from PySide6.QtWidgets import QApplication
     from tools.screenshots import pause, wait_for
 
-    from lazykv.__main__ import default_model_path
+    from lazykv.__main__ import default_model_path, freeze_start_up_heap
     from lazykv.core.settings import Settings
     from lazykv.core.store import new_uid
     from lazykv.qt.main_window import MainWindow
@@ -46,6 +50,7 @@ def main() -> int:
                         "idle_conversion": False, "snapshot_encryption": "none"}.items():
         settings.set(name, value)
     window = MainWindow(settings, default_model=default_model_path())
+    freeze_start_up_heap()  # as the app does
     window.show()
     window.open_configured_model()
     wait_for(window.model_loaded)
@@ -63,6 +68,47 @@ def main() -> int:
         rows.append((label, list(meter.gaps_ms), list(meter.cpu_gaps_ms), time.perf_counter() - t0))
 
     measure("engine idle (baseline, 2 s)", lambda: None, _timer_signal(app, 2000))
+    if args.only != "open":
+        _engine_and_stream_scenarios(window, measure)
+    long_id = window.database.call(lambda store: store.sync_transcript(
+        new_uid(), long_conversation(LONG_CONVERSATION), 0, title="A long conversation", create=True)).id
+    for run in range(args.runs):
+        if run:  # away from it (its re-read stopped), to open it again
+            window.new_chat()
+            _wait_until(window.can_switch_conversation, pause)
+        measure(f"open a saved {LONG_CONVERSATION:,}-message conversation (read, shown, resume started; "
+                "1.5 s)", lambda: window.conversations.open(long_id), _timer_signal(app, 1500))
+    measure(f"scroll to the top of the {LONG_CONVERSATION:,}-message conversation, 20 times",
+            lambda: _scroll_to_top(window.transcript, 20), _timer_signal(app, 1500))
+    window.conversations.cancel_resume()
+    _wait_until(window.can_switch_conversation, pause)
+    huge_id = window.database.call(lambda store: store.sync_transcript(
+        new_uid(), long_conversation(HUGE_CONVERSATION), 0, title="A huge import", create=True)).id
+    measure(f"open a saved {HUGE_CONVERSATION:,}-message conversation (read, shown, resume started; 3 s)",
+            lambda: window.conversations.open(huge_id), _timer_signal(app, 3000))
+    window.conversations.cancel_resume()
+    _write(rows, conversions, args.only != "open")
+    # as the app does at exit: stop the engine (the huge re-read) and wait with a deadline; a Python
+    # exit with the engine's thread still in native code would abort ("QThread: Destroyed while ...")
+    if not window.shutdown_engine():
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.gui_stall", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("all", "open"), default="all",
+                        help="open: only the idle baseline and the long conversations (no report written)")
+    parser.add_argument("--runs", type=int, default=1, metavar="N",
+                        help="open the 4,000-message conversation N times (default 1)")
+    return parser
+
+
+def _engine_and_stream_scenarios(window, measure) -> None:  # noqa: ANN001 - MainWindow, a measuring function
+    """Replies (f16, across the breakpoint), the idle conversion and a canned Markdown stream."""
+    from tools.screenshots import wait_for
+
     measure("reply, 64 tokens, f16 phase", lambda: window.send_text("Tell me about the sea."),
             window.reply_finished)
     items = ", ".join(f"item {i}" for i in range(200))  # ~1100 tokens: crosses the 1024-cell view
@@ -79,26 +125,6 @@ def main() -> int:
     measure(f"code-heavy Markdown reply streamed ({len(stream.pieces)} pieces, {len(stream.text) // 1024} KB,"
             f" {stream.text.count('```') // 2} code blocks, a piece every {TOKEN_INTERVAL_MS} ms)",
             stream.start, stream.done)
-    long_id = window.database.call(lambda store: store.sync_transcript(
-        new_uid(), long_conversation(LONG_CONVERSATION), 0, title="A long conversation", create=True)).id
-    measure(f"open a saved {LONG_CONVERSATION:,}-message conversation (read, shown, resume started; 1.5 s)",
-            lambda: window.conversations.open(long_id), _timer_signal(app, 1500))
-    measure(f"scroll to the top of the {LONG_CONVERSATION:,}-message conversation, 20 times",
-            lambda: _scroll_to_top(window.transcript, 20), _timer_signal(app, 1500))
-    window.conversations.cancel_resume()
-    _wait_until(window.can_switch_conversation, pause)
-    huge_id = window.database.call(lambda store: store.sync_transcript(
-        new_uid(), long_conversation(HUGE_CONVERSATION), 0, title="A huge import", create=True)).id
-    measure(f"open a saved {HUGE_CONVERSATION:,}-message conversation (read, shown, resume started; 3 s)",
-            lambda: window.conversations.open(huge_id), _timer_signal(app, 3000))
-    window.conversations.cancel_resume()
-    _write(rows, conversions)
-    # as the app does at exit: stop the engine (the huge re-read) and wait with a deadline; a Python
-    # exit with the engine's thread still in native code would abort ("QThread: Destroyed while ...")
-    if not window.shutdown_engine():
-        sys.stderr.flush()
-        os._exit(0)
-    return 0
 
 
 def code_heavy_reply() -> str:
@@ -172,7 +198,8 @@ def _timer_signal(app, ms: int):  # noqa: ANN001, ANN202 - Qt objects
     return timer.timeout
 
 
-def _write(rows: list[tuple[str, list[float], list[float], float]], conversions: list) -> None:  # noqa: ANN001
+def _write(rows: list[tuple[str, list[float], list[float], float]], conversions: list,  # noqa: ANN001
+           report: bool = True) -> None:
     base = max(rows[0][1])
     lines = [
         "# GUI responsiveness: longest event-loop gap",
@@ -198,8 +225,9 @@ def _write(rows: list[tuple[str, list[float], list[float], float]], conversions:
     if conversions:
         lines += ["", "Conversions in this run: " + ", ".join(
             f"{1000 * e.duration_s:.0f} ms at token {e.n_cells}" for e in conversions) + "."]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text("\n".join(lines) + "\n")
+    if report:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

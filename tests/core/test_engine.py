@@ -295,3 +295,21 @@ def test_a_request_cancelled_before_it_starts_reads_nothing(session: EngineSessi
     _, result = run(session.stream_reply(HELLO, GREEDY, cancel, max_tokens=8))
     assert result.cancelled and session.kv_status().n_cells_used == 0
 
+
+
+def test_re_reading_a_conversation_longer_than_the_context_formats_only_its_head(
+    session: EngineSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17.14: re-reading 4,000 messages tokenized all of them (a second of the engine thread, with
+    100,000 minutes nothing could stop) to keep the first n_ctx - 1 tokens."""
+    conversation = [{"role": "system", "content": "Be brief."}] + [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Message {i}: a few words here."}
+        for i in range(4000)]
+    full, _ = session._prompt(conversation, add_generation_prompt=False)
+    formatted: list[int] = []
+    prompt = session._prompt
+    monkeypatch.setattr(session, "_prompt", lambda messages, **kw: (formatted.append(len(messages)),
+                                                                     prompt(messages, **kw))[1])
+    n = session.rebuild_kv(conversation, lambda done, total: None)
+    assert n == N_CTX - 1 and session._llama.input_ids[:n].tolist() == full[:n]  # the same head
+    assert max(formatted) < len(conversation) // 10

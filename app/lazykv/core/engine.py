@@ -34,6 +34,7 @@ from lazykv.core.model_meta import GGUFError, KvSupport, ModelMeta, read_model_m
 from lazykv.core.remote import Unreachable, normalize_endpoints, probe_all
 
 GGUF_MAGIC = b"GGUF"
+HEAD_MESSAGES = 64  # a re-read formats this many messages first, then twice as many while they fall short
 
 
 class ModelFileError(EngineError):
@@ -459,14 +460,24 @@ class EngineSession:
         reuses them and reads the rest).
         """
         llama, info = self._require()
-        tokens, _ = self._prompt(messages, add_generation_prompt=False)
-        tokens = tokens[: max(0, info.n_ctx - 1)]
+        tokens = self._head_tokens(messages, max(0, info.n_ctx - 1))
         self.clear_kv()
         on_progress(0, len(tokens))
         for start in range(0, len(tokens), chunk):
             self._eval_or_cancel(llama, tokens[start : start + chunk])
             on_progress(min(start + chunk, len(tokens)), len(tokens))
         return len(tokens)
+
+    def _head_tokens(self, messages: Sequence[dict[str, str]], limit: int) -> list[int]:
+        """The first ``limit`` tokens of the conversation's prompt, made from only as many messages as
+        they take (prefixes that double): tokenizing all of a 4,000-message conversation to keep its
+        first 2,047 tokens took a second, with 100,000 messages minutes nothing could stop."""
+        n = min(len(messages), HEAD_MESSAGES)
+        while True:
+            tokens, _ = self._prompt(messages[:n], add_generation_prompt=False)
+            if len(tokens) >= limit or n == len(messages):
+                return tokens[:limit]
+            n = min(len(messages), 2 * n)
 
     def _eval_or_cancel(self, llama: llama_cpp.Llama, tokens: Sequence[int]) -> None:
         stopped = "stopped before the conversation was read to the end"

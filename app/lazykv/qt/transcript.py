@@ -40,7 +40,8 @@ _BACKGROUNDS = {
     DARK: {"user": "#1d2b40", "assistant": "#24272d", "system": "#3a3220"},
 }
 RENDER_INTERVAL_MS = 80  # a streaming reply is re-rendered at most this often
-STEP_BUDGET_S = 0.012  # rendering work per event-loop turn when filling the view or loading older ones
+STEP_BUDGET_S = 0.006  # rendering work per event-loop turn when filling the view or loading older ones
+STEP_PAUSE_MS = 1  # between two steps: the events that came meanwhile run first
 PLAIN_OVER_CHARS = 60_000  # longer messages are shown as typed: parsing them would stall the GUI
 _LINK_SCHEMES = {"http", "https", "mailto"}
 
@@ -90,7 +91,7 @@ class TranscriptView(QTextBrowser):
         self._render_timer.timeout.connect(self._render_reply)
         self._older_timer = QTimer(self)
         self._older_timer.setSingleShot(True)
-        self._older_timer.setInterval(0)
+        self._older_timer.setInterval(STEP_PAUSE_MS)
         self._older_timer.timeout.connect(self._render_older_step)
         bar = self.verticalScrollBar()
         bar.rangeChanged.connect(self._on_range_changed)
