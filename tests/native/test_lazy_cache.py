@@ -229,8 +229,9 @@ def test_empty_cache_returns_to_full_precision(smollm2_path: Path) -> None:
     assert greedy(lazy, prompt, 12) == greedy(f16, prompt, 12)
     assert lazy.kv_lazy_info().phase == "f16"
 
-    # and an explicit clear
-    lazy.eval(corpus(lazy, 700)[len(prompt) + 12 :])
+    # and an explicit clear (of a cache converted while idle: reading 650 more tokens to convert
+    # it again would prove nothing more)
+    assert lazy.kv_lazy_convert()
     assert lazy.kv_lazy_info().phase == "q8_0"
     llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(lazy.ctx), True)
     assert lazy.kv_lazy_info().phase == "f16"
