@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -60,3 +61,59 @@ def test_reply_room_is_bounded_by_a_quarter_of_the_context() -> None:
 def test_unknown_policy_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown context-full policy"):
         fit_messages(turns(1), count, n_ctx=100, policy="truncate")
+
+
+def test_drop_oldest_counts_a_few_prompts_not_one_per_dropped_turn() -> None:
+    """Issue 17.14: with 4,000 messages each dropped turn counted the whole rest again (with a real
+    model a second of tokenizing every time: a reply in such a conversation took half an hour)."""
+    messages = [SYSTEM, *turns(*[10] * 4000)]
+    sizes: list[int] = []
+
+    def counting(ms: Sequence[dict[str, str]]) -> int:
+        sizes.append(len(ms))
+        return count(ms)
+
+    fitted = fit_messages(messages, counting, n_ctx=1024, policy="drop_oldest")
+    limit = 1024 - reply_room(1024, None)
+    assert fitted.n_prompt == count(fitted.messages) <= limit
+    assert count([SYSTEM, *fitted.dropped[-2:], *fitted.messages[1:]]) > limit  # the fewest turns dropped
+    assert fitted.messages[0] == SYSTEM and fitted.dropped == messages[1 : 1 + len(fitted.dropped)]
+    assert len(sizes) <= 30 and sum(sizes) < 2 * len(messages)
+
+
+def test_drop_oldest_drops_what_dropping_one_turn_at_a_time_drops() -> None:
+    """The same turns as the plain rule (drop the oldest turn until the rest fits), system messages
+    anywhere and turns of several replies included."""
+    rng = random.Random(7)
+    for _ in range(300):
+        roles = ["system"] + [rng.choice(("user", "user", "assistant", "system"))
+                              for _ in range(rng.randint(1, 30))]
+        messages = [{"role": r, "content": " ".join(["w"] * rng.randint(1, 40))} for r in roles]
+        n_ctx = rng.randint(64, 600)
+        try:
+            expected: object = _dropping_one_turn_at_a_time(messages, n_ctx)
+        except ContextFullError:
+            expected = ContextFullError
+        try:
+            fitted = fit_messages(messages, count, n_ctx=n_ctx, policy="drop_oldest")
+            got: object = (fitted.messages, fitted.dropped)
+        except ContextFullError:
+            got = ContextFullError
+        assert got == expected
+
+
+def _dropping_one_turn_at_a_time(messages: list[dict[str, str]], n_ctx: int
+                                 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    kept, dropped = list(messages), []
+    if count(kept) + reply_room(n_ctx, None) <= n_ctx:
+        return kept, dropped
+    while count(kept) > n_ctx - reply_room(n_ctx, None):
+        start = next((i for i, m in enumerate(kept) if m["role"] != "system"), len(kept))
+        if start >= len(kept) - 1:
+            raise ContextFullError("nothing left to drop")
+        end = start + 1
+        while end < len(kept) - 1 and kept[end]["role"] not in ("user", "system"):
+            end += 1
+        dropped += kept[start:end]
+        del kept[start:end]
+    return kept, dropped

@@ -58,29 +58,65 @@ def fit_messages(
             "(Settings > When the context is full)."
         )
 
-    dropped: list[dict[str, str]] = []
     limit = n_ctx - reply_room(n_ctx, max_tokens)
-    while n_prompt > limit:
-        turn = _oldest_turn(kept)
-        if turn is None:
-            raise ContextFullError(
-                f"Even the last message alone ({n_prompt} tokens with the system prompt) does not "
-                f"fit the context of {n_ctx} tokens with room for a reply. Shorten it or raise the "
-                "context length."
-            )
-        start, end = turn
-        dropped.extend(kept[start:end])
-        del kept[start:end]
-        n_prompt = count_tokens(kept)
-    return Fitted(kept, dropped, n_prompt)
+    cuts = _turn_ends(kept)
+    counted = {0: n_prompt}  # prompt sizes by turns dropped
+
+    def n_tokens(drops: int) -> int:  # the prompt's size without the ``drops`` oldest turns
+        if drops not in counted:
+            counted[drops] = count_tokens(_without(kept, cuts, drops)[0])
+        return counted[drops]
+
+    if not cuts or n_tokens(len(cuts)) > limit:
+        raise ContextFullError(
+            f"Even the last message alone ({n_tokens(len(cuts))} tokens with the system prompt) does not "
+            f"fit the context of {n_ctx} tokens with room for a reply. Shorten it or raise the "
+            "context length."
+        )
+    drops = _fewest_drops(len(cuts), lambda d: n_tokens(d) <= limit)
+    messages_kept, dropped = _without(kept, cuts, drops)
+    return Fitted(messages_kept, dropped, n_tokens(drops))
 
 
-def _oldest_turn(messages: list[dict[str, str]]) -> tuple[int, int] | None:
-    """[start, end) of the oldest droppable turn: not a system message, never the last message."""
-    start = next((i for i, m in enumerate(messages) if m["role"] != "system"), None)
-    if start is None or start >= len(messages) - 1:
-        return None
-    end = start + 1
-    while end < len(messages) - 1 and messages[end]["role"] not in ("user", "system"):
-        end += 1
-    return start, end
+def _turn_ends(messages: list[dict[str, str]]) -> list[int]:
+    """Where the oldest turns end, oldest first: a turn is a user message with the replies after it;
+    system messages are never dropped, nor the last message."""
+    ends: list[int] = []
+    start = 0
+    while True:
+        start = next((i for i in range(start, len(messages)) if messages[i]["role"] != "system"),
+                     len(messages))
+        if start >= len(messages) - 1:
+            return ends
+        end = start + 1
+        while end < len(messages) - 1 and messages[end]["role"] not in ("user", "system"):
+            end += 1
+        ends.append(end)
+        start = end
+
+
+def _without(messages: list[dict[str, str]], ends: list[int], drops: int
+             ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """(kept, dropped) when the ``drops`` oldest turns are left out."""
+    cut = ends[drops - 1] if drops else 0
+    head = messages[:cut]
+    kept = [m for m in head if m["role"] == "system"] + messages[cut:]
+    return kept, [m for m in head if m["role"] != "system"]
+
+
+def _fewest_drops(most: int, fits: Callable[[int], bool]) -> int:
+    """The fewest oldest turns to drop so that the rest fits (``fits(most)`` holds; fewer drops never
+    make a prompt smaller). Counts from the newest end, doubling the turns kept, then halves the gap:
+    a few prompts of about the size that is sent, not one per dropped turn (with 4,000 messages each
+    count tokenized the whole conversation again, a second every time)."""
+    kept = 1
+    while kept <= most and fits(most - kept):
+        kept *= 2
+    fitting, too_many = most - kept // 2, max(-1, most - kept)  # fits(fitting); not fits(too_many)
+    while fitting - too_many > 1:
+        middle = (fitting + too_many) // 2
+        if fits(middle):
+            fitting = middle
+        else:
+            too_many = middle
+    return fitting
