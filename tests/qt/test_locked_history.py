@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from lazykv.core import keys
+from lazykv.core.store import data_dir
 from lazykv.qt import conversations
 from lazykv.qt.main_window import MainWindow
 from tests.qt.conftest import FakeWindow
@@ -38,6 +39,14 @@ class HangingKeyring(MemoryKeyring):
         return super().get_password(service, username)
 
 
+def _hang(monkeypatch: pytest.MonkeyPatch, secrets: dict[tuple[str, str], str]) -> HangingKeyring:
+    backend = HangingKeyring(secrets)
+    keyring.set_keyring(backend)
+    monkeypatch.setattr(conversations, "load_or_create_key",
+                        functools.partial(keys.load_or_create_key, TIMEOUT_S))
+    return backend
+
+
 @pytest.fixture
 def hanging(qtbot: QtBot, fake_window: FakeWindow,
             monkeypatch: pytest.MonkeyPatch) -> Iterator[HangingKeyring]:
@@ -45,10 +54,7 @@ def hanging(qtbot: QtBot, fake_window: FakeWindow,
     first = fake_window(snapshot_encryption="keyring")
     chat(qtbot, first, "Kept under the key")
     assert first.close()
-    backend = HangingKeyring(keyring.get_keyring().secrets)
-    keyring.set_keyring(backend)
-    monkeypatch.setattr(conversations, "load_or_create_key",
-                        functools.partial(keys.load_or_create_key, TIMEOUT_S))
+    backend = _hang(monkeypatch, keyring.get_keyring().secrets)
     try:
         yield backend
     finally:
@@ -59,8 +65,8 @@ def _locked_window(qtbot: QtBot, fake_window: FakeWindow) -> MainWindow:
     w = fake_window(snapshot_encryption="keyring")
     chat(qtbot, w, "Typed while the keyring hangs")  # before its timeout
     qtbot.waitUntil(w.history_notice.isVisible, timeout=WAIT_MS)  # after it
-    assert w.conversations.history_locked and not w.keyring_notice.isVisible()  # one banner
-    assert "until your system's keyring answers" in w.history_notice.label.text()
+    assert not w.keyring_notice.isVisible()  # one banner, which says what happens when it answers
+    assert "stay closed until your system's keyring answers" in w.history_notice.label.text()
     return w
 
 
@@ -123,3 +129,24 @@ def test_quitting_while_locked_can_lose_the_turns_when_the_user_says_so(
     again = fake_window(snapshot_encryption="keyring")  # the keyring answers at once now
     qtbot.waitUntil(lambda: again.conversations_panel.ids() != [], timeout=WAIT_MS)
     assert [title for title, _ in stored(again)] == ["Kept under the key"]
+
+
+def test_with_no_history_yet_nothing_is_written_in_plain_text_while_the_keyring_hangs(
+    qtbot: QtBot, fake_window: FakeWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = _hang(monkeypatch, {})  # its first use: the key is made once it answers
+    try:
+        w = _locked_window(qtbot, fake_window)
+        assert not _written_in_plain_text(b"keyring hangs")
+        backend.release.set()
+        qtbot.waitUntil(lambda: len(w.conversations_panel.ids()) == 1, timeout=WAIT_MS)
+        settle(qtbot, w)
+        assert [title for title, _ in stored(w)] == ["Typed while the keyring hangs"]
+        assert not _written_in_plain_text(b"keyring hangs")  # encrypted under the keyring's key
+        assert w.close()
+    finally:
+        backend.release.set()
+
+
+def _written_in_plain_text(words: bytes) -> bool:
+    return any(words in path.read_bytes() for path in data_dir().rglob("*") if path.is_file())

@@ -546,12 +546,12 @@ class Conversations(QObject):
     def setup_crypto(self) -> None:
         """How snapshots are protected, from the setting; asks when the keyring is missing."""
         scheme = self.host.setting("snapshot_encryption")
+        self._keyring_late = False  # a new choice: a late answer of the keyring is not waited for
         if scheme == NO_ENCRYPTION:
             self._use(Crypto(ENCRYPTION_NONE))
         elif scheme == PASSPHRASE:
             self.ask_passphrase()
         else:
-            self._keyring_late = False
             self._keyring.run(load_or_create_key, self._use_keyring_key, self._keyring_missing,
                               "Reading the keyring")
 
@@ -592,6 +592,9 @@ class Conversations(QObject):
         if isinstance(err, KeyringTimeoutError):  # it may still answer (an unlock prompt): then use it
             self._keyring_late = True
             err.late.add_done_callback(self._keyring_answered_late)
+            if not self._history_open:
+                self._wait_for_the_keyring(err)
+                return
         self._use(None)
         if isinstance(err, KeyringUnavailableError):
             first, details = str(err), err.details
@@ -603,6 +606,21 @@ class Conversations(QObject):
             [("Use a passphrase…", lambda: self._choose_scheme(PASSPHRASE)),
              ("Save without encryption", lambda: self._choose_scheme(NO_ENCRYPTION))],
             details)
+
+    def _wait_for_the_keyring(self, err: KeyringTimeoutError) -> None:
+        """The keyring has not answered and the history is not open: it stays closed (never opened
+        without its key, so nothing is written in plain text meanwhile); the chat goes on, its turns
+        kept here and written when the keyring answers, or once another choice opens the history."""
+        self.snapshots_on = False
+        self.host.engine.submit(SetCrypto(None))
+        self.snapshots_changed.emit(False)
+        self.host.history_notice.show_choices(
+            "Your saved conversations stay closed until your system's keyring answers (it may be waiting "
+            "for you to unlock it). You can chat: what you type is kept here and saved as soon as it "
+            "answers.",
+            [("Use a passphrase…", lambda: self._choose_scheme(PASSPHRASE)),
+             ("Save without encryption", lambda: self._choose_scheme(NO_ENCRYPTION))],
+            err.details)
 
     def _keyring_answered_late(self, answer: Future[bytes]) -> None:
         """On the keyring's thread: hand its late answer to the GUI thread."""
@@ -623,9 +641,8 @@ class Conversations(QObject):
         self.host.apply_settings({"snapshot_encryption": scheme})
 
     def _history_failed(self, err: Exception) -> None:
-        """Opening or listing the history failed. Encrypted under another key, or the keyring has not
-        answered: said in a banner (the chat goes on, its turns kept here and written once the history
-        opens); else an error."""
+        """Opening or listing the history failed. Encrypted under another key: said in a banner (the
+        chat goes on, its turns kept here and written once the history opens); else an error."""
         if not isinstance(err, StoreLockedError):
             self.host.show_error("The conversation history could not be opened", str(err))
             self._history_opened()  # not locked: saves try again, and say their own errors
@@ -634,17 +651,10 @@ class Conversations(QObject):
             return  # opening and listing both failed: one banner
         self.history_locked, self._history_open = True, False
         self._history_key = _UNOPENED  # the next scheme chosen opens it anew (set_key, not change_key)
-        if self._keyring_late:  # one banner, which says what happens when the keyring answers
-            self.host.keyring_notice.hide()
-            text = ("Your saved conversations are locked until your system's keyring answers (it may be "
-                    "waiting for you to unlock it). You can chat: what you type is kept here and saved "
-                    "as soon as it answers.")
-        else:
-            text = ("Your saved conversations are locked: they were protected with another key (another "
-                    "keyring, or a passphrase). You can chat: what you type is kept here and saved once "
-                    "they are unlocked.")
         self.host.history_notice.show_choices(
-            text,
+            "Your saved conversations are locked: they were protected with another key (another "
+            "keyring, or a passphrase). You can chat: what you type is kept here and saved once they "
+            "are unlocked.",
             [(label, lambda scheme=scheme: self._choose_scheme(scheme)) for scheme, label in
              ((PASSPHRASE, "Unlock with a passphrase…"), (KEYRING, "Use the keyring"))
              if scheme != self.host.setting("snapshot_encryption")],
