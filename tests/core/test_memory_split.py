@@ -17,7 +17,8 @@ from lazykv.core.memory import (
 )
 from lazykv.core.model_meta import ModelMeta
 
-RPC = "RPC0[127.0.0.1:50052]"
+RPC = "RPC0"
+ENDPOINT = "127.0.0.1:50052"
 
 
 @dataclass(frozen=True)
@@ -33,21 +34,22 @@ class Use:  # what llama_cpp.Llama.memory_breakdown() gives, one per buffer type
 def test_buffers_are_summed_per_place_device_memory_first() -> None:
     uses = [
         Use("CPU", "CPU_Mapped", True, 100, 0, 0),
-        Use(RPC, "RPC0", False, 900, 48, 10),
+        Use(RPC, ENDPOINT, False, 900, 48, 10),
         Use("CPU", "CPU", True, 5, 2, 30),
-        Use(RPC, "RPC0", False, 1, 0, 0),
+        Use(RPC, ENDPOINT, False, 1, 0, 0),
     ]
     assert split_by_device(uses) == (
-        DeviceMemory(RPC, False, 901, 48, 10),
+        DeviceMemory(RPC, False, 901, 48, 10, ENDPOINT),
         DeviceMemory("CPU", True, 105, 2, 30),
     )
     assert split_by_device([]) == ()
 
 
 def test_places_are_named_and_empty_parts_left_out() -> None:
-    rpc, cpu = DeviceMemory(RPC, False, 0, 3 * MiB, 0), DeviceMemory("CPU", True, 0, 0, 0)
-    assert rpc.place == f"device memory ({RPC})" and cpu.place == HOST_CPU
-    assert placed([(rpc.place, rpc.kv), (cpu.place, cpu.kv)]) == f"3.0 MiB in device memory ({RPC})"
+    rpc, cpu = DeviceMemory(RPC, False, 0, 3 * MiB, 0, ENDPOINT), DeviceMemory("CPU", True, 0, 0, 0)
+    assert rpc.place == f"device memory ({RPC}, {ENDPOINT})" and cpu.place == HOST_CPU
+    assert DeviceMemory("CUDA0", False, 0, 0, 0, "CUDA0").place == "device memory (CUDA0)"
+    assert placed([(rpc.place, rpc.kv), (cpu.place, cpu.kv)]) == f"3.0 MiB in {rpc.place}"
 
 
 def _meta(n_layer: int = 32) -> ModelMeta:

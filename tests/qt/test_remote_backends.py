@@ -23,7 +23,8 @@ from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import WAIT_MS, chat, settle
 from tests.support.rpc_server import fake_rpc_server, free_port, hello_reply
 
-RPC = "RPC0[127.0.0.1:50052]"
+RPC = "RPC0"
+RPC_PLACE = "device memory (RPC0, 127.0.0.1:50052)"
 
 
 @pytest.fixture
@@ -96,13 +97,13 @@ def _info(fake_model: Path, memory: tuple[DeviceMemory, ...]) -> ModelInfo:
 def test_the_panel_splits_weights_and_kv_by_place(qtbot: QtBot, fake_model: Path) -> None:
     panel = MemoryPanel()
     qtbot.addWidget(panel)
-    split = (DeviceMemory(RPC, False, 60 * MiB, 12 * MiB, MiB), DeviceMemory("CPU", True, 4 * MiB, 0, MiB))
+    split = (DeviceMemory(RPC, False, 60 * MiB, 12 * MiB, MiB, "127.0.0.1:50052"),
+             DeviceMemory("CPU", True, 4 * MiB, 0, MiB))
     panel.set_model(_info(fake_model, split))
-    assert panel.weights_label.text() == (
-        f"60.0 MiB in device memory ({RPC}), 4.0 MiB in {HOST_CPU} (fake)")
+    assert panel.weights_label.text() == f"60.0 MiB in {RPC_PLACE}, 4.0 MiB in {HOST_CPU} (fake)"
     status = KvStatus(KvMode.LAZY, KvPhase.F16, 100, 400, 800, 12 * MiB)
     panel.set_status(status)
-    assert panel.kv_label.text() == f"3.0 MiB in use of 12.0 MiB: 12.0 MiB in device memory ({RPC})"
+    assert panel.kv_label.text() == f"3.0 MiB in use of 12.0 MiB: 12.0 MiB in {RPC_PLACE}"
 
     cpu_only = (DeviceMemory("CPU", True, 64 * MiB, 12 * MiB, MiB),)
     panel.set_model(_info(fake_model, cpu_only))

@@ -29,7 +29,7 @@ from lazykv.core.kinds import (
     KvMode,
     KvPhase,
 )
-from lazykv.core.memory import DeviceMemory
+from lazykv.core.memory import DeviceMemory, split_by_device
 from lazykv.core.model_meta import GGUFError, KvSupport, ModelMeta, read_model_meta
 from lazykv.core.remote import Unreachable, normalize_endpoints, probe_all
 
@@ -227,7 +227,7 @@ def _remote_backends(endpoints: Sequence[str]) -> tuple[list[str], list[Unreacha
     for endpoint in reachable:
         try:
             llama_cpp.rpc_add_server(endpoint)
-        except RuntimeError as err:  # e.g. an engine built without RPC support
+        except (RuntimeError, ConnectionError) as err:  # no RPC in this build; gone since the probe
             unreachable.append(Unreachable(endpoint, str(err)))
         else:
             _registered.add(endpoint)
@@ -333,6 +333,7 @@ class EngineSession:
             kv_mode=kv_mode,
             n_threads=threads,
             meta=meta,
+            memory=split_by_device(llama.memory_breakdown()),
             remote=tuple(remote),
             unreachable=tuple(unreachable),
         )

@@ -119,6 +119,7 @@ class MemoryUseLike(Protocol):
     """One buffer type in use, as ``llama_cpp.Llama.memory_breakdown()`` reports it."""
 
     device: str
+    description: str
     host: bool
     weights: int
     kv: int
@@ -129,25 +130,35 @@ class MemoryUseLike(Protocol):
 class DeviceMemory:
     """Bytes a loaded model uses in one place: host memory, or one device's own memory."""
 
-    device: str  # "CPU", "RPC0[192.168.1.20:50052]", "CUDA0"
+    device: str  # "CPU", "RPC0", "CUDA0"
     host: bool  # True: host RAM (also a device's pinned host buffers)
     weights: int
     kv: int
     compute: int
+    description: str = ""  # of a device: which one ("192.168.1.20:50052" for an RPC server, the GPU's name)
 
     @property
     def place(self) -> str:
-        return f"host memory ({self.device})" if self.host else f"device memory ({self.device})"
+        if self.host:
+            return f"host memory ({self.device})"
+        detail = f", {self.description}" if self.description and self.description != self.device else ""
+        return f"device memory ({self.device}{detail})"
 
 
 def split_by_device(uses: Iterable[MemoryUseLike]) -> tuple[DeviceMemory, ...]:
-    """The engine's buffers summed per place, device memory first, then host memory (each in engine order)."""
+    """The engine's buffers summed per place, device memory first, then host memory (each in engine order).
+
+    A device's place keeps its description (an RPC server's address); host memory's are buffer kinds."""
     totals: dict[tuple[bool, str], list[int]] = {}
+    described: dict[tuple[bool, str], str] = {}
     for use in uses:
-        sums = totals.setdefault((use.host, use.device), [0, 0, 0])
+        key = (use.host, use.device)
+        sums = totals.setdefault(key, [0, 0, 0])
+        described.setdefault(key, "" if use.host else use.description)
         for i, n in enumerate((use.weights, use.kv, use.compute)):
             sums[i] += n
-    places = [DeviceMemory(device, host, *sums) for (host, device), sums in totals.items()]
+    places = [DeviceMemory(device, host, *sums, described[host, device])
+              for (host, device), sums in totals.items()]
     return tuple(sorted(places, key=lambda p: p.host))
 
 
