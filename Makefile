@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast setup engine native-tools models app bench lint screenshots sysdeps clean-engine-build dist dist-check
+.PHONY: run test test-fast setup engine native-tools models app bench lint screenshots sysdeps clean-engine-build dist dist-check gpu-pack gpu-check
 
 run: setup
 	$(PY) -m lazykv $(ARGS)
@@ -70,6 +70,15 @@ dist-check: dist
 $(VENV)/.dist-installed: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e ".[test,dist]"
 	@touch $@
+
+# the lazy cache on an NVIDIA GPU (native/README.md, "GPU check"): gpu-pack here (the patched sources,
+# ~2 MB, into native/work/gpu), then gpu-check on the GPU machine: CUDA build for that GPU only, the
+# lazy subset and the conversion benchmark, report in native/work/gpu/out/gpu-check.md (or $$OUT)
+gpu-pack: engine
+	bash native/gpu_check/pack.sh
+
+gpu-check:
+	bash native/gpu_check/gpu_check.sh
 
 # the README's pictures: the real app on a private Xvfb display (offscreen without one), written to docs/
 screenshots: setup

@@ -57,13 +57,16 @@ BUILD_DIR = WORK / "build"
 PRISTINE_TAG = "pristine"
 SERIES_MARK = ".lazykv-series"  # in SRC/.git: hash of the series applied
 
-# Only what the Python bindings need: no tools, tests, server or mtmd.
+# Only what the Python bindings need (and the RPC server): no other tools, tests, server or mtmd.
 BASE_CMAKE_ARGS = [
     "-DLLAVA_BUILD=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_TOOLS=OFF",
     "-DLLAMA_BUILD_SERVER=OFF",
+    # the RPC backend and its server (shipped in the wheel): offload to another machine, and the
+    # non-host backend the device-memory tests run on
+    "-DGGML_RPC=ON",
 ]
 # x86-64: a fixed AVX2/FMA/F16C baseline instead of -march=native. The wheel is
 # then the same on every laptop of the last decade, and -march=native would also

@@ -59,7 +59,6 @@ session.close()
 """
 # a server registered once stays among the devices llama.cpp loads onto by default; when it is gone, the
 # next load asks it for its memory and ggml's RPC client aborts the process (Llama passes no device list)
-GONE_DEVICE = "a registered RPC server that went away aborts the next load (Llama passes no device list)"
 
 
 def _run_child(
@@ -115,7 +114,6 @@ def test_every_layer_on_the_server_and_the_panel_names_it(
     _assert_on_the_server(results[0], endpoint, output)
 
 
-@pytest.mark.xfail(strict=True, reason=GONE_DEVICE)
 def test_a_server_gone_since_the_last_load_is_left_out_and_the_app_lives(
     smollm2_path: Path, tmp_path: Path
 ) -> None:

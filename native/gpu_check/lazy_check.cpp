@@ -1,0 +1,357 @@
+// The lazy KV cache on a GPU (or any backend llama.cpp offloads to): `make gpu-check`, see native/README.md.
+//
+// Writes a synthetic model with Llama-3-8B KV shapes (32 layers, 8 KV heads of 128; everything else small,
+// random weights) with ggml's gguf API, then, with every layer and the KV cache on the device:
+//   - f16 phase: the lazy cache's logits against a plain f16 cache (bit-exact expected)
+//   - after the breakpoint: mean KLD vs f16 of lazy and of plain q8_0, top-1 agreement
+//   - a conversion inside a decode queued behind decodes nobody waited for == one that read every decode
+//   - the conversion pause (engine's figure and the wall cost: lazy decode minus the same q8_0 decode),
+//     a device-to-device copy of the f16 view's bytes, and the extra device memory during the conversion
+//   - decode speed of f16 / q8_0 / lazy at two depths
+// and prints a Markdown report. Exit status 1 if a correctness check fails.
+//
+//   lazy-check MODEL_OUT.gguf [n_ctx] [RPC host:port]
+//
+// Without a GPU, an RPC server (ggml-rpc-server) stands in for one: how the check itself is tested.
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "gguf.h"
+#include "llama.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+static const int N_LAYER = 32, N_HEAD = 8, N_HEAD_KV = 8, HEAD_DIM = 128, N_EMBD = 256, N_FF = 256, N_VOCAB = 2048;
+
+static double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+static void write_model(const char * path) {
+    const size_t n_q = (size_t) N_HEAD*HEAD_DIM, n_kv = (size_t) N_HEAD_KV*HEAD_DIM;
+    size_t n_values = 2*(size_t) N_VOCAB*N_EMBD + N_EMBD;
+    n_values += (size_t) N_LAYER*(2*N_EMBD + 2*n_q*N_EMBD + 2*n_kv*N_EMBD + 3*(size_t) N_FF*N_EMBD);
+    ggml_init_params params = { n_values*sizeof(float) + 512*ggml_tensor_overhead(), nullptr, false };
+    ggml_context * ctx = ggml_init(params);
+    gguf_context * g = gguf_init_empty();
+
+    gguf_set_val_str(g, "general.architecture", "llama");
+    gguf_set_val_str(g, "general.name", "lazy-check-synthetic");
+    gguf_set_val_u32(g, "general.file_type", 1);
+    gguf_set_val_u32(g, "llama.context_length", 65536);
+    gguf_set_val_u32(g, "llama.embedding_length", N_EMBD);
+    gguf_set_val_u32(g, "llama.block_count", N_LAYER);
+    gguf_set_val_u32(g, "llama.feed_forward_length", N_FF);
+    gguf_set_val_u32(g, "llama.attention.head_count", N_HEAD);
+    gguf_set_val_u32(g, "llama.attention.head_count_kv", N_HEAD_KV);
+    gguf_set_val_u32(g, "llama.attention.key_length", HEAD_DIM);
+    gguf_set_val_u32(g, "llama.attention.value_length", HEAD_DIM);
+    gguf_set_val_u32(g, "llama.rope.dimension_count", HEAD_DIM);
+    gguf_set_val_f32(g, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    gguf_set_val_f32(g, "llama.rope.freq_base", 500000.0f);
+    gguf_set_val_u32(g, "llama.vocab_size", N_VOCAB);
+    gguf_set_val_str(g, "tokenizer.ggml.model", "none");
+
+    std::mt19937 rng(42);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto add = [&](const std::string & name, int64_t cols, int64_t rows) {
+        ggml_tensor * t = rows ? ggml_new_tensor_2d(ctx, GGML_TYPE_F16, cols, rows) : ggml_new_tensor_1d(ctx, GGML_TYPE_F32, cols);
+        ggml_set_name(t, name.c_str());
+        if (rows) {
+            const float scale = 1.0f/std::sqrt((float) cols);
+            auto * d = (ggml_fp16_t *) t->data;
+            for (int64_t i = 0; i < cols*rows; ++i) {
+                d[i] = ggml_fp32_to_fp16(normal(rng)*scale);
+            }
+        } else {
+            std::fill((float *) t->data, (float *) t->data + cols, 1.0f);
+        }
+        gguf_add_tensor(g, t);
+    };
+    add("token_embd.weight", N_EMBD, N_VOCAB);
+    for (int il = 0; il < N_LAYER; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        add(p + "attn_norm.weight", N_EMBD, 0);
+        add(p + "attn_q.weight", N_EMBD, n_q);
+        add(p + "attn_k.weight", N_EMBD, n_kv);
+        add(p + "attn_v.weight", N_EMBD, n_kv);
+        add(p + "attn_output.weight", n_q, N_EMBD);
+        add(p + "ffn_norm.weight", N_EMBD, 0);
+        add(p + "ffn_gate.weight", N_EMBD, N_FF);
+        add(p + "ffn_up.weight", N_EMBD, N_FF);
+        add(p + "ffn_down.weight", N_FF, N_EMBD);
+    }
+    add("output_norm.weight", N_EMBD, 0);
+    add("output.weight", N_EMBD, N_VOCAB);
+
+    if (!gguf_write_to_file(g, path, false)) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(2);
+    }
+    gguf_free(g);
+    ggml_free(ctx);
+}
+
+enum kv_mode { KV_F16, KV_Q8, KV_LAZY };
+static const char * mode_name[] = { "f16", "q8_0", "lazy" };
+
+static llama_context * make_ctx(llama_model * model, kv_mode mode, int n_ctx) {
+    llama_context_params p = llama_context_default_params();
+    p.n_ctx           = n_ctx;
+    p.n_batch         = 512;
+    p.n_ubatch        = 512;
+    p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    p.type_k          = mode == KV_F16 ? GGML_TYPE_F16 : GGML_TYPE_Q8_0;
+    p.type_v          = p.type_k;
+    p.kv_lazy_quant   = mode == KV_LAZY;
+    p.offload_kqv     = true;
+    llama_context * ctx = llama_init_from_model(model, p);
+    if (!ctx) {
+        fprintf(stderr, "cannot create a %s context\n", mode_name[mode]);
+        exit(2);
+    }
+    return ctx;
+}
+
+// decode tokens[pos, pos+n) in one batch; logits for all of them (all) or none
+static void decode(llama_context * ctx, const std::vector<llama_token> & tokens, int pos, int n, bool all) {
+    llama_batch b = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; ++i) {
+        b.token[i] = tokens[pos + i];
+        b.pos[i] = pos + i;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = 0;
+        b.logits[i] = all;
+    }
+    b.n_tokens = n;
+    if (llama_decode(ctx, b) != 0) {
+        fprintf(stderr, "llama_decode failed at %d\n", pos);
+        exit(2);
+    }
+    llama_batch_free(b);
+}
+
+static std::vector<double> log_softmax(const float * x, int n) {
+    double mx = *std::max_element(x, x + n), s = 0;
+    for (int i = 0; i < n; ++i) s += std::exp(x[i] - mx);
+    std::vector<double> out(n);
+    for (int i = 0; i < n; ++i) out[i] = x[i] - mx - std::log(s);
+    return out;
+}
+
+static double kld(const float * p, const float * q, int n) {
+    const auto lp = log_softmax(p, n), lq = log_softmax(q, n);
+    double k = 0;
+    for (int i = 0; i < n; ++i) k += std::exp(lp[i])*(lp[i] - lq[i]);
+    return k;
+}
+
+static llama_kv_lazy_info lazy_info(llama_context * ctx) {
+    llama_kv_lazy_info info = {};
+    llama_kv_lazy_get_info(ctx, &info);
+    return info;
+}
+
+struct device_probe {
+    ggml_backend_dev_t dev = nullptr;
+    size_t free_before = 0, min_free = SIZE_MAX;
+};
+
+static void on_progress(const llama_kv_lazy_info *, void * data) {
+    auto * probe = (device_probe *) data;
+    size_t free = 0, total = 0;
+    ggml_backend_dev_memory(probe->dev, &free, &total);
+    probe->min_free = std::min(probe->min_free, free);
+}
+
+// seconds per token generating n tokens one at a time after `depth` cells
+static double decode_speed(llama_model * model, kv_mode mode, int n_ctx, int depth, const std::vector<llama_token> & tokens) {
+    llama_context * ctx = make_ctx(model, mode, n_ctx);
+    for (int pos = 0; pos < depth; pos += 512) decode(ctx, tokens, pos, std::min(512, depth - pos), false);
+    decode(ctx, tokens, depth, 1, true);
+    llama_synchronize(ctx);
+    const int n = 32;
+    const double t0 = now_s();
+    for (int i = 1; i <= n; ++i) {
+        decode(ctx, tokens, depth + i, 1, true);
+        llama_get_logits_ith(ctx, -1); // waits for the token, as generation does
+    }
+    const double dt = (now_s() - t0)/n;
+    llama_free(ctx);
+    return dt;
+}
+
+int main(int argc, char ** argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s MODEL_OUT.gguf [n_ctx] [RPC host:port]\n", argv[0]);
+        return 2;
+    }
+    const int n_ctx = argc > 2 ? atoi(argv[2]) : 32768;
+    llama_log_set([](ggml_log_level level, const char * text, void *) {
+        if (level >= GGML_LOG_LEVEL_WARN || strstr(text, "lazy")) fputs(text, stderr);
+    }, nullptr);
+    llama_backend_init();
+
+    if (argc > 3) {
+        ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
+        using add_server_t = ggml_backend_reg_t (*)(const char *);
+        auto add_server = rpc ? (add_server_t) ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server") : nullptr;
+        if (!add_server) {
+            fprintf(stderr, "this build has no RPC backend\n");
+            return 2;
+        }
+        ggml_backend_register(add_server(argv[3]));
+    }
+
+    write_model(argv[1]);
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 999;
+    llama_model * model = llama_model_load_from_file(argv[1], mp);
+    if (!model) {
+        fprintf(stderr, "cannot load the model\n");
+        return 2;
+    }
+
+    device_probe probe;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_GPU ||
+                (argc > 3 && strncmp(ggml_backend_dev_name(d), "RPC", 3) == 0)) {
+            probe.dev = d;
+            break;
+        }
+    }
+    if (!probe.dev) {
+        fprintf(stderr, "no GPU device: this check needs one (build with -DGGML_CUDA=ON), or an RPC server\n");
+        return 2;
+    }
+
+    std::mt19937 rng(7);
+    std::vector<llama_token> tokens(n_ctx);
+    for (auto & t : tokens) t = (llama_token) (rng() % N_VOCAB);
+
+    bool ok = true;
+    printf("# Lazy KV cache on %s (%s)\n\n", ggml_backend_dev_name(probe.dev), ggml_backend_dev_description(probe.dev));
+    printf("Synthetic model: %d layers, %d KV heads of %d (Llama-3-8B KV shapes), n_embd %d, vocab %d, random weights; n_ctx %d, every layer and the KV cache on the device.\n\n",
+            N_LAYER, N_HEAD_KV, HEAD_DIM, N_EMBD, N_VOCAB, n_ctx);
+
+    // ---- exactness and quality: all three modes over the same tokens, logits of every position
+    llama_context * probe_ctx = make_ctx(model, KV_LAZY, n_ctx);
+    const llama_kv_lazy_info info0 = lazy_info(probe_ctx);
+    llama_free(probe_ctx);
+    const int n_f16 = info0.n_cells_f16;
+    const int n_eval = std::min(n_ctx, n_f16 + 2048);
+    const int step = 512;
+    std::vector<std::vector<float>> logits(3, std::vector<float>((size_t) n_eval*N_VOCAB));
+    double t_step[3] = {0, 0, 0};
+    llama_kv_lazy_info lazy_after = {};
+    size_t free_before_conv = 0;
+    const int conv_step = (n_f16/step)*step; // the batch that crosses the breakpoint starts here
+    for (int m = 0; m < 3; ++m) {
+        llama_context * ctx = make_ctx(model, (kv_mode) m, n_ctx);
+        if (m == KV_LAZY) {
+            llama_kv_lazy_set_progress_callback(ctx, on_progress, &probe);
+        }
+        for (int pos = 0; pos < n_eval; pos += step) {
+            const int n = std::min(step, n_eval - pos);
+            if (pos == conv_step) {
+                llama_synchronize(ctx);
+                size_t total = 0;
+                ggml_backend_dev_memory(probe.dev, &free_before_conv, &total);
+                if (m == KV_LAZY) probe.free_before = free_before_conv;
+            }
+            const double t0 = now_s();
+            decode(ctx, tokens, pos, n, true);
+            const float * l = llama_get_logits(ctx); // synchronizes
+            if (pos == conv_step) t_step[m] = now_s() - t0;
+            std::memcpy(logits[m].data() + (size_t) pos*N_VOCAB, l, (size_t) n*N_VOCAB*sizeof(float));
+        }
+        if (m == KV_LAZY) lazy_after = lazy_info(ctx);
+        llama_free(ctx);
+    }
+    const bool exact = std::memcmp(logits[KV_LAZY].data(), logits[KV_F16].data(), (size_t) n_f16*N_VOCAB*sizeof(float)) == 0;
+    ok = ok && exact && lazy_after.phase == LLAMA_KV_LAZY_Q8_0;
+    double kld_lazy = 0, kld_q8 = 0;
+    int top1_lazy = 0, top1_q8 = 0;
+    for (int i = n_f16; i < n_eval; ++i) {
+        const float * f = logits[KV_F16].data() + (size_t) i*N_VOCAB;
+        const float * q = logits[KV_Q8].data() + (size_t) i*N_VOCAB;
+        const float * z = logits[KV_LAZY].data() + (size_t) i*N_VOCAB;
+        kld_lazy += kld(f, z, N_VOCAB);
+        kld_q8 += kld(f, q, N_VOCAB);
+        const auto top = [](const float * x) { return std::max_element(x, x + N_VOCAB) - x; };
+        top1_lazy += top(f) == top(z);
+        top1_q8 += top(f) == top(q);
+    }
+    const int n_after = n_eval - n_f16;
+    printf("## Exactness and quality\n\n");
+    printf("| check | result |\n|---|---|\n");
+    printf("| f16 phase (%d cells): lazy logits == f16 logits | %s |\n", n_f16, exact ? "bit-exact" : "DIFFERENT");
+    printf("| mean KLD vs f16 after the breakpoint (%d tokens): lazy | %.6f |\n", n_after, kld_lazy/n_after);
+    printf("| mean KLD vs f16 after the breakpoint: plain q8_0 | %.6f |\n", kld_q8/n_after);
+    printf("| top-1 agreement with f16: lazy / q8_0 | %.4f / %.4f |\n", (double) top1_lazy/n_after, (double) top1_q8/n_after);
+
+    // ---- a conversion inside a decode queued behind decodes nobody waited for
+    {
+        llama_context * ctx = make_ctx(model, KV_LAZY, n_ctx);
+        for (int pos = 0; pos < conv_step; pos += step) decode(ctx, tokens, pos, step, false);
+        decode(ctx, tokens, conv_step, step, true);
+        const float * l = llama_get_logits(ctx);
+        const bool same = std::memcmp(l, logits[KV_LAZY].data() + (size_t) conv_step*N_VOCAB, (size_t) step*N_VOCAB*sizeof(float)) == 0;
+        ok = ok && same;
+        printf("| conversion behind %d unread decodes == with every decode read | %s |\n\n", conv_step/step, same ? "identical" : "DIFFERENT");
+        llama_free(ctx);
+    }
+
+    // ---- the pause
+    const double view_bytes = (double) lazy_after.kv_bytes*n_f16*2.0/((double) n_ctx*34.0/32.0);
+    double t_copy = 1e9;
+    {
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(probe.dev);
+        ggml_init_params params = { 2*ggml_tensor_overhead(), nullptr, true };
+        ggml_context * cctx = ggml_init(params);
+        ggml_tensor * a = ggml_new_tensor_1d(cctx, GGML_TYPE_I8, (int64_t) view_bytes);
+        ggml_tensor * b = ggml_new_tensor_1d(cctx, GGML_TYPE_I8, (int64_t) view_bytes);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(cctx, buft);
+        for (int r = 0; r < 5; ++r) {
+            const double t0 = now_s();
+            ggml_backend_tensor_copy(a, b); // synchronous
+            t_copy = std::min(t_copy, now_s() - t0);
+        }
+        ggml_backend_buffer_free(buf);
+        ggml_free(cctx);
+    }
+    const double pause = lazy_after.t_last_conversion_us/1e6;
+    const double wall = t_step[KV_LAZY] - t_step[KV_Q8];
+    const double extra = probe.min_free == SIZE_MAX ? 0.0 : (double) probe.free_before - (double) probe.min_free;
+    printf("## The conversion pause\n\n");
+    printf("| figure | value |\n|---|---|\n");
+    printf("| KV cache (q8_0 layout, allocated) | %.1f MiB |\n", lazy_after.kv_bytes/1048576.0);
+    printf("| f16 view converted | %.1f MiB (%d cells) |\n", view_bytes/1048576.0, n_f16);
+    printf("| engine's pause (t_last_conversion_us), %llu tensors | %.2f ms |\n", (unsigned long long) lazy_after.progress_total, pause*1e3);
+    printf("| wall cost: converting decode %.2f ms - same q8_0 decode %.2f ms | %.2f ms |\n", t_step[KV_LAZY]*1e3, t_step[KV_Q8]*1e3, wall*1e3);
+    printf("| device-to-device copy of the f16 view's bytes | %.2f ms (%.2f GB/s) |\n", t_copy*1e3, view_bytes/t_copy/1e9);
+    printf("| pause / copy | %.2fx |\n", pause/t_copy);
+    printf("| conversion throughput (f16 bytes read) | %.2f GB/s |\n", view_bytes/pause/1e9);
+    printf("| extra device memory during the conversion (free before - lowest free) | %.1f MiB (bound: one f16 tensor = %.1f MiB) |\n\n",
+            extra/1048576.0, view_bytes/(2.0*N_LAYER)/1048576.0);
+
+    // ---- decode speed
+    printf("## Decode speed (ms per token, 32 tokens)\n\n| depth | f16 | q8_0 | lazy | lazy phase |\n|---|---|---|---|---|\n");
+    for (const int depth : { std::min(1024, n_ctx/4), std::min(n_ctx - 64, n_f16 + 1024) }) {
+        double t[3];
+        for (int m = 0; m < 3; ++m) t[m] = decode_speed(model, (kv_mode) m, n_ctx, depth, tokens);
+        printf("| %d | %.3f | %.3f | %.3f | %s |\n", depth, t[0]*1e3, t[1]*1e3, t[2]*1e3, depth + 33 <= n_f16 ? "f16" : "q8_0");
+    }
+    printf("\nResult: %s\n", ok ? "PASS" : "FAIL");
+
+    llama_model_free(model);
+    return ok ? 0 : 1;
+}

@@ -1,0 +1,292 @@
+"""The lazy cache in device memory: every layer and the KV cache on llama.cpp's RPC backend.
+
+A `ggml-rpc-server` on 127.0.0.1 serves its CPU backend; to this process its buffers are not host
+memory, so the cache takes the device path (patch 0012): the conversion runs as ggml ops on the
+server, after the last graph is done, and no cache byte travels through this process. The
+server's socket traffic (/proc/PID/io) proves the latter.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import pytest
+from llama_cpp import Llama
+
+from .helpers import make_llama
+from .state_blob import f16_values, parse_context_state, q8_split, reference_q8
+from .test_lazy_cache import corpus, kld
+
+N_CTX = 512
+N_F16 = 256  # floor(512 * 34/64) = 272, rounded down to the 256-cell padding
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RpcServer:
+    """A ggml-rpc-server child process on 127.0.0.1."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [str(llama_cpp.rpc_server_path()), "-H", "127.0.0.1", "-p", str(self.port), "-t", "2"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                    raise RuntimeError(f"ggml-rpc-server did not start: {err}") from None
+                time.sleep(0.1)
+
+    def io_bytes(self) -> int:
+        """Bytes the server has read and written through system calls (its socket traffic)."""
+        fields = dict(line.split(": ") for line in Path(f"/proc/{self.proc.pid}/io").read_text().splitlines())
+        return int(fields["rchar"]) + int(fields["wchar"])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def rpc() -> Iterator[RpcServer]:
+    server = RpcServer()
+    try:
+        assert llama_cpp.rpc_add_server(server.endpoint)
+        yield server
+    finally:
+        server.stop()
+
+
+def on_rpc(rpc: RpcServer, path: Path, kv: str, **kwargs) -> Llama:
+    """Every layer, the output and the KV cache on the RPC device."""
+    return make_llama(path, kv, n_ctx=N_CTX, rpc_servers=[rpc.endpoint], n_gpu_layers=-1, **kwargs)
+
+
+def fill(llm: Llama, tokens: list[int], step: int = 64) -> None:
+    for i in range(0, len(tokens), step):
+        llm.eval(tokens[i : i + step])
+
+
+# ---------------------------------------------------------------- where the memory is
+
+
+def test_rpc_address_checks() -> None:
+    with pytest.raises(ValueError, match="host:port"):
+        llama_cpp.rpc_add_server("no-port-here")
+    with pytest.raises(ConnectionError, match="cannot be reached"):
+        llama_cpp.rpc_add_server(f"127.0.0.1:{free_port()}", timeout=1.0)
+
+
+def test_kv_cache_and_weights_live_on_the_rpc_device(rpc: RpcServer, smollm2_path: Path) -> None:
+    llm = on_rpc(rpc, smollm2_path, "lazy")
+    uses = llm.memory_breakdown()
+    device = [u for u in uses if not u.host]
+    assert device and all(u.device.startswith("RPC") and rpc.endpoint in u.description for u in device)
+    assert sum(u.kv for u in device) == llm.kv_lazy_info().kv_bytes
+    assert sum(u.weights for u in device) > 50_000_000
+    assert sum(u.kv for u in uses if u.host) == 0
+
+
+# ---------------------------------------------------------------- f16 phase and the conversion
+
+
+def test_f16_phase_is_bit_identical_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
+    lazy = on_rpc(rpc, smollm2_path, "lazy", logits_all=True)
+    f16 = on_rpc(rpc, smollm2_path, "f16", logits_all=True)
+    tokens = corpus(f16, N_F16)
+    for llm in (lazy, f16):
+        fill(llm, tokens[:-8])
+        for t in tokens[-8:]:
+            llm.eval([t])
+    assert lazy.kv_lazy_info().phase == "f16"
+    np.testing.assert_array_equal(lazy.scores[:N_F16], f16.scores[:N_F16])
+
+
+def test_device_conversion_matches_the_oracle_and_never_moves_the_cache(
+    rpc: RpcServer, smollm2_path: Path
+) -> None:
+    llm = on_rpc(rpc, smollm2_path, "lazy")
+    llm.eval(corpus(llm, 200))
+    _, (before,) = parse_context_state(llm.save_state().llama_state)
+
+    io_before = rpc.io_bytes()
+    assert llm.kv_lazy_convert()
+    moved = rpc.io_bytes() - io_before
+    info = llm.kv_lazy_info()
+    # the f16 view alone is ~half the cache; the conversion sends graphs and the rotation matrix only
+    assert moved < info.kv_bytes / 20, f"{moved} bytes crossed the socket for a {info.kv_bytes}-byte cache"
+    assert info.phase == "q8_0" and info.progress_done == info.progress_total > 0
+
+    _, (after,) = parse_context_state(llm.save_state().llama_state)
+    assert (after.n_rot_k, after.n_rot_v) == (info.n_rot_k, info.n_rot_v)
+    assert after.positions == before.positions
+    total = off = 0
+    pairs = ((before.k, after.k, after.n_rot_k), (before.v, after.v, after.n_rot_v))
+    for tensors_b, tensors_a, n_rot in pairs:
+        for tb, ta in zip(tensors_b, tensors_a, strict=True):
+            want_d, want_q = reference_q8(f16_values(tb), n_rot)
+            got_d, got_q = q8_split(ta)
+            np.testing.assert_allclose(got_d, want_d, rtol=2e-3, atol=0)
+            diff = np.abs(got_q.astype(np.int16) - want_q.astype(np.int16))
+            assert diff.max() <= 1
+            total += diff.size
+            off += int(np.count_nonzero(diff))
+    assert off / total < 1e-3, f"{off} of {total} codes differ by one"
+
+
+def test_kld_after_the_breakpoint_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
+    runs = {kv: on_rpc(rpc, smollm2_path, kv, logits_all=True) for kv in ("f16", "q8_0", "lazy")}
+    tokens = corpus(runs["f16"], N_CTX - 24)
+    for llm in runs.values():
+        fill(llm, tokens, step=128)
+    assert runs["lazy"].kv_lazy_info().phase == "q8_0"
+    n = len(tokens)
+    ref = runs["f16"].scores[:n]
+    kld_lazy = kld(ref, runs["lazy"].scores[:n])
+    kld_q8 = kld(ref, runs["q8_0"].scores[:n])
+    assert kld_lazy[:N_F16].max() == 0.0
+    assert kld_lazy[N_F16:].mean() <= 1.10 * kld_q8[N_F16:].mean()
+
+
+def raw_decode(llm: Llama, tokens: list[int], n_past: int) -> None:
+    """One llama_decode without reading its logits (nothing waits for the graph to finish)."""
+    llm._batch.set_batch(tokens, n_past=n_past, logits_all=False)
+    llm._ctx.decode(llm._batch)
+
+
+def test_conversion_inside_a_decode_after_unread_decodes(rpc: RpcServer, smollm2_path: Path) -> None:
+    """The decode that converts is queued right behind graphs nobody waited for: the conversion
+    must see what they wrote (it synchronizes first), so the result equals a run that read every
+    decode's logits."""
+    results = []
+    for read_each in (False, True):
+        llm = on_rpc(rpc, smollm2_path, "lazy")
+        tokens = corpus(llm, N_F16 + 32)
+        for i in range(0, N_F16, 32):
+            if read_each:
+                llm.eval(tokens[i : i + 32])
+            else:
+                raw_decode(llm, tokens[i : i + 32], n_past=i)
+                llm.n_tokens = i + 32
+        assert llm.kv_lazy_info().phase == "f16"
+        llm.eval(tokens[N_F16:])  # crosses the breakpoint inside this decode
+        assert llm.kv_lazy_info().phase == "q8_0"
+        results.append(np.array(llm.scores[llm.n_tokens - 1]))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+# ---------------------------------------------------------------- seq ops and restores
+
+
+def test_seq_ops_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
+    llm = on_rpc(rpc, smollm2_path, "lazy", logits_all=True)
+    tokens = corpus(llm, N_F16 + 96)
+    fill(llm, tokens)
+    assert llm.kv_lazy_info().phase == "q8_0"
+    tail = np.array(llm.scores[N_F16 + 64 : N_F16 + 96])
+    # drop the last batch's cells and read it again, as the same batch: the same logits
+    llm._ctx.kv_cache_seq_rm(0, N_F16 + 64, -1)
+    llm.n_tokens = N_F16 + 64
+    llm.eval(tokens[N_F16 + 64 :])
+    np.testing.assert_array_equal(np.array(llm.scores[N_F16 + 64 : N_F16 + 96]), tail)
+    # an emptied cache goes back to f16 at the next batch
+    llm._ctx.kv_cache_seq_rm(0, -1, -1)
+    llm.n_tokens = 0
+    llm.eval(tokens[:8])
+    assert llm.kv_lazy_info().phase == "f16"
+
+
+def test_restore_subset_across_device_and_host(rpc: RpcServer, smollm2_path: Path) -> None:
+    """States saved on the device restore on the host and back, in both phases."""
+    src = on_rpc(rpc, smollm2_path, "lazy")
+    tokens = corpus(src, N_F16 + 64)
+    follow = tokens[-8:]
+
+    def next_logits(llm: Llama, state: llama_cpp.LlamaState) -> np.ndarray:
+        llm.load_state(state)
+        llm.eval(follow)
+        return np.array(llm.scores[llm.n_tokens - 1])
+
+    src.eval(tokens[:200])
+    f16_state = src.save_state()  # f16 phase
+    src.reset()
+    src._ctx.kv_cache_clear()
+    fill(src, tokens[:-8])
+    q8_state = src.save_state()  # q8_0 phase, converted on the device
+    assert src.kv_lazy_info().phase == "q8_0"
+
+    # f16-phase state: device -> host lazy and back; both continue exactly as on the device
+    ref_f16 = next_logits(on_rpc(rpc, smollm2_path, "lazy"), f16_state)
+    host_f16 = next_logits(make_llama(smollm2_path, "lazy", n_ctx=N_CTX), f16_state)
+    np.testing.assert_array_equal(host_f16, ref_f16)
+    # q8_0-phase state: the host lazy cache converts itself first, then reads the device's q8_0 rows
+    ref_q8 = next_logits(on_rpc(rpc, smollm2_path, "lazy"), q8_state)
+    host = make_llama(smollm2_path, "lazy", n_ctx=N_CTX)
+    got = next_logits(host, q8_state)
+    assert host.kv_lazy_info().phase == "q8_0"
+    np.testing.assert_allclose(got, ref_q8, atol=1e-3)
+    # and a plain f16 cache refuses q8_0 rows with the reason
+    with pytest.raises(llama_cpp.StateMismatchError):
+        make_llama(smollm2_path, "f16", n_ctx=N_CTX).load_state(q8_state)
+
+
+# ---------------------------------------------------------------- compute buffers
+
+
+@pytest.mark.parametrize("where", ["host", "rpc"])
+def test_compute_buffers_do_not_change_across_the_conversion(
+    where: str, rpc: RpcServer, smollm2_path: Path
+) -> None:
+    """Reserved during the f16 phase (a re-reservation: embeddings on and off), the compute buffers
+    already fit the q8_0 layout: converting and decoding on does not grow them."""
+    if where == "rpc":
+        llm = on_rpc(rpc, smollm2_path, "lazy")
+    else:
+        llm = make_llama(smollm2_path, "lazy", n_ctx=N_CTX)
+    tokens = corpus(llm, N_F16 + 64)
+    llm.eval(tokens[:64])
+    for on in (True, False):  # each change asks the context to reserve again, at the next decode
+        llama_cpp.llama_set_embeddings(llm._ctx.ctx, on)
+        llm.eval(tokens[llm.n_tokens : llm.n_tokens + 16])
+    assert llm.kv_lazy_info().phase == "f16"
+    compute = {u.device: u.compute for u in llm.memory_breakdown()}
+    fill_to = N_F16 + 64
+    while llm.n_tokens < fill_to:
+        llm.eval(tokens[llm.n_tokens : llm.n_tokens + 64])
+    assert llm.kv_lazy_info().phase == "q8_0"
+    assert {u.device: u.compute for u in llm.memory_breakdown()} == compute
+
+
+def test_memory_breakdown_on_the_host(smollm2_path: Path) -> None:
+    llm = make_llama(smollm2_path, "q8_0", n_ctx=N_CTX)
+    uses = llm.memory_breakdown()
+    assert uses and all(u.host for u in uses)
+    assert sum(u.kv for u in uses) == llm.kv_lazy_info().kv_bytes
+    assert any(u.device == "CPU" and u.weights > 0 for u in uses)
+
+
+def test_rpc_server_ships_with_the_engine() -> None:
+    path = llama_cpp.rpc_server_path()
+    assert path.is_file() and os.access(path, os.X_OK)
