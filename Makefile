@@ -56,6 +56,7 @@ bench: setup
 	QT_QPA_PLATFORM=offscreen $(PY) -m bench.gui_stall
 	$(PY) -m bench.resume
 	$(PY) -m bench.store_cost
+	$(PY) -m bench.device
 	$(MAKE) dist && QT_QPA_PLATFORM=offscreen $(PY) -m bench.startup
 
 # the Linux bundle: dist/LazyKV-Chat-<version>-linux-<arch>.tar.gz (installers/README.md)
