@@ -123,3 +123,21 @@ def reference_q8(values: np.ndarray, n_rot: int) -> tuple[np.ndarray, np.ndarray
     inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
     codes = np.rint(x * inv[:, :, None]).astype(np.int8)
     return d.astype(np.float16).astype(np.float32), codes
+
+
+def conversion_mismatches(before: CacheState, after: CacheState) -> tuple[int, int]:
+    """Compare every converted q8_0 tensor of `after` with the NumPy rotate-then-quantize of the same
+    f16 tensor of `before`: scales within 0.2 %, codes off by at most one. Returns (codes off by one,
+    codes); the caller bounds their ratio."""
+    total = off = 0
+    pairs = ((before.k, after.k, after.n_rot_k), (before.v, after.v, after.n_rot_v))
+    for tensors_b, tensors_a, n_rot in pairs:
+        for tb, ta in zip(tensors_b, tensors_a, strict=True):
+            want_d, want_q = reference_q8(f16_values(tb), n_rot)
+            got_d, got_q = q8_split(ta)
+            np.testing.assert_allclose(got_d, want_d, rtol=2e-3, atol=0)
+            diff = np.abs(got_q.astype(np.int16) - want_q.astype(np.int16))
+            assert diff.max() <= 1
+            total += diff.size
+            off += int(np.count_nonzero(diff))
+    return off, total

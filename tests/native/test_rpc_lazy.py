@@ -21,7 +21,7 @@ import pytest
 from llama_cpp import Llama
 
 from .helpers import make_llama
-from .state_blob import f16_values, parse_context_state, q8_split, reference_q8
+from .state_blob import conversion_mismatches, parse_context_state
 from .test_lazy_cache import corpus, kld
 
 N_CTX = 512
@@ -142,17 +142,7 @@ def test_device_conversion_matches_the_oracle_and_never_moves_the_cache(
     _, (after,) = parse_context_state(llm.save_state().llama_state)
     assert (after.n_rot_k, after.n_rot_v) == (info.n_rot_k, info.n_rot_v)
     assert after.positions == before.positions
-    total = off = 0
-    pairs = ((before.k, after.k, after.n_rot_k), (before.v, after.v, after.n_rot_v))
-    for tensors_b, tensors_a, n_rot in pairs:
-        for tb, ta in zip(tensors_b, tensors_a, strict=True):
-            want_d, want_q = reference_q8(f16_values(tb), n_rot)
-            got_d, got_q = q8_split(ta)
-            np.testing.assert_allclose(got_d, want_d, rtol=2e-3, atol=0)
-            diff = np.abs(got_q.astype(np.int16) - want_q.astype(np.int16))
-            assert diff.max() <= 1
-            total += diff.size
-            off += int(np.count_nonzero(diff))
+    off, total = conversion_mismatches(before, after)
     assert off / total < 1e-3, f"{off} of {total} codes differ by one"
 
 
