@@ -57,8 +57,6 @@ if then == "then-gone":
     report(session, session.load(model, n_ctx=1024, kv_mode=kv_mode, rpc_servers=[endpoint]))
 session.close()
 """
-# a server registered once stays among the devices llama.cpp loads onto by default; when it is gone, the
-# next load asks it for its memory and ggml's RPC client aborts the process (Llama passes no device list)
 
 
 def _run_child(
