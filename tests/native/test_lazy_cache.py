@@ -187,14 +187,14 @@ def test_polling_from_another_thread_during_decoding(smollm2_path: Path) -> None
     poller = threading.Thread(target=poll)
     poller.start()
     try:
-        tokens = corpus(llm, 900)
+        tokens = corpus(llm, 700)  # the batch that crosses 512 converts; one more after it
         for i in range(0, len(tokens), 100):
             llm.eval(tokens[i : i + 100])
     finally:
         stop.set()
         poller.join()
     assert {"f16", "q8_0"} <= seen
-    assert llm.kv_lazy_info().n_cells_used == 900
+    assert llm.kv_lazy_info().n_cells_used == 700
 
 
 def test_convert_while_idle(smollm2_path: Path) -> None:
