@@ -20,6 +20,10 @@ class DecodeError(RuntimeError):
 class RawModel:
     def __init__(self, path: Path):
         params = llama_cpp.llama_model_default_params()
+        # the CPU only, whatever the process registered: with no list llama.cpp offloads to every registered
+        # device, an RPC server of an earlier test (gone since) included
+        self._no_devices = (ctypes.c_void_p * 1)(None)
+        params.devices = ctypes.cast(self._no_devices, ctypes.c_void_p)
         self.ptr = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise RuntimeError(f"cannot load {path}")
