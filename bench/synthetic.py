@@ -13,9 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf
-import numpy as np
 import platformdirs
+from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
 
 
 @dataclass(frozen=True)
@@ -57,44 +56,9 @@ def synthetic_model(shape: KvShape = LLAMA3_8B_KV, directory: Path | None = None
     return path
 
 
-def _write(path: Path, shape: KvShape, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("synthetic Llama-3-8B KV shape")
-    w.add_context_length(shape.n_ctx_train)
-    w.add_embedding_length(shape.n_embd)
-    w.add_block_count(shape.n_layer)
-    w.add_feed_forward_length(shape.n_ff)
-    w.add_head_count(shape.n_head)
-    w.add_head_count_kv(shape.n_head_kv)
-    w.add_key_length(shape.head_dim)
-    w.add_value_length(shape.head_dim)
-    w.add_rope_dimension_count(shape.head_dim)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(500000.0)
-    w.add_vocab_size(shape.n_vocab)
-    w.add_tokenizer_model("none")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-
-    def mat(rows: int, cols: int) -> np.ndarray:  # numpy (rows, cols) is a GGUF tensor of ne [cols, rows]
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float16)
-
-    n_q, n_kv = shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim
-    w.add_tensor("token_embd.weight", mat(shape.n_vocab, shape.n_embd))
-    for i in range(shape.n_layer):
-        p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", np.ones(shape.n_embd, dtype=np.float32))
-        w.add_tensor(p + "attn_q.weight", mat(n_q, shape.n_embd))
-        w.add_tensor(p + "attn_k.weight", mat(n_kv, shape.n_embd))
-        w.add_tensor(p + "attn_v.weight", mat(n_kv, shape.n_embd))
-        w.add_tensor(p + "attn_output.weight", mat(shape.n_embd, n_q))
-        w.add_tensor(p + "ffn_norm.weight", np.ones(shape.n_embd, dtype=np.float32))
-        w.add_tensor(p + "ffn_gate.weight", mat(shape.n_ff, shape.n_embd))
-        w.add_tensor(p + "ffn_up.weight", mat(shape.n_ff, shape.n_embd))
-        w.add_tensor(p + "ffn_down.weight", mat(shape.n_embd, shape.n_ff))
-    w.add_tensor("output_norm.weight", np.ones(shape.n_embd, dtype=np.float32))
-    w.add_tensor("output.weight", mat(shape.n_vocab, shape.n_embd))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+def _write(path: Path, shape: KvShape) -> None:
+    write_llama_gguf(path, SyntheticShape(
+        n_layer=shape.n_layer, n_head=shape.n_head, n_head_kv=shape.n_head_kv, head_dim=shape.head_dim,
+        n_ff=shape.n_ff, n_vocab=shape.n_vocab, n_ctx_train=shape.n_ctx_train, embd=shape.n_embd,
+        rope_freq_base=500000.0, name="synthetic Llama-3-8B KV shape",
+    ))

@@ -26,25 +26,67 @@ MODES = ["f16", "q8_0", "lazy-before", "lazy-after"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_child(model: Path, mode: str) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.native.state_corpus_child", str(model), mode],
-        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env,
-    )
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0:
+class Child:
+    """One child process, its output in files (a pipe nobody reads would stall it)."""
+
+    def __init__(self, model: Path, mode: str, tmp: Path):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        self.out = (tmp / f"{model.stem}-{mode}.out").open("w+")
+        self.err = (tmp / f"{model.stem}-{mode}.err").open("w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.native.state_corpus_child", str(model), mode],
+            stdout=self.out, stderr=self.err, text=True, cwd=ROOT, env=env,
+        )
+
+    def result(self) -> tuple[int, str, str]:
+        try:
+            rc = self.proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self.out.seek(0)
+        self.err.seek(0)
+        return rc, self.out.read(), self.err.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_started: dict[tuple[str, str], Child] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_child_left():
+    yield
+    for child in _started.values():
+        child.kill()
+    _started.clear()
+
+
+def run_child(model: Path, mode: str, tmp: Path) -> list[dict]:
+    """The child of (model, mode); the next mode's child starts now, so that two run at once (the
+    children are mostly single-threaded: loading, restoring, comparing)."""
+    child = _started.pop((str(model), mode), None) or Child(model, mode, tmp)
+    following = MODES[MODES.index(mode) + 1 :]
+    if following and (str(model), following[0]) not in _started:
+        _started[(str(model), following[0])] = Child(model, following[0], tmp)
+    rc, stdout, stderr = child.result()
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    if rc != 0:
         started = [line["start"] for line in lines if "start" in line]
         pytest.fail(
-            f"the child died (rc {proc.returncode}) at variant {started[-1] if started else 'set-up'}:\n"
-            + proc.stderr[-3000:]
+            f"the child died (rc {rc}) at variant {started[-1] if started else 'set-up'}:\n" + stderr[-3000:]
         )
     return lines
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_damaged_state_never_crashes(model_path: Path, mode: str) -> None:
-    lines = run_child(model_path, mode)
+def test_damaged_state_never_crashes(
+    model_path: Path, mode: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    lines = run_child(model_path, mode, tmp_path_factory.getbasetemp())
     assert lines and lines[-1].get("done"), "the child did not finish its variants"
     results = [line for line in lines if "variant" in line]
     for api in APIS:  # offsets may coincide on small states

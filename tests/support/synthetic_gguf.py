@@ -25,10 +25,13 @@ class SyntheticShape:
     n_ff: int = 256
     n_vocab: int = 512
     n_ctx_train: int = 4096
+    embd: int = 0  # the model width; 0: n_head * head_dim (key/value_length carry the head size anyway)
+    rope_freq_base: float = 10000.0
+    name: str = ""
 
     @property
     def n_embd(self) -> int:
-        return self.n_head * self.head_dim
+        return self.embd or self.n_head * self.head_dim
 
 
 def write_llama_gguf(path: Path, shape: SyntheticShape = SyntheticShape(), seed: int = 0) -> Path:
@@ -36,7 +39,7 @@ def write_llama_gguf(path: Path, shape: SyntheticShape = SyntheticShape(), seed:
     rng = np.random.default_rng(seed)
     arch = "llama"
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"synthetic-llama-hd{shape.head_dim}")
+    w.add_name(shape.name or f"synthetic-llama-hd{shape.head_dim}")
     w.add_context_length(shape.n_ctx_train)
     w.add_embedding_length(shape.n_embd)
     w.add_block_count(shape.n_layer)
@@ -47,7 +50,7 @@ def write_llama_gguf(path: Path, shape: SyntheticShape = SyntheticShape(), seed:
     w.add_value_length(shape.head_dim)
     w.add_rope_dimension_count(shape.head_dim)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(shape.rope_freq_base)
     w.add_vocab_size(shape.n_vocab)
     w.add_tokenizer_model("none")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
@@ -56,15 +59,15 @@ def write_llama_gguf(path: Path, shape: SyntheticShape = SyntheticShape(), seed:
         # numpy shape (rows, cols) is a GGUF tensor of ne = [cols, rows]
         return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float16)
 
-    n_embd, n_kv = shape.n_embd, shape.n_head_kv * shape.head_dim
+    n_embd, n_q, n_kv = shape.n_embd, shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim
     w.add_tensor("token_embd.weight", mat(shape.n_vocab, n_embd))
     for i in range(shape.n_layer):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        w.add_tensor(p + "attn_q.weight", mat(n_embd, n_embd))
+        w.add_tensor(p + "attn_q.weight", mat(n_q, n_embd))
         w.add_tensor(p + "attn_k.weight", mat(n_kv, n_embd))
         w.add_tensor(p + "attn_v.weight", mat(n_kv, n_embd))
-        w.add_tensor(p + "attn_output.weight", mat(n_embd, n_embd))
+        w.add_tensor(p + "attn_output.weight", mat(n_embd, n_q))
         w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
         w.add_tensor(p + "ffn_gate.weight", mat(shape.n_ff, n_embd))
         w.add_tensor(p + "ffn_up.weight", mat(shape.n_ff, n_embd))
