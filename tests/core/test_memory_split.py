@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
+
+from llama_cpp import MemoryUse
 
 from lazykv.core.memory import (
     HOST_CPU,
@@ -21,14 +23,7 @@ RPC = "RPC0"
 ENDPOINT = "127.0.0.1:50052"
 
 
-@dataclass(frozen=True)
-class Use:  # what llama_cpp.Llama.memory_breakdown() gives, one per buffer type
-    device: str
-    description: str
-    host: bool
-    weights: int
-    kv: int
-    compute: int
+Use = MemoryUse  # what llama_cpp.Llama.memory_breakdown() gives, one per buffer type
 
 
 def test_buffers_are_summed_per_place_device_memory_first() -> None:
