@@ -34,7 +34,7 @@ from llama_cpp import Llama
 
 from bench.machine import CONTENTION_CORES, OtherLoad, describe, load_average, wait_for_quiet
 from bench.memory import RssSampler, peak_rss_bytes, reset_peak_rss, rss_bytes
-from bench.synthetic import LLAMA3_8B_KV, KvShape, synthetic_model
+from bench.synthetic import LLAMA3_8B_KV, KvShape, kv_bytes_per_cell, synthetic_model
 
 RESULTS = Path(__file__).resolve().parent / "results" / "realistic_kv.md"
 N_CTX = 32768
@@ -70,7 +70,7 @@ def measure_allocation(model: Path, kind: str, shape: KvShape, n_threads: int) -
         grown = rss_bytes() - before
         info = llm.kv_lazy_info()
         breakdown = sum(use.kv for use in llm.memory_breakdown())
-        expected = round(N_CTX * shape.kv_bytes_per_cell(BYTES_PER_VALUE[kind]))
+        expected = round(N_CTX * kv_bytes_per_cell(shape, BYTES_PER_VALUE[kind]))
         return Allocation(kind, expected, breakdown, info.kv_bytes, grown)
     finally:
         llm.close()
@@ -216,7 +216,7 @@ def measure_pause(model: Path, seed: SeedState, shape: KvShape, n_threads: int, 
     lazy = open_context(model, "lazy", n_threads)
     n_cells = lazy.kv_lazy_info().n_cells_f16
     blob = seed.repeated(n_cells)
-    result = PauseResult(n_cells, round(n_cells * shape.kv_bytes_per_cell(2.0)))
+    result = PauseResult(n_cells, round(n_cells * kv_bytes_per_cell(shape, 2.0)))
     try:
         actions = ((result.lazy, lambda: lazy.eval([1])), (result.convert, lazy.kv_lazy_convert))
         for _ in range(reps):
@@ -328,7 +328,7 @@ def report(allocations: list[Allocation], pause: PauseResult, shape: KvShape, co
         "",
         f"Model: synthetic (bench/synthetic.py), {shape.n_layer} layers, {shape.n_head} query heads, "
         f"{shape.n_head_kv} KV heads of {shape.head_dim} (Llama-3-8B's KV cache: "
-        f"{shape.kv_bytes_per_cell(2.0) / 1024:.0f} KiB a token in f16), n_embd {shape.n_embd}, "
+        f"{kv_bytes_per_cell(shape, 2.0) / 1024:.0f} KiB a token in f16), n_embd {shape.n_embd}, "
         f"vocabulary {shape.n_vocab}; flash attention; K and V of the same type.",
         "",
     ]
