@@ -1,9 +1,10 @@
 """Section 4, sweep: prefill and decode tok/s by depth for f16, q8_0 on the reference CPU flash attention
-path, q8_0 on the new paths (patches 0007, 0008) and lazy.
+path, q8_0 on the new paths (patches 0005, 0006) and lazy.
 
 Two child processes (`python -m bench.sweep --child KINDS ...`) live for the whole sweep: one hosts the
-f16, q8_0 and lazy contexts, the other q8_0-ref (the engine reads GGML_CPU_FA_Q8_REF once per process, and
-that variable is what selects the reference path). They take one command at a time (JSON lines on
+f16, q8_0 and lazy contexts, the other q8_0-ref (a q8_0 context whose CPU backend runs ggml-cpu's reference
+paths, `llama_set_cpu_use_ref`: the vec-only flash attention kernel q8_0 took before patch 0005, the plain
+MUL_MAT for the rotation, no op fusion). They take one command at a time (JSON lines on
 stdin/stdout), so nothing is timed while anything else runs. At each depth every context is filled to the
 depth (untimed), then DECODE_ROUNDS rounds of decodes and PREFILL_ROUNDS rounds of the n_batch prefill chunk
 that starts at the depth; in each round f16 and q8_0 run next to each other, in alternating order, then
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import IO, Any
 
+import llama_cpp
 from llama_cpp import Llama
 
 from bench.corpus import build_tokens
@@ -53,7 +55,6 @@ DECODE_ROUNDS = 13  # a decode timing is the median of n_decode tokens already: 
 LAZY_ROUNDS = 9  # lazy / f16 has no target here (section 2 has lazy's): fewer rounds
 REF_ROUNDS = 3
 QUICK_ROUNDS = 2
-REF_ENV = "GGML_CPU_FA_Q8_REF"
 
 
 @dataclass
@@ -154,6 +155,8 @@ class Child:
     def __init__(self, spec: ModelSpec, settings: Settings, kind: str, tokens: list[int]) -> None:
         self.kind, self.settings, self.tokens = kind, settings, tokens
         self.llm = open_context(spec.key, "q8_0" if kind == "q8_0-ref" else kind, spec.n_ctx, settings)
+        if kind == "q8_0-ref" and not llama_cpp.llama_set_cpu_use_ref(self.llm.ctx, True):
+            raise RuntimeError("the q8_0-ref context has no CPU backend")
 
     def fill(self, depth: int) -> dict[str, Any]:
         """Decode the corpus up to `depth` in n_batch chunks (untimed)."""
@@ -239,23 +242,18 @@ def child_main(argv: list[str]) -> int:
 
 
 class ChildProcess:
-    """A child hosting the contexts of `kinds`: one for q8_0-ref, whose variable is read once per process,
-    and one for the three compared kinds, so that no process-level difference (where the allocator put the
-    buffers, how the threads were placed) enters their ratios."""
+    """A child hosting the contexts of `kinds`: one for the slow q8_0-ref, and one for the three compared
+    kinds, so that no process-level difference (where the allocator put the buffers, how the threads were
+    placed) enters their ratios."""
 
     def __init__(self, spec: ModelSpec, settings: Settings, kinds: tuple[str, ...]) -> None:
-        env = {k: v for k, v in os.environ.items() if k != REF_ENV}
-        if "q8_0-ref" in kinds:
-            if len(kinds) > 1:
-                raise ValueError("q8_0-ref needs a process of its own")
-            env[REF_ENV] = "1"
         cmd = [sys.executable, "-m", "bench.sweep", "--child", ",".join(kinds), "--model", spec.key,
                "--n-ctx", str(spec.n_ctx)]
         if settings.quick:
             cmd.append("--quick")
         self.kinds = kinds
         self.busy_s = dict.fromkeys(kinds, 0.0)
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._read()  # "ready": the model is loaded before anything is timed
 
     def _read(self) -> dict[str, Any]:

@@ -1,9 +1,10 @@
-"""python fa_logits.py MODEL OUT.npy [f16|q8_0]: logits of a context, for comparing FA paths end to end.
+"""python fa_logits.py MODEL OUT.npy [f16|q8_0] [ref]: logits of a context, for comparing FA paths end to end.
 
-Run in a child process so that the environment (GGML_CPU_FA_Q8_REF, read once per process) picks the CPU
-flash attention path. Prefills N_PROMPT tokens in n_ubatch chunks (the tiled prefill kernel), then decodes
-N_DECODE tokens one by one at a depth above 512 KV cells (the split-KV decode path), and saves the logits
-of the prompt's last N_OUT positions and of every decoded token.
+With `ref`, the context's CPU backend runs ggml-cpu's reference paths (llama_set_cpu_use_ref). Run in a
+child process: a context with a crashing path fails one test, not the run. Prefills N_PROMPT tokens in
+n_ubatch chunks (the tiled prefill kernel), then decodes N_DECODE tokens one by one at a depth above 512
+KV cells (the split-KV decode path), and saves the logits of the prompt's last N_OUT positions and of
+every decoded token.
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ def decode_chunk(ctx: RawContext, tokens: list[int], pos0: int, n_out: int) -> n
     return np.stack([np.ctypeslib.as_array(r, shape=(n_vocab,)).copy() for r in rows])
 
 
-def main(model_path: str, out: str, kv: str = "q8_0") -> None:
+def main(model_path: str, out: str, kv: str = "q8_0", path: str = "") -> None:
     set_verbose(False)
     model = RawModel(Path(model_path))
     kv_type = llama_cpp.GGML_TYPE_F16 if kv == "f16" else llama_cpp.GGML_TYPE_Q8_0
     ctx = RawContext(model, kv_type, n_ctx=N_CTX)
+    if path == "ref":
+        assert llama_cpp.llama_set_cpu_use_ref(ctx.ptr, True)
     tokens = prompt_tokens(model, N_PROMPT + N_DECODE)
     decode_chunk(ctx, tokens[:512], 0, 1)
     rows = [decode_chunk(ctx, tokens[512:N_PROMPT], 512, N_OUT)]

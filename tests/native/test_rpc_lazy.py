@@ -1,7 +1,7 @@
 """The lazy cache in device memory: every layer and the KV cache on llama.cpp's RPC backend.
 
 A `ggml-rpc-server` on 127.0.0.1 serves its CPU backend; to this process its buffers are not host
-memory, so the cache takes the device path (patch 0012): the conversion runs as ggml ops on the
+memory, so the cache takes the device path (patch 0017): the conversion runs as ggml ops on the
 server, after the last graph is done, and no cache byte travels through this process. The
 server's socket traffic (/proc/PID/io) proves the latter.
 """
