@@ -1,5 +1,5 @@
-"""CPU flash attention over a q8_0 KV cache: the tiled prefill and split-KV decode paths (patch 0005)
-against the reference path.
+"""CPU flash attention over a q8_0 or q4_0 KV cache: the tiled prefill and split-KV decode paths
+(patches 0005, 0023) against the reference path.
 
 Op level: ggml's FLASH_ATTN_EXT on the CPU backend against the same graph with `use_ref` (the vec-only
 implementation q8_0 K/V always took before the patch), within test-backend-ops' tolerance. End to end: the
@@ -19,7 +19,8 @@ import pytest
 from .ggml_fa import FLASH_ATTN_EXT_MAX_NMSE, FaCase, flash_attn, nmse
 
 HERE = Path(__file__).resolve().parent
-KV_TYPES = [("q8_0", "q8_0"), ("q8_0", "f16")]
+# q8_0 (patch 0005) and q4_0 (patch 0023) K/V, alone and mixed
+KV_TYPES = [("q8_0", "q8_0"), ("q8_0", "f16"), ("q4_0", "q4_0"), ("q4_0", "q8_0"), ("f16", "q4_0")]
 # (n_q, n_kv): prefill rows (tiled kernel: n_q >= 64, here not a multiple of the 64-row Q tile) over KV
 # lengths that are / are not a multiple of the 64-cell KV tile; decode below 512 cells (one chunk) and
 # above (split-KV)
@@ -34,8 +35,8 @@ LOGITS_NMSE_VS_F16 = 2.0
 @pytest.mark.parametrize("mask", [True, False], ids=["mask", "nomask"])
 @pytest.mark.parametrize("gqa", [1, 3, 8])
 @pytest.mark.parametrize("head", [64, 128, 256])
-@pytest.mark.parametrize("types", KV_TYPES, ids=["K q8_0 V q8_0", "K q8_0 V f16"])
-def test_fa_q8_0_matches_reference(
+@pytest.mark.parametrize("types", KV_TYPES, ids=[f"K {k} V {v}" for k, v in KV_TYPES])
+def test_fa_quantized_kv_matches_reference(
     types: tuple[str, str], head: int, gqa: int, mask: bool, n_threads: int
 ) -> None:
     for n_q, n_kv in SHAPES:
@@ -53,7 +54,7 @@ def test_fa_q8_0_matches_reference(
 def rounds_differently(case: FaCase, n_threads: int) -> bool:
     """Every new path rounds differently from the reference, except for decodes with f16 V on one
     thread: the vec-only kernel's f16 V accumulation is left as it is, and split-KV has one chunk."""
-    return case.n_q >= 64 or case.type_v == "q8_0" or (case.n_kv >= 512 and n_threads > 1)
+    return case.n_q >= 64 or case.type_v != "f16" or (case.n_kv >= 512 and n_threads > 1)
 
 
 def run_logits(model: Path, out: Path, kv: str, ref: bool = False) -> np.ndarray:
