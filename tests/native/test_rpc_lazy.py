@@ -22,7 +22,7 @@ from llama_cpp import Llama
 
 from .helpers import make_llama
 from .state_blob import conversion_mismatches, parse_context_state
-from .test_lazy_cache import corpus, kld
+from .test_lazy_cache import assert_kld_no_worse_than_q8_0, corpus
 
 N_CTX = 512
 N_F16 = 256  # floor(512 * 34/64) = 272, rounded down to the 256-cell padding
@@ -151,13 +151,7 @@ def test_kld_after_the_breakpoint_on_the_device(rpc: RpcServer, smollm2_path: Pa
     tokens = corpus(runs["f16"], N_CTX - 24)
     for llm in runs.values():
         fill(llm, tokens, step=128)
-    assert runs["lazy"].kv_lazy_info().phase == "q8_0"
-    n = len(tokens)
-    ref = runs["f16"].scores[:n]
-    kld_lazy = kld(ref, runs["lazy"].scores[:n])
-    kld_q8 = kld(ref, runs["q8_0"].scores[:n])
-    assert kld_lazy[:N_F16].max() == 0.0
-    assert kld_lazy[N_F16:].mean() <= 1.10 * kld_q8[N_F16:].mean()
+    assert_kld_no_worse_than_q8_0(runs, len(tokens), N_F16)
 
 
 def raw_decode(llm: Llama, tokens: list[int], n_past: int) -> None:
