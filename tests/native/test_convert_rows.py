@@ -17,11 +17,11 @@ import ctypes
 import numpy as np
 import pytest
 
-from .ggml_fa import _CPU
+from .ggml_fa import _BASE, _CPU
 from .test_fwht import staged_fwht
 
 F16, Q8_0, Q4_0, Q5_0 = 1, 8, 2, 6
-BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q5_0: 22}
+BLOCK_BYTES = {t: _BASE.ggml_row_size(t, 32) for t in (Q8_0, Q4_0, Q5_0)}  # 34, 18, 22
 QUANT_NAMES = {Q8_0: "q8_0", Q4_0: "q4_0", Q5_0: "q5_0"}
 
 _CPU.ggml_cpu_convert_rows.argtypes = [
@@ -34,13 +34,14 @@ _CPU.ggml_cpu_convert_rows.restype = None
 def convert(src: np.ndarray, src_type: int, dst_type: int, n_per_row: int, n_rot: int,
             in_place: bool = False) -> bytes:
     """Convert the rows in `src` (bytes of rows of src_type); returns the destination rows' bytes."""
-    n_rows = src.nbytes * 32 // (n_per_row * (64 if src_type == F16 else BLOCK_BYTES[src_type]))
+    n_rows = src.nbytes // _BASE.ggml_row_size(src_type, n_per_row)
+    dst_bytes = n_rows * _BASE.ggml_row_size(dst_type, n_per_row)
     buf = np.frombuffer(src.tobytes(), dtype=np.uint8).copy()
-    dst = buf if in_place else np.zeros(n_rows * n_per_row // 32 * BLOCK_BYTES[dst_type], dtype=np.uint8)
+    dst = buf if in_place else np.zeros(dst_bytes, dtype=np.uint8)
     tmp = np.zeros(n_per_row, dtype=np.float32)
     _CPU.ggml_cpu_convert_rows(buf.ctypes.data, src_type, dst.ctypes.data, dst_type, n_rows, n_per_row,
                                n_rot, tmp.ctypes.data)
-    return dst[: n_rows * n_per_row // 32 * BLOCK_BYTES[dst_type]].tobytes()
+    return dst[:dst_bytes].tobytes()
 
 
 def dequantize(data: bytes, dst_type: int, n_values: int) -> tuple[np.ndarray, np.ndarray]:
