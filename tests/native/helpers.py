@@ -20,8 +20,13 @@ from .rawctx import RawModel
 KV_TYPES = {
     "f16": llama_cpp.GGML_TYPE_F16,
     "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+    "q5_0": llama_cpp.GGML_TYPE_Q5_0,
     "lazy": llama_cpp.GGML_TYPE_Q8_0,
+    "ladder": llama_cpp.GGML_TYPE_Q4_0,
+    "ladder-q5": llama_cpp.GGML_TYPE_Q5_0,
 }
+LAZY_KINDS = ("lazy", "ladder", "ladder-q5")  # lazy caches: q8_0, and the ladders to q4_0 and q5_0
 
 PROMPT = (
     b"The old lighthouse keeper climbed the stairs every evening at dusk. "
@@ -32,9 +37,9 @@ PROMPT = (
 
 def make_llama(path: Path, kv: str = "q8_0", n_ctx: int = 512, **kwargs) -> Llama:
     """A small real context; K and V of the same type, flash attention on; kv "lazy" is the
-    lazy q8_0 cache."""
+    lazy q8_0 cache, "ladder" the lazy ladder f16 -> q8_0 -> q4_0 ("ladder-q5": to q5_0)."""
     t = KV_TYPES[kv]
-    if kv == "lazy":
+    if kv in LAZY_KINDS:
         kwargs["kv_lazy_quant"] = True
     return Llama(
         str(path),

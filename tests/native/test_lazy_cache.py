@@ -59,7 +59,7 @@ def assert_kld_no_worse_than_q8_0(runs: dict[str, llama_cpp.Llama], n: int, n_f1
 
 
 def test_lazy_needs_q8_0_and_flash_attention(smollm2_path: Path) -> None:
-    with pytest.raises(ValueError, match="type_k and type_v GGML_TYPE_Q8_0"):
+    with pytest.raises(ValueError, match="type_k and type_v both GGML_TYPE_Q8_0"):
         make_llama(smollm2_path, "f16", kv_lazy_quant=True)
     with pytest.raises(ValueError, match="flash_attn"):
         llama_cpp.Llama(str(smollm2_path), n_ctx=256, type_k=8, type_v=8, flash_attn=False,
@@ -91,13 +91,14 @@ def test_memory_is_that_of_a_q8_0_cache(smollm2_path: Path) -> None:
 # ---------------------------------------------------------------- f16 phase
 
 
+@pytest.mark.parametrize(("kind", "n_ctx"), [("lazy", N_CTX), ("ladder", 2048)])  # both: f16 views of 512 cells
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_f16_phase_is_bit_identical_to_an_f16_cache(
-    model: str, smollm2_path: Path, gemma3_path: Path
+    model: str, kind: str, n_ctx: int, smollm2_path: Path, gemma3_path: Path
 ) -> None:
     path = smollm2_path if model == "smollm2" else gemma3_path
-    lazy = make_llama(path, "lazy", n_ctx=N_CTX, logits_all=True)
-    f16 = make_llama(path, "f16", n_ctx=N_CTX, logits_all=True)
+    lazy = make_llama(path, kind, n_ctx=n_ctx, logits_all=True)
+    f16 = make_llama(path, "f16", n_ctx=n_ctx, logits_all=True)
     tokens = corpus(f16, N_F16)
     batched = tokens[: N_F16 - N_ONE_AT_A_TIME]
     pieces = [batched[i : i + 128] for i in range(0, len(batched), 128)]  # batches, then the last cells

@@ -274,3 +274,45 @@ def test_memory_breakdown_on_the_host(smollm2_path: Path) -> None:
 def test_rpc_server_ships_with_the_engine() -> None:
     path = llama_cpp.rpc_server_path()
     assert path.is_file() and os.access(path, os.X_OK)
+
+
+# ---------------------------------------------------------------- the ladder on the device
+
+
+def test_ladder_steps_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
+    """Both steps of the ladder (f16 -> q8_0 rotated, q8_0 -> q4_0 requantized) run on the server: no
+    cache byte crosses the socket, the compute buffers reserved on the f16 rung already fit the last,
+    and the cells end as those of the same ladder converted in host memory (q4_0 codes off by at most
+    one, rarely)."""
+    n_ctx = 1024  # rungs 256 / 512 / 1024
+    device = make_llama(smollm2_path, "ladder", n_ctx=n_ctx, rpc_servers=[rpc.endpoint], n_gpu_layers=-1)
+    host = make_llama(smollm2_path, "ladder", n_ctx=n_ctx)
+    tokens = corpus(host, 200)
+    for llm in (device, host):
+        llm.eval(tokens)
+    compute = {u.device: u.compute for u in device.memory_breakdown()}
+
+    io_before = rpc.io_bytes()
+    for rung in ("q8_0", "q4_0"):
+        assert device.kv_lazy_convert()
+        assert host.kv_lazy_convert()
+        info = device.kv_lazy_info()
+        assert (info.phase, info.target) == (rung, rung)
+        assert info.progress_done == info.progress_total > 0
+    moved = rpc.io_bytes() - io_before
+    assert moved < info.kv_bytes / 10, f"{moved} bytes crossed the socket for a {info.kv_bytes}-byte cache"
+    assert {u.device: u.compute for u in device.memory_breakdown()} == compute
+
+    _, (on_device,) = parse_context_state(device.save_state().llama_state)
+    _, (on_host,) = parse_context_state(host.save_state().llama_state)
+    assert on_device.positions == on_host.positions
+    off = total = 0
+    for a, b in zip(on_device.k + on_device.v, on_host.k + on_host.v, strict=True):
+        assert a.type == b.type == llama_cpp.GGML_TYPE_Q4_0 and a.rows.shape == b.rows.shape
+        off += int(np.count_nonzero(a.rows != b.rows))
+        total += a.rows.size
+    assert off / total < 1e-3, f"{off} of {total} bytes differ"
+
+    # and decoding goes on up to the whole cache, on the device, without another conversion
+    fill(device, corpus(device, n_ctx - 24)[200:])
+    assert device.kv_lazy_info().n_conversions == 2

@@ -1,0 +1,169 @@
+"""The lazy ladder f16 -> q8_0 -> q4_0 (patch 0024) on the real test models.
+
+A q4_0 cache of 2048 cells holds 512 cells as f16 (floor(2048 * 18/64) = 576, rounded down to
+the 256-cell padding), 1024 as q8_0 (floor(2048 * 18/34) = 1084) and 2048 as q4_0. A lazy q8_0
+cache of 1024 cells has the same two first rungs (f16 512, q8_0 1024), so up to 1024 tokens the
+ladder must compute exactly what it does. A cache of 1024 cells climbs at 256 and 512.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import pytest
+from llama_cpp import KvLazyInfo, Llama
+
+from .helpers import make_llama
+from .test_lazy_cache import corpus, kld
+
+N_CTX = 2048
+N_F16, N_Q8 = 512, 1024
+N_SMALL = 1024  # rungs 256 / 512 / 1024
+N_SMALL_F16, N_SMALL_Q8 = 256, 512
+
+
+def feed(llm: Llama, tokens: list[int], step: int = 128) -> None:
+    for i in range(0, len(tokens), step):
+        llm.eval(tokens[i : i + step])
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_rungs_and_memory(smollm2_path: Path) -> None:
+    ladder = make_llama(smollm2_path, "ladder", n_ctx=N_CTX).kv_lazy_info()
+    assert ladder.rungs == ("f16", "q8_0", "q4_0") and ladder.is_ladder
+    assert (ladder.phase, ladder.final, ladder.target) == ("f16", "q4_0", "")
+    assert (ladder.n_cells_f16, ladder.n_cells_q8, ladder.n_cells_total) == (N_F16, N_Q8, N_CTX)
+    assert (ladder.n_cells_capacity, ladder.n_cells_next) == (N_F16, N_Q8)
+
+    # the memory of a plain q4_0 cache: 3.56x the tokens of an f16 cache, 1.89x those of q8_0
+    kv_bytes = {kv: make_llama(smollm2_path, kv, n_ctx=N_CTX).kv_lazy_info().kv_bytes for kv in ("f16", "q8_0", "q4_0")}
+    assert ladder.kv_bytes == kv_bytes["q4_0"]
+    assert kv_bytes["f16"] / ladder.kv_bytes == pytest.approx(64 / 18)
+    assert kv_bytes["q8_0"] / ladder.kv_bytes == pytest.approx(34 / 18)
+
+    q5 = make_llama(smollm2_path, "ladder-q5", n_ctx=N_CTX).kv_lazy_info()
+    assert q5.rungs == ("f16", "q8_0", "q5_0")
+    assert (q5.n_cells_f16, q5.n_cells_q8, q5.n_cells_total) == (512, 1280, N_CTX)  # 704, 1325 rounded down
+
+    lazy = make_llama(smollm2_path, "lazy", n_ctx=N_Q8).kv_lazy_info()
+    assert lazy.rungs == ("f16", "q8_0") and not lazy.is_ladder
+    assert (lazy.n_cells_f16, lazy.n_cells_q8, lazy.n_cells_total, lazy.n_cells_next) == (N_F16, N_Q8, N_Q8, N_Q8)
+
+
+def test_env_var_with_q4_0_gives_the_ladder(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As llama.cpp's own tools run it: LLAMA_KV_CACHE_LAZY_QUANT=1 with -ctk q4_0 -ctv q4_0."""
+    monkeypatch.setenv("LLAMA_KV_CACHE_LAZY_QUANT", "1")
+    info = make_llama(smollm2_path, "q4_0", n_ctx=N_CTX).kv_lazy_info()
+    assert (info.rungs, info.n_cells_f16, info.n_cells_q8) == (("f16", "q8_0", "q4_0"), N_F16, N_Q8)
+
+
+def test_mixed_types_refused(smollm2_path: Path) -> None:
+    with pytest.raises(ValueError, match="both GGML_TYPE_Q4_0"):
+        Llama(str(smollm2_path), n_ctx=256, type_k=llama_cpp.GGML_TYPE_Q4_0, type_v=llama_cpp.GGML_TYPE_Q8_0,
+              flash_attn=True, kv_lazy_quant=True, verbose=False)
+
+
+# ---------------------------------------------------------------- exactness per rung
+
+
+def test_q8_0_rung_is_identical_to_the_lazy_q8_0_cache(smollm2_path: Path) -> None:
+    """Up to 1024 tokens the ladder (2048 cells) and a lazy q8_0 cache of 1024 cells share their rungs:
+    the same logits, bit for bit, before and after the f16 -> q8_0 step."""
+    ladder = make_llama(smollm2_path, "ladder", n_ctx=N_CTX, logits_all=True)
+    lazy = make_llama(smollm2_path, "lazy", n_ctx=N_Q8, logits_all=True)
+    tokens = corpus(lazy, N_Q8 - 24)
+    feed(ladder, tokens)
+    feed(lazy, tokens)
+    assert ladder.kv_lazy_info().phase == lazy.kv_lazy_info().phase == "q8_0"
+    assert ladder.kv_lazy_info().n_conversions == 1
+    np.testing.assert_array_equal(ladder.scores[: len(tokens)], lazy.scores[: len(tokens)])
+
+
+def top1(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    return float((p_logits.argmax(axis=-1) == q_logits.argmax(axis=-1)).mean())
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_kld_per_rung(model: str, smollm2_path: Path, gemma3_path: Path, record_property) -> None:
+    """Against f16, on the same text: exact in the f16 rung, no worse than plain q8_0 in the q8_0 rung,
+    and after the last step no worse than a plain rotated q4_0 cache (mean KLD within 1.10x)."""
+    path = smollm2_path if model == "smollm2" else gemma3_path
+    runs = {kv: make_llama(path, kv, n_ctx=N_SMALL, logits_all=True) for kv in ("f16", "q8_0", "q4_0", "ladder")}
+    tokens = corpus(runs["f16"], N_SMALL - 24)
+    for llm in runs.values():
+        feed(llm, tokens)  # the steps fall between batches
+    info = runs["ladder"].kv_lazy_info()
+    assert (info.phase, info.n_conversions) == ("q4_0", 2)
+
+    n = len(tokens)
+    ref = runs["f16"].scores[:n]
+    klds = {kv: kld(ref, runs[kv].scores[:n]) for kv in ("q8_0", "q4_0", "ladder")}
+    f16_rung, q8_rung, q4_rung = slice(0, N_SMALL_F16), slice(N_SMALL_F16, N_SMALL_Q8), slice(N_SMALL_Q8, n)
+    assert klds["ladder"][f16_rung].max() == 0.0
+    assert klds["ladder"][q8_rung].mean() <= 1.10 * klds["q8_0"][q8_rung].mean()
+    assert klds["ladder"][q4_rung].mean() <= 1.10 * klds["q4_0"][q4_rung].mean()
+    for kv in ("q8_0", "q4_0", "ladder"):
+        record_property(f"kld_{kv}_last_rung", float(klds[kv][q4_rung].mean()))
+        record_property(f"top1_{kv}_last_rung", top1(ref[q4_rung], runs[kv].scores[q4_rung]))
+
+
+# ---------------------------------------------------------------- the steps
+
+
+def test_one_step_at_a_time_with_progress(smollm2_path: Path) -> None:
+    llm = make_llama(smollm2_path, "ladder", n_ctx=N_SMALL)
+    events: list[KvLazyInfo] = []
+    llm.set_kv_lazy_progress_callback(events.append)
+    llm.eval(corpus(llm, 100))
+
+    assert llm.kv_lazy_convert() is True
+    assert (llm.kv_lazy_info().phase, llm.kv_lazy_info().n_cells_capacity) == ("q8_0", N_SMALL_Q8)
+    assert llm.kv_lazy_convert() is True
+    assert llm.kv_lazy_convert() is False  # on the last rung
+    info = llm.kv_lazy_info()
+    assert (info.phase, info.target, info.n_conversions, info.n_cells_used) == ("q4_0", "q4_0", 2, 100)
+    assert (info.n_cells_capacity, info.n_cells_next) == (N_SMALL, N_SMALL)
+
+    starts = [e for e in events if e.phase == "converting" and e.progress_done == 0]
+    assert [e.target for e in starts] == ["q8_0", "q4_0"]
+    assert [e.phase for e in events if e.phase != "converting"] == ["q8_0", "q4_0"]
+    assert all(e.progress_total == 2 * 30 for e in starts)  # K and V of SmolLM2's 30 layers per step
+
+    # decoding goes on up to the whole cache without another conversion
+    llm.eval(corpus(llm, N_SMALL - 24)[100:])
+    assert llm.kv_lazy_info().n_conversions == 2
+
+
+def test_direct_conversion_to_the_last_rung(smollm2_path: Path) -> None:
+    llm = make_llama(smollm2_path, "ladder", n_ctx=N_SMALL)
+    llm.eval(corpus(llm, 100))
+    assert llm.kv_lazy_convert("q4_0") is True
+    info = llm.kv_lazy_info()
+    assert (info.phase, info.n_conversions) == ("q4_0", 1)
+    assert llm.kv_lazy_convert("q8_0") is False  # already past it
+    with pytest.raises(ValueError, match="no rung 'q5_0'"):
+        llm.kv_lazy_convert("q5_0")
+    with pytest.raises(ValueError, match="no rung"):
+        llm.kv_lazy_convert("q3_k")
+
+
+def test_a_batch_past_the_q8_0_rung_converts_directly(smollm2_path: Path) -> None:
+    llm = make_llama(smollm2_path, "ladder", n_ctx=N_SMALL)
+    tokens = corpus(llm, 700)
+    llm.eval(tokens[:200])
+    llm.eval(tokens[200:])  # one batch of 500: 700 cells fit neither the f16 (256) nor the q8_0 rung (512)
+    info = llm.kv_lazy_info()
+    assert (info.phase, info.target, info.n_conversions, info.n_cells_used) == ("q4_0", "q4_0", 1, 700)
+
+
+def test_emptied_ladder_returns_to_f16(smollm2_path: Path) -> None:
+    llm = make_llama(smollm2_path, "ladder", n_ctx=N_SMALL)
+    llm.eval(corpus(llm, 700))
+    assert llm.kv_lazy_info().phase == "q4_0"
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+    info = llm.kv_lazy_info()
+    assert (info.phase, info.n_cells_used, info.n_cells_capacity) == ("f16", 0, N_SMALL_F16)
