@@ -138,7 +138,9 @@ def check_pair(path: Path, source: str, target: str, api: str, saved_state) -> N
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("api", ["memory", "seq_memory", "seq_file"])
-def test_ladder_restore_matrix_smollm2(smollm2_path: Path, source: str, target: str, api: str, saved_state) -> None:
+def test_ladder_restore_matrix_smollm2(
+    smollm2_path: Path, source: str, target: str, api: str, saved_state
+) -> None:
     check_pair(smollm2_path, source, target, api, saved_state)
 
 
@@ -160,7 +162,9 @@ def test_restore_lands_on_the_rung_that_holds_the_cells(smollm2_path: Path, save
 # ---------------------------------------------------------------- compact snapshots
 
 
-@pytest.mark.parametrize(("source", "ref_kind"), [("ladder-f16", "ladder-q4-direct"), ("ladder-q8", "ladder-q4")])
+@pytest.mark.parametrize(
+    ("source", "ref_kind"), [("ladder-f16", "ladder-q4-direct"), ("ladder-q8", "ladder-q4")]
+)
 @pytest.mark.parametrize("target", ["q4_0", "ladder-fresh"])
 def test_compact_snapshot(smollm2_path: Path, source: str, ref_kind: str, target: str) -> None:
     """A ladder still in f16 or q8_0 saves its cells as q4_0 on request: the snapshot is smaller, the

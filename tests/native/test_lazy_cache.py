@@ -91,7 +91,8 @@ def test_memory_is_that_of_a_q8_0_cache(smollm2_path: Path) -> None:
 # ---------------------------------------------------------------- f16 phase
 
 
-@pytest.mark.parametrize(("kind", "n_ctx"), [("lazy", N_CTX), ("ladder", 2048)])  # both: f16 views of 512 cells
+# both have f16 views of 512 cells
+@pytest.mark.parametrize(("kind", "n_ctx"), [("lazy", N_CTX), ("ladder", 2048)])
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_f16_phase_is_bit_identical_to_an_f16_cache(
     model: str, kind: str, n_ctx: int, smollm2_path: Path, gemma3_path: Path
