@@ -40,9 +40,8 @@ def test_rungs_and_memory(smollm2_path: Path) -> None:
     assert (ladder.n_cells_capacity, ladder.n_cells_next) == (N_F16, N_Q8)
 
     # the memory of a plain q4_0 cache: 3.56x the tokens of an f16 cache, 1.89x those of q8_0
-    kv_bytes = {
-        kv: make_llama(smollm2_path, kv, n_ctx=N_CTX).kv_lazy_info().kv_bytes for kv in ("f16", "q8_0", "q4_0")
-    }
+    plain = {kv: make_llama(smollm2_path, kv, n_ctx=N_CTX) for kv in ("f16", "q8_0", "q4_0")}
+    kv_bytes = {kv: llm.kv_lazy_info().kv_bytes for kv, llm in plain.items()}
     assert ladder.kv_bytes == kv_bytes["q4_0"]
     assert kv_bytes["f16"] / ladder.kv_bytes == pytest.approx(64 / 18)
     assert kv_bytes["q8_0"] / ladder.kv_bytes == pytest.approx(34 / 18)
