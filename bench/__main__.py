@@ -1,4 +1,5 @@
-"""python -m bench: run the sections for each model and write bench/results/lazy_kv.md plus PNG plots."""
+"""python -m bench: run the sections for each model and write bench/results/lazy_kv.md plus PNG plots
+(the "ladder" section: bench/results/ladder.md)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from bench import plots
+from bench import ladder_report, plots
 from bench.conversion import run_conversion
 from bench.corpus import build_tokens, unique_token_count
 from bench.engine import open_vocab
+from bench.ladder import LADDER_N_CTX, LadderResults, model_pass, run_pause
 from bench.lockstep import run_pass
 from bench.machine import WAIT_BUDGET, OtherLoad, describe, load_average, wait_for_quiet
 from bench.report import Results, StepTiming, write
@@ -93,13 +96,18 @@ class Clock:
         return value
 
 
-def run_model(spec: ModelSpec, settings: Settings, results: Results, clock: Clock) -> None:
+def model_tokens(spec: ModelSpec) -> tuple[list[int], int]:
+    """The benchmark text for the model (2 x n_ctx tokens at least) and the tokens of its first chapter."""
     vocab = open_vocab(spec.key)
     try:
-        tokens = build_tokens(vocab, 2 * spec.n_ctx)  # > 2x the f16 view, which is about half of n_ctx
-        n_unique = unique_token_count(vocab)
+        # > 2x the f16 view, which is about half of n_ctx
+        return build_tokens(vocab, 2 * max(spec.n_ctx, LADDER_N_CTX)), unique_token_count(vocab)
     finally:
         vocab.close()
+
+
+def run_model(spec: ModelSpec, settings: Settings, results: Results, clock: Clock) -> None:
+    tokens, n_unique = model_tokens(spec)
     label = f"{spec.key} (n_ctx {spec.n_ctx})"
     want_quality, want_speed = "quality" in settings.sections, "speed" in settings.sections
     if want_quality or want_speed:
@@ -140,24 +148,50 @@ def make_plots(results: Results, out: Path) -> None:
         results.plots.setdefault("sweep", []).append(name)
 
 
+def run_ladder(settings: Settings, command: str, out: Path) -> None:
+    """The "ladder" section: each model's pass, then the steps' pauses; writes ladder_report.REPORT_NAME."""
+    run = Results(describe(), settings, command, load_start=load_average())
+    clock = Clock(run)
+    ladder = LadderResults()
+    for spec in settings.models:
+        tokens, _ = model_tokens(spec)
+        what = f"{spec.key} ladder pass (n_ctx {LADDER_N_CTX})"
+        ladder.passes.append(clock.run(what, partial(model_pass, spec, settings, tokens)))
+    ladder.pause = clock.run(
+        "ladder steps (Llama-3-8B KV shape)", lambda: run_pause(settings, settings.conversion_reps)
+    )
+    run.load_end = load_average()
+    run.total_s = time.perf_counter() - clock.started
+    ladder_report.write(ladder, run, out / ladder_report.REPORT_NAME)
+    print(f"[{run.total_s:6.0f} s] wrote {out / ladder_report.REPORT_NAME}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = make_settings(args.quick, args.models, args.only, args.n_ctx, args.gemma_ctx)
-    command = "python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)
-    results = Results(describe(), settings, command.strip(), load_start=load_average())
+    command = ("python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)).strip()
     WAIT_BUDGET.remaining = args.wait_idle
+    args.out.mkdir(parents=True, exist_ok=True)
+    if any(section != "ladder" for section in settings.sections):
+        run_lazy_sections(settings, command, args.out)
+    if "ladder" in settings.sections:
+        run_ladder(settings, command, args.out)
+    return 0
+
+
+def run_lazy_sections(settings: Settings, command: str, out: Path) -> None:
+    """Sections quality, speed, conversion and sweep: bench/results/lazy_kv.md, raw.json and the plots."""
+    results = Results(describe(), settings, command, load_start=load_average())
     clock = Clock(results)
     for spec in settings.models:
         run_model(spec, settings, results, clock)
     results.load_end = load_average()
     results.total_s = time.perf_counter() - clock.started
-    args.out.mkdir(parents=True, exist_ok=True)
-    make_plots(results, args.out)
-    write(results, args.out / REPORT_NAME)
+    make_plots(results, out)
+    write(results, out / REPORT_NAME)
     raw = json.dumps(dataclasses.asdict(results), default=str)
-    (args.out / RAW_NAME).write_text(raw + "\n", encoding="utf-8")
-    print(f"[{results.total_s:6.0f} s] wrote {args.out / REPORT_NAME}", flush=True)
-    return 0
+    (out / RAW_NAME).write_text(raw + "\n", encoding="utf-8")
+    print(f"[{results.total_s:6.0f} s] wrote {out / REPORT_NAME}", flush=True)
 
 
 if __name__ == "__main__":

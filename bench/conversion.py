@@ -9,7 +9,9 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from llama_cpp import Llama
@@ -39,8 +41,40 @@ class ConversionRun:
         return max(self.extra_rss_sampled, self.extra_rss_hwm)
 
 
+class TimedConversion(Protocol):
+    """One timed conversion: ConversionRun here, realistic.TimedRun for bench/ladder.py."""
+
+    @property
+    def wall_s(self) -> float: ...
+
+    @property
+    def engine_s(self) -> float: ...
+
+    @property
+    def extra_rss(self) -> int: ...
+
+
+class RepeatedConversions:
+    """Median pause and largest extra RSS of repeated conversions."""
+
+    runs: Sequence[TimedConversion]
+
+    @property
+    def wall_s(self) -> float:
+        return statistics.median(run.wall_s for run in self.runs)
+
+    @property
+    def engine_s(self) -> float:
+        return statistics.median(run.engine_s for run in self.runs)
+
+    @property
+    def extra_rss(self) -> int:
+        """The largest extra RSS of all repetitions (a peak, so not the median)."""
+        return max(run.extra_rss for run in self.runs)
+
+
 @dataclass
-class ConversionResult:
+class ConversionResult(RepeatedConversions):
     model: ModelSpec
     n_cells_f16: int
     n_cells_total: int
@@ -67,19 +101,6 @@ class ConversionResult:
     def layer_k_bytes(self) -> float:
         """One layer's K tensor (kv_bytes / (2 * n_layers))."""
         return self.kv_bytes / (2 * self.n_layers)
-
-    @property
-    def wall_s(self) -> float:
-        return statistics.median(run.wall_s for run in self.runs)
-
-    @property
-    def engine_s(self) -> float:
-        return statistics.median(run.engine_s for run in self.runs)
-
-    @property
-    def extra_rss(self) -> int:
-        """The largest extra RSS of all repetitions (a peak, so not the median)."""
-        return max(run.extra_rss for run in self.runs)
 
     @property
     def median_run(self) -> ConversionRun:

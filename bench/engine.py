@@ -12,6 +12,17 @@ from bench.settings import Settings
 
 # plain f16 cache, plain q8_0 cache, lazy q8_0 cache (f16 view first)
 KINDS = ("f16", "q8_0", "lazy")
+# every cache kind the bench opens: K and V type, kv_lazy_quant. "ladder": allocated as q4_0, climbs
+# f16 -> q8_0 -> q4_0; "ladder_q5_0": the same with q5_0 as the last rung (bench/ladder.py)
+CACHE_KINDS = {
+    "f16": (llama_cpp.GGML_TYPE_F16, False),
+    "q8_0": (llama_cpp.GGML_TYPE_Q8_0, False),
+    "q4_0": (llama_cpp.GGML_TYPE_Q4_0, False),
+    "q5_0": (llama_cpp.GGML_TYPE_Q5_0, False),
+    "lazy": (llama_cpp.GGML_TYPE_Q8_0, True),
+    "ladder": (llama_cpp.GGML_TYPE_Q4_0, True),
+    "ladder_q5_0": (llama_cpp.GGML_TYPE_Q5_0, True),
+}
 
 
 def model_path(key: str) -> Path:
@@ -23,9 +34,14 @@ def model_path(key: str) -> Path:
     return path
 
 
+def cache_params(kind: str) -> dict[str, int | bool]:
+    """The Llama(...) arguments of a cache kind (see CACHE_KINDS)."""
+    ggml_type, lazy = CACHE_KINDS[kind]
+    return {"type_k": ggml_type, "type_v": ggml_type, "kv_lazy_quant": lazy}
+
+
 def open_context(key: str, kind: str, n_ctx: int, settings: Settings) -> Llama:
-    """A context over model `key` whose K and V cache is `kind` (see KINDS)."""
-    ggml_type = llama_cpp.GGML_TYPE_F16 if kind == "f16" else llama_cpp.GGML_TYPE_Q8_0
+    """A context over model `key` whose K and V cache is `kind` (see CACHE_KINDS)."""
     return Llama(
         str(model_path(key)),
         n_ctx=n_ctx,
@@ -34,9 +50,7 @@ def open_context(key: str, kind: str, n_ctx: int, settings: Settings) -> Llama:
         n_threads=settings.n_threads,
         n_threads_batch=settings.n_threads,
         flash_attn=settings.flash_attn,
-        type_k=ggml_type,
-        type_v=ggml_type,
-        kv_lazy_quant=kind == "lazy",
+        **cache_params(kind),
         seed=1234,
         verbose=False,
     )

@@ -32,6 +32,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import Llama
 
+from bench.engine import cache_params
 from bench.machine import CONTENTION_CORES, OtherLoad, describe, load_average, wait_for_quiet
 from bench.memory import RssSampler, peak_rss_bytes, reset_peak_rss, rss_bytes
 from bench.synthetic import LLAMA3_8B_KV, KvShape, kv_bytes_per_cell, synthetic_model
@@ -46,10 +47,9 @@ GIB = 1024**3
 
 
 def open_context(model: Path, kind: str, n_threads: int, n_ctx: int = N_CTX) -> Llama:
-    ggml_type = llama_cpp.GGML_TYPE_F16 if kind == "f16" else llama_cpp.GGML_TYPE_Q8_0
+    """A context over the synthetic model whose K and V cache is `kind` (see bench.engine.CACHE_KINDS)."""
     return Llama(str(model), n_ctx=n_ctx, n_batch=N_SEED, n_ubatch=N_SEED, n_threads=n_threads,
-                 n_threads_batch=n_threads, flash_attn=True, type_k=ggml_type, type_v=ggml_type,
-                 kv_lazy_quant=kind == "lazy", seed=1234, verbose=False)
+                 n_threads_batch=n_threads, flash_attn=True, seed=1234, verbose=False, **cache_params(kind))
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SECTIONS = ("quality", "speed", "conversion", "sweep")
+SECTIONS = ("quality", "speed", "conversion", "sweep", "ladder")
 
 
 @dataclass(frozen=True)
