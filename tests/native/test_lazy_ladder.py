@@ -170,3 +170,19 @@ def test_emptied_ladder_returns_to_f16(smollm2_path: Path) -> None:
     llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
     info = llm.kv_lazy_info()
     assert (info.phase, info.n_cells_used, info.n_cells_capacity) == ("f16", 0, N_SMALL_F16)
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_prompt_after_the_last_step_has_finite_logits(
+    model: str, smollm2_path: Path, gemma3_path: Path
+) -> None:
+    """After q8_0 -> q4_0 the q4_0 cells past the converted ones lie over old q8_0 bytes, where a block's
+    scale can read as Inf or NaN; they are masked, but the tiled attention still multiplies their V rows
+    by 0. The step zeroes them: a 100-token prompt read with 168 such cells inside n_kv stays finite."""
+    path = smollm2_path if model == "smollm2" else gemma3_path
+    llm = make_llama(path, "ladder", n_ctx=N_SMALL, logits_all=True)
+    tokens = corpus(llm, 600)
+    llm.eval(tokens[:500])  # converts f16 -> q8_0 (500 > 256 cells) and fills most of the q8_0 rung
+    assert llm.kv_lazy_convert() and llm.kv_lazy_info().phase == "q4_0"
+    llm.eval(tokens[500:])  # cells 600-767 are inside n_kv (768) and masked
+    assert np.isfinite(llm.scores[:600]).all()
