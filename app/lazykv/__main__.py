@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--kv", choices=tuple(KvMode),
-        help="KV cache: f16, q8_0, or lazy q8_0 (f16 until half full, then q8_0; the default setting)"
+        help="KV cache: f16, q8_0, lazy q8_0 (f16 until half full, then q8_0; the default setting), or "
+             "ladder (f16, then q8_0, then q4_0: about 3.5x the tokens of f16 in the same memory)"
     )
     parser.add_argument(
         "--self-test", action="store_true",
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.ctx < MIN_CTX:
             return _fail(f"--ctx must be at least {MIN_CTX} tokens, not {args.ctx}", code=2)
         overrides["n_ctx"] = args.ctx
+        overrides["context_budget_mb"] = 0  # the length asked for, not the memory budget of the settings
     if args.kv is not None:
         overrides["kv_mode"] = args.kv
     settings = Settings.load()

@@ -12,13 +12,19 @@ from lazykv.core.engine import EngineSession, KvRestoreError, SamplingSettings
 GREEDY = SamplingSettings(temperature=0.0, seed=1)
 N_CTX = 1024
 SHORT = "Hello! Who are you?"
-LONG = "Here is a list: " + ", ".join(f"item {i}" for i in range(120)) + ". Which item comes first?"
-CASES = {  # kv mode, first message: the lazy cache before and after its conversion
+MEDIUM = "Here is a list: " + ", ".join(f"item {i}" for i in range(60)) + ". Which item comes first?"  # ~330
+LONG = "Here is a list: " + ", ".join(f"item {i}" for i in range(120)) + ". Which item comes first?"  # ~650
+CASES = {  # kv mode, first message: the lazy cache before and after its conversion, the ladder on each step
     "f16": ("f16", SHORT),
     "q8_0": ("q8_0", SHORT),
     "lazy-before": ("lazy", SHORT),
     "lazy-after": ("lazy", LONG),
+    "ladder-f16": ("ladder", SHORT),
+    "ladder-q8_0": ("ladder", MEDIUM),
+    "ladder-q4_0": ("ladder", LONG),
 }
+PHASES = {"lazy-before": "f16", "lazy-after": "q8_0", "ladder-f16": "f16", "ladder-q8_0": "q8_0",
+          "ladder-q4_0": "q4_0"}
 
 
 def reply(session: EngineSession, messages: list[dict[str, str]], n: int = 12) -> tuple[str, int]:
@@ -45,7 +51,7 @@ def test_restored_cache_continues_exactly_like_the_uninterrupted_session(model_p
     saved = a.capture_kv()
     expected, _ = reply(a, conversation)
     a.close()
-    assert saved.layout["lazy_phase"] == {"lazy-before": "f16", "lazy-after": "q8_0"}.get(case, "disabled")
+    assert saved.layout["lazy_phase"] == PHASES.get(case, "disabled")
 
     b = EngineSession()
     try:

@@ -116,3 +116,29 @@ def test_the_idle_description_states_the_idle_constants() -> None:
 
     text = SETTINGS_BY_NAME["idle_conversion"].description
     assert f"{IDLE_FILL:.0%}" in text and f"{IDLE_DELAY_S:g} s" in text
+
+
+def test_the_ladder_and_a_context_budget_survive_save_and_load(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    settings = Settings(path)
+    assert settings["context_budget_mb"] == 0  # by default the context length decides
+    assert settings.set("kv_mode", "ladder") and settings.set("context_budget_mb", 2048)
+    settings.save()
+    again = Settings.load(path)
+    assert (again["kv_mode"], again["context_budget_mb"]) == ("ladder", 2048) and again.problems == []
+    with pytest.raises(ValueError, match="below the minimum"):
+        again.set("context_budget_mb", -1)
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "settings": {"context_budget_mb": "2 GB"}}))
+    bad = Settings.load(path)
+    assert bad["context_budget_mb"] == 0 and "context_budget_mb" in bad.problems[0]
+
+
+def test_every_kv_mode_is_offered_with_a_one_line_note() -> None:
+    from lazykv.core.kinds import KvMode
+
+    kv_mode = SETTINGS_BY_NAME["kv_mode"]
+    assert [v for v, _ in kv_mode.choices] == [KvMode.LAZY, KvMode.LADDER, KvMode.Q8_0, KvMode.F16]
+    notes = dict(kv_mode.choice_notes)
+    assert set(notes) == set(KvMode) and all("\n" not in note for note in notes.values())
+    assert "3.5× the tokens of f16" in notes[KvMode.LADDER] and "trades some quality" in notes[KvMode.LADDER]
+    assert "0 = use the context length" == SETTINGS_BY_NAME["context_budget_mb"].special

@@ -305,7 +305,7 @@ def _header_variants() -> list[tuple[str, object]]:
         ("n_tokens", 4097),
         ("n_rot_k", -1),
         ("state_version", None),
-        ("type_k", "q4_0"),
+        ("type_k", "q4_1"),
         ("type_v", ["f16"]),
         ("kv_mode", "LAZY"),
         ("lazy_phase", "converting"),

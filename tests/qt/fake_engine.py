@@ -25,6 +25,7 @@ from lazykv.core.engine import (
     NoModelError,
     ReplyResult,
     SamplingSettings,
+    budget_n_ctx,
     read_checked_meta,
 )
 from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
@@ -32,6 +33,11 @@ from lazykv.core.remote import normalize_endpoints, probe_all
 
 HOLD_LIMIT_S = 10.0  # a test that forgets to release fails instead of hanging
 N_CTX = 256
+# each step of a lazy cache and the share of the cache's cells it holds (numerator, denominator)
+RUNGS = {
+    KvMode.LAZY: ((KvPhase.F16, 1, 2), (KvPhase.Q8_0, 1, 1)),
+    KvMode.LADDER: ((KvPhase.F16, 18, 64), (KvPhase.Q8_0, 18, 34), (KvPhase.Q4_0, 1, 1)),
+}
 REPLY = ("Fake", " reply", " text.")
 
 
@@ -39,6 +45,8 @@ REPLY = ("Fake", " reply", " text.")
 class _Kv:
     tokens: list[int]
     phase: KvPhase = KvPhase.F16
+    target: KvPhase | None = None  # the last step converted to
+    n_conversions: int = 0
 
 
 class FakeSession:
@@ -101,18 +109,21 @@ class FakeSession:
 
     def load(self, model_path: Path | str, n_ctx: int = N_CTX, kv_mode: str = KvMode.LAZY,
              n_threads: int | None = None, *, flash_attn: bool = True, n_gpu_layers: int = 0,
-             rpc_servers: Sequence[str] = (), rpc_layers: int = 0) -> ModelInfo:
-        """Remote backends are probed as the real session does; those that answer are reported as used."""
+             rpc_servers: Sequence[str] = (), rpc_layers: int = 0, context_budget: int = 0) -> ModelInfo:
+        """Remote backends are probed as the real session does; those that answer are reported as used.
+        A context memory budget sets n_ctx as the real session's does."""
         self.calls.append("load")
         path = Path(model_path)
         meta = read_checked_meta(path)
         self._step(cancellable=not self.uncancellable_load)
         size = path.stat().st_size
         mode = KvMode(kv_mode)
+        if context_budget > 0:
+            n_ctx = budget_n_ctx(meta, context_budget, mode)
         remote, unreachable = probe_all(normalize_endpoints(rpc_servers))
         self._info = ModelInfo(path, meta.architecture, 1000, 4096, size, n_ctx, mode, n_threads or 1, meta,
                                remote=tuple(remote), unreachable=tuple(unreachable))
-        self._kv = _Kv([])
+        self._kv = self._empty_kv()
         return self._info
 
     def model_info(self) -> ModelInfo:
@@ -126,8 +137,14 @@ class FakeSession:
                 self._reply_ended = False
                 self.after_reply.set()
         n = len(self._kv.tokens)
-        capacity = info.n_ctx // 2 if self._kv.phase is KvPhase.F16 else info.n_ctx
-        return KvStatus(info.kv_mode, self._kv.phase, n, capacity, info.n_ctx, 1024)
+        rungs = RUNGS.get(info.kv_mode, ())
+        capacity = {rung: info.n_ctx * num // den for rung, num, den in rungs}
+        steps = [rung for rung, _, _ in rungs]
+        at = steps.index(self._kv.phase) if steps else 0
+        following = steps[at + 1] if at + 1 < len(steps) else self._kv.phase
+        return KvStatus(info.kv_mode, self._kv.phase, n, capacity.get(self._kv.phase, info.n_ctx), info.n_ctx,
+                        1024, self._kv.n_conversions, 0.01 if self._kv.n_conversions else 0.0, tuple(steps),
+                        capacity.get(following, 0), self._kv.target)
 
     def count_tokens(self, messages: Sequence[dict[str, str]]) -> int:
         return len(_words(messages))
@@ -163,14 +180,17 @@ class FakeSession:
         self._step()
         if self.convert_error is not None:
             raise self.convert_error
-        if info.kv_mode is not KvMode.LAZY or self._kv.phase is not KvPhase.F16:
+        steps = [rung for rung, _, _ in RUNGS.get(info.kv_mode, ())]
+        if self._kv.phase not in steps[:-1]:
             return False
+        target = steps[steps.index(self._kv.phase) + 1]
         n = len(self._kv.tokens)
         for done, stage in enumerate(ConversionStage):
             if self._listener is not None:
                 duration = 0.01 if stage is ConversionStage.END else 0.0
-                self._listener(ConversionEvent(stage, done, len(ConversionStage) - 1, n, duration))
-        self._kv.phase = KvPhase.Q8_0
+                self._listener(ConversionEvent(stage, done, len(ConversionStage) - 1, n, duration, target))
+        self._kv.phase, self._kv.target = target, target
+        self._kv.n_conversions += 1
         return True
 
     def rebuild_kv(self, messages: Sequence[dict[str, str]], on_progress: Callable[[int, int], None],
@@ -178,7 +198,7 @@ class FakeSession:
         self._require()
         self.calls.append("rebuild")
         tokens = _words(messages)
-        self._kv = _Kv([])
+        self._kv = self._empty_kv()
         on_progress(0, len(tokens))
         for start in range(0, len(tokens), chunk):
             self._step()
@@ -188,9 +208,10 @@ class FakeSession:
 
     def layout(self) -> dict[str, object]:
         info = self._require()
+        rungs = [str(rung) for rung, _, _ in RUNGS.get(info.kv_mode, ())]
         return {"engine_version": "fake", "n_ctx": info.n_ctx, "kv_mode": info.kv_mode, "type_k": "f16",
-                "type_v": "f16", "lazy_phase": "f16", "lazy_rot_k": 0, "lazy_rot_v": 0, "n_rot_k": 0,
-                "n_rot_v": 0, "n_rot_k_swa": 0, "n_rot_v_swa": 0, "state_version": 1}
+                "type_v": "f16", "lazy_phase": "f16", "lazy_rungs": rungs, "lazy_rot_k": 0, "lazy_rot_v": 0,
+                "n_rot_k": 0, "n_rot_v": 0, "n_rot_k_swa": 0, "n_rot_v_swa": 0, "state_version": 1}
 
     def capture_kv(self) -> KvSnapshot:
         self.calls.append("capture")
@@ -200,14 +221,19 @@ class FakeSession:
         self.calls.append("restore")
         if self.restore_error is not None:
             raise self.restore_error
-        self._kv = _Kv(list(tokens))
+        self._kv = self._empty_kv(list(tokens))
 
     def clear_kv(self) -> None:
-        self._kv = _Kv([])
+        self._kv = self._empty_kv()
 
     def close(self) -> None:
         self.calls.append("close")
         self._info = None
+
+    def _empty_kv(self, tokens: list[int] | None = None) -> _Kv:
+        """A cache as loaded (restored too: the fake keeps no step in its state): a lazy one at f16."""
+        mode = self._require().kv_mode
+        return _Kv(tokens or [], KvPhase.F16 if mode.is_lazy else KvPhase(mode.storage))
 
     def _require(self) -> ModelInfo:
         if self._info is None:

@@ -29,8 +29,8 @@ from lazykv.core.kinds import (
     KvMode,
     KvPhase,
 )
-from lazykv.core.memory import DeviceMemory, split_by_device
-from lazykv.core.model_meta import GGUFError, KvSupport, ModelMeta, read_model_meta
+from lazykv.core.memory import DeviceMemory, context_for_budget, fmt_bytes, kv_bytes, split_by_device
+from lazykv.core.model_meta import CTX_PADDING, GGUFError, KvSupport, ModelMeta, read_model_meta
 from lazykv.core.remote import Unreachable, normalize_endpoints, probe_all
 
 GGUF_MAGIC = b"GGUF"
@@ -55,6 +55,10 @@ class ModelLoadError(EngineError):
 
 class KvModeError(EngineError):
     """The chosen KV cache mode cannot run this model."""
+
+
+class ContextBudgetError(EngineError):
+    """The context memory budget holds fewer tokens than the smallest context."""
 
 
 class NoModelError(EngineError):
@@ -108,13 +112,24 @@ class KvStatus:
     """The KV cache right now, as the memory panel shows it."""
 
     kv_mode: KvMode
-    phase: KvPhase  # how the cells are stored now
+    phase: KvPhase  # how the cells are stored now (the rung of a lazy cache)
     n_cells_used: int
     n_cells_capacity: int  # cells the current storage holds (the f16 view while lazy is in f16)
-    n_cells_total: int  # cells of the cache (as q8_0 for a lazy cache)
+    n_cells_total: int  # cells of the cache (as q8_0 for a lazy cache, as q4_0 for the ladder)
     kv_bytes: int  # allocated for K and V
     n_conversions: int = 0
     last_conversion_s: float = 0.0
+    rungs: tuple[KvPhase, ...] = ()  # a lazy cache's steps in order (f16, q8_0[, q4_0]); () when plain
+    n_cells_next: int = 0  # cells the next rung holds (== n_cells_capacity on the last; 0 when plain)
+    target: KvPhase | None = None  # the rung being converted to, else the last one converted to
+
+    @property
+    def next_rung(self) -> KvPhase | None:
+        """The rung this cache compacts to next; None on the last, for a plain cache and while converting."""
+        if self.phase not in self.rungs:
+            return None
+        after = self.rungs[self.rungs.index(self.phase) + 1 :]
+        return after[0] if after else None
 
     @property
     def fill(self) -> float:
@@ -128,13 +143,14 @@ class KvStatus:
 
 @dataclass(frozen=True)
 class ConversionEvent:
-    """A lazy cache compacting to q8_0: ``start``, ``progress`` after each tensor, ``end``."""
+    """A lazy cache compacting one step (to ``target``): ``start``, ``progress`` per tensor, ``end``."""
 
     stage: ConversionStage
     done: int
     total: int
     n_cells: int  # cells (token positions) in use when it started
     duration_s: float = 0.0  # set at ``end``
+    target: KvPhase = KvPhase.Q8_0  # the rung it converts to
 
     @property
     def fraction(self) -> float:
@@ -168,8 +184,10 @@ class KvRestoreError(EngineError):
 
 
 _TYPE_NAMES = {
-    llama_cpp.GGML_TYPE_F16: "f16", llama_cpp.GGML_TYPE_Q8_0: "q8_0", llama_cpp.GGML_TYPE_F32: "f32"
+    llama_cpp.GGML_TYPE_F16: "f16", llama_cpp.GGML_TYPE_Q8_0: "q8_0", llama_cpp.GGML_TYPE_F32: "f32",
+    llama_cpp.GGML_TYPE_Q4_0: "q4_0", llama_cpp.GGML_TYPE_Q5_0: "q5_0",
 }
+_GGML_TYPES = {name: ggml_type for ggml_type, name in _TYPE_NAMES.items()}
 
 
 def check_model_file(path: Path) -> None:
@@ -207,12 +225,27 @@ def _kv_mode(kv_mode: str) -> KvMode:
 
 
 def _kv_cache_params(kv_mode: KvMode, flash_attn: bool) -> dict[str, object]:
+    """A lazy cache is allocated as its last step's type: q8_0 for lazy q8_0, q4_0 for the ladder."""
     params: dict[str, object] = {"flash_attn": flash_attn}
-    if kv_mode in (KvMode.Q8_0, KvMode.LAZY):
-        params.update(type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0)
-    if kv_mode is KvMode.LAZY:
+    if kv_mode is not KvMode.F16:
+        storage = _GGML_TYPES[kv_mode.storage]
+        params.update(type_k=storage, type_v=storage)
+    if kv_mode.is_lazy:
         params["kv_lazy_quant"] = True
     return params
+
+
+def budget_n_ctx(meta: ModelMeta, budget: int, kv_mode: KvMode) -> int:
+    """The context length a KV memory budget (bytes) holds, or ContextBudgetError saying what it takes."""
+    n_ctx = context_for_budget(meta, budget, kv_mode)
+    if n_ctx < CTX_PADDING:
+        raise ContextBudgetError(
+            f"{fmt_bytes(budget)} of context memory holds fewer than {CTX_PADDING} tokens of "
+            f"{meta.path.name} with the {kv_mode} KV cache: {CTX_PADDING} tokens need "
+            f"{fmt_bytes(kv_bytes(meta, CTX_PADDING, kv_mode))}. Raise the budget, or set it to 0 to use "
+            "the context length."
+        )
+    return n_ctx
 
 
 _registered: set[str] = set()  # RPC servers registered with the engine: process-wide, as in ggml
@@ -292,9 +325,13 @@ class EngineSession:
         n_gpu_layers: int = 0,
         rpc_servers: Sequence[str] = (),
         rpc_layers: int = 0,
+        context_budget: int = 0,
     ) -> ModelInfo:
         """Load a model, replacing the current one only once the new one has loaded.
 
+        ``context_budget`` (bytes, 0: unused) replaces ``n_ctx`` with the longest context whose KV cache
+        fits in it in this KV mode (memory.context_for_budget; ContextBudgetError when not even the
+        smallest does).
         ``rpc_servers``: remote backends (``host:port`` of llama.cpp RPC servers); those that answer
         get ``rpc_layers`` layers (0: all) with their part of the KV cache, the others are left out
         and listed in ``ModelInfo.unreachable``. On any error the previous model stays loaded and usable.
@@ -306,6 +343,8 @@ class EngineSession:
         support: KvSupport = meta.kv_support(flash_attn)
         if not support.allows(kv_mode):
             raise KvModeError(f"a {kv_mode} KV cache cannot run {path.name}: {support.reason}")
+        if context_budget > 0:
+            n_ctx = budget_n_ctx(meta, context_budget, kv_mode)
         threads = n_threads or default_threads()
         remote, unreachable = _remote_backends(rpc_servers)
         if remote:
@@ -341,7 +380,7 @@ class EngineSession:
         self._llama, self._info = llama, info
         self._formatter, self._last_prompt = _chat_formatter(llama), None
         self._abort = _AbortWatch(llama.ctx, lambda: self._cancel)
-        if kv_mode is KvMode.LAZY:
+        if kv_mode.is_lazy:
             llama.set_kv_lazy_progress_callback(self._conversion_progress)
         return info
 
@@ -368,25 +407,27 @@ class EngineSession:
         llama, info = self._require()
         lazy = llama.kv_lazy_info()
         if lazy.phase == "disabled":
-            storage = KvPhase.F16 if info.kv_mode is KvMode.F16 else KvPhase.Q8_0
+            storage = KvPhase(info.kv_mode.storage)
             return KvStatus(info.kv_mode, storage, llama.n_tokens, info.n_ctx, info.n_ctx, lazy.kv_bytes)
-        phase = KvPhase(lazy.phase)
-        capacity = lazy.n_cells_f16 if phase is KvPhase.F16 else lazy.n_cells_total
         return KvStatus(
             kv_mode=info.kv_mode,
-            phase=phase,
+            phase=KvPhase(lazy.phase),
             n_cells_used=lazy.n_cells_used,
-            n_cells_capacity=capacity,
+            n_cells_capacity=lazy.n_cells_capacity,
             n_cells_total=lazy.n_cells_total,
             kv_bytes=lazy.kv_bytes,
             n_conversions=lazy.n_conversions,
             last_conversion_s=lazy.last_conversion_s,
+            rungs=tuple(KvPhase(rung) for rung in lazy.rungs),
+            n_cells_next=lazy.n_cells_next,
+            target=KvPhase(lazy.target) if lazy.target else None,
         )
 
     def convert_kv_now(self) -> bool:
-        """Compact a lazy cache to q8_0 now (e.g. while the user reads); False if there was nothing to do."""
+        """Compact a lazy cache one step now (to 8-bit, then on a ladder to 4-bit), e.g. while the user
+        reads; False if there was nothing to do (the last step, or an empty cache)."""
         llama, info = self._require()
-        if info.kv_mode is not KvMode.LAZY:
+        if not info.kv_mode.is_lazy:
             return False
         return llama.kv_lazy_convert()
 
@@ -401,6 +442,7 @@ class EngineSession:
             "type_k": _TYPE_NAMES.get(meta["type_k"], str(meta["type_k"])),
             "type_v": _TYPE_NAMES.get(meta["type_v"], str(meta["type_v"])),
             "lazy_phase": meta["lazy_phase"],
+            "lazy_rungs": list(meta["lazy_rungs"]),
             "lazy_rot_k": meta["lazy_rot"][0],
             "lazy_rot_v": meta["lazy_rot"][1],
             "n_rot_k": meta["n_rot_k"],
@@ -586,7 +628,7 @@ class EngineSession:
     def close(self) -> None:
         """Free the model and its context now rather than at garbage collection."""
         if self._llama is not None:
-            if self._info is not None and self._info.kv_mode is KvMode.LAZY:
+            if self._info is not None and self._info.kv_mode.is_lazy:
                 self._llama.set_kv_lazy_progress_callback(None)
             self._llama.close()
         self._llama, self._info, self._formatter, self._last_prompt = None, None, None, None
@@ -631,6 +673,7 @@ class EngineSession:
             total=lazy.progress_total,
             n_cells=self._conversion_cells,
             duration_s=lazy.last_conversion_s if stage is ConversionStage.END else 0.0,
+            target=KvPhase(lazy.target) if lazy.target else KvPhase.Q8_0,
         )
         if self._on_conversion is not None:
             self._on_conversion(event)

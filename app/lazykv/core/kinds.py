@@ -9,22 +9,45 @@ from enum import StrEnum
 
 
 class KvMode(StrEnum):
-    """How the KV cache is stored: f16, q8_0, or lazy q8_0 (f16 until the f16 view is full)."""
+    """How the KV cache is stored: f16, q8_0, lazy q8_0 (f16 until the f16 view is full), or the ladder
+    (allocated as q4_0: f16, then 8-bit, then 4-bit, each step when the one before is full)."""
 
     F16 = "f16"
     Q8_0 = "q8_0"
     LAZY = "lazy"
+    LADDER = "ladder"
+
+    @property
+    def is_lazy(self) -> bool:
+        """Starts in f16 and compacts in place, one step at a time (lazy q8_0 and the ladder)."""
+        return self in (KvMode.LAZY, KvMode.LADDER)
+
+    @property
+    def storage(self) -> str:
+        """The ggml type the cache is allocated as (a lazy cache's last step)."""
+        return {KvMode.F16: "f16", KvMode.Q8_0: "q8_0", KvMode.LAZY: "q8_0", KvMode.LADDER: "q4_0"}[self]
 
 
 DEFAULT_KV_MODE = KvMode.LAZY  # the settings' default, EngineSession.load's and EngineConfig's
 
 
 class KvPhase(StrEnum):
-    """How a cache's cells are stored right now."""
+    """How a cache's cells are stored right now: a step (rung) of a lazy cache, or converting between two."""
 
     F16 = "f16"
     CONVERTING = "converting"
     Q8_0 = "q8_0"
+    Q4_0 = "q4_0"
+    Q5_0 = "q5_0"
+
+    @property
+    def words(self) -> str:
+        """The rung as a user knows it: "16-bit", "8-bit", "4-bit"."""
+        return _PHASE_WORDS[self]
+
+
+_PHASE_WORDS = {KvPhase.F16: "16-bit", KvPhase.CONVERTING: "compacting", KvPhase.Q8_0: "8-bit",
+                KvPhase.Q4_0: "4-bit", KvPhase.Q5_0: "5-bit"}
 
 
 class ConversionStage(StrEnum):

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from lazykv.core.model_meta import Q8_0_BLOCK, ModelMeta, padded_ctx
+from lazykv.core.kinds import KvMode
+from lazykv.core.model_meta import CTX_PADDING, ModelMeta, padded_ctx
 
 MiB = 1024 * 1024
 N_UBATCH = 512  # llama-cpp-python's default micro-batch
@@ -20,6 +21,11 @@ BASE_OVERHEAD = 40 * MiB  # engine, Python and Qt on top of weights, KV cache an
 GREEN_BELOW = 0.6  # share of the available RAM
 YELLOW_BELOW = 0.9
 MAX_BYTES = 1 << 60  # no figure goes above this (1 EiB): more than any machine has
+MAX_CTX = 131072  # the longest context the settings offer
+# bytes per K or V value of each storage type (numerator, denominator): a block of 32 values is 32
+# 8-bit (q8_0), 16 4-bit (q4_0) or 16 4-bit + 4 bytes of high bits (q5_0), plus its f16 scale
+BYTES_PER_VALUE: dict[str, tuple[int, int]] = {"f16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32),
+                                               "q5_0": (22, 32)}
 
 
 class Fit(enum.Enum):
@@ -88,7 +94,7 @@ def estimate(
     """An estimate of the memory loading ``meta`` with this context and KV mode takes.
 
     The KV cache is exact (as the engine allocates it: n_ctx padded to 256 cells, a lazy
-    cache as q8_0); the compute buffers are an approximation for the CPU backend: the
+    cache as q8_0, the ladder as q4_0); the compute buffers are an approximation for the CPU backend: the
     attention and feed-forward activations of one micro-batch plus the output logits.
     Layers offloaded to remote backends take their share of the weights (about: the token
     embeddings stay in host memory) and of the KV cache (exactly: each layer's cells live
@@ -96,9 +102,7 @@ def estimate(
     Whole-number arithmetic, each figure capped at ``MAX_BYTES``: it runs on the GUI thread
     and must not raise whatever a file declares.
     """
-    per_cell = _whole(meta.n_layer) * _whole(meta.n_head_kv) * (_whole(meta.head_k) + _whole(meta.head_v))
-    elements = padded_ctx(_whole(n_ctx)) * per_cell  # K and V elements over all layers
-    kv = _capped(elements * 2 if kv_mode == "f16" else elements * (2 + Q8_0_BLOCK) // Q8_0_BLOCK)
+    kv = kv_bytes(meta, padded_ctx(_whole(n_ctx)), kv_mode)
     activations = 4 * N_UBATCH * (4 * _whole(meta.n_embd) + _whole(meta.n_head) * 64)
     compute = _capped(activations + 4 * _whole(meta.n_vocab) * 2 + BASE_OVERHEAD)
     weights = _whole(meta.file_size)
@@ -113,6 +117,58 @@ def estimate(
     fit = Fit.GREEN if share < GREEN_BELOW else Fit.YELLOW if share < YELLOW_BELOW else Fit.RED
     device = offload.place if on_device else ""
     return Estimate(weights, kv, compute, total, available, fit, device_weights, device_kv, device)
+
+
+def kv_bytes(meta: ModelMeta, n_cells: int, kv_mode: str) -> int:
+    """Bytes of K and V over all layers for ``n_cells`` cells, stored as ``kv_mode`` allocates them."""
+    numerator, denominator = BYTES_PER_VALUE[KvMode(kv_mode).storage]
+    return _capped(_whole(n_cells) * _values_per_cell(meta) * numerator // denominator)
+
+
+def context_for_budget(meta: ModelMeta, budget: int, kv_mode: str) -> int:
+    """The context length (tokens) whose KV cache fits in ``budget`` bytes in ``kv_mode``: rounded down
+    to the engine's 256-cell padding, at most the model's training context (else MAX_CTX); 0 when not
+    even 256 tokens fit (or the model has no KV cache)."""
+    numerator, denominator = BYTES_PER_VALUE[KvMode(kv_mode).storage]
+    per_cell = _values_per_cell(meta) * numerator
+    if per_cell <= 0:
+        return 0
+    cells = _whole(budget) * denominator // per_cell // CTX_PADDING * CTX_PADDING
+    return min(cells, ctx_limit(meta))
+
+
+def ctx_limit(meta: ModelMeta) -> int:
+    """The longest context offered for this model: its training context (else MAX_CTX), down to 256s."""
+    limit = min(_whole(meta.n_ctx_train) or MAX_CTX, MAX_CTX)
+    return max(CTX_PADDING, limit // CTX_PADDING * CTX_PADDING)
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    """The context a load will use, and how many tokens each KV mode holds in the same KV memory."""
+
+    kv_mode: KvMode  # the one chosen
+    n_ctx: int  # tokens (0: the budget holds fewer than the smallest context)
+    kv_budget: int  # bytes of KV memory: the budget chosen, else what n_ctx takes in the KV mode chosen
+    per_mode: dict[KvMode, int]  # tokens each mode holds in kv_budget (context_for_budget)
+    limit: int  # ctx_limit: no mode is given more
+
+    def at_limit(self, kv_mode: str) -> bool:
+        """The mode holds the longest context offered (it might hold more: the model's limit caps it)."""
+        return self.per_mode[KvMode(kv_mode)] >= self.limit
+
+
+def plan_context(meta: ModelMeta, n_ctx: int, kv_mode: str, budget: int = 0) -> ContextPlan:
+    """``budget`` > 0 (bytes): the context is the longest that fits it; else ``n_ctx`` as it is."""
+    kv_budget = budget if budget > 0 else kv_bytes(meta, padded_ctx(_whole(n_ctx)), kv_mode)
+    per_mode = {mode: context_for_budget(meta, kv_budget, mode) for mode in KvMode}
+    chosen = per_mode[KvMode(kv_mode)] if budget > 0 else n_ctx
+    return ContextPlan(KvMode(kv_mode), chosen, kv_budget, per_mode, ctx_limit(meta))
+
+
+def _values_per_cell(meta: ModelMeta) -> int:
+    """K and V values one cell (token position) holds over all layers."""
+    return _whole(meta.n_layer) * _whole(meta.n_head_kv) * (_whole(meta.head_k) + _whole(meta.head_v))
 
 
 class MemoryUseLike(Protocol):

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 GGUF_MAGIC = b"GGUF"
 Q8_0_BLOCK = 32
+CTX_PADDING = 256  # llama.cpp pads the KV cache to a multiple of this many cells
 # architectures whose memory is not an attention KV cache (recurrent state), per llama.cpp
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
 NO_KV_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "t5encoder", "clip"})
@@ -126,10 +127,10 @@ class KvSupport:
     f16: bool
     q8_0: bool
     lazy: bool
-    reason: str  # why q8_0/lazy are not possible; "" when they are
+    reason: str  # why q8_0/lazy/ladder are not possible; "" when they are (the ladder needs what lazy does)
 
     def allows(self, kv_mode: str) -> bool:
-        return {"f16": self.f16, "q8_0": self.q8_0, "lazy": self.lazy}[kv_mode]
+        return {"f16": self.f16, "q8_0": self.q8_0, "lazy": self.lazy, "ladder": self.lazy}[kv_mode]
 
 
 @dataclass(frozen=True)
@@ -171,12 +172,12 @@ class ModelMeta:
         """Cells of the lazy cache's f16 view: floor(34/64 n), down to the 256-cell padding (engine rule)."""
         n = padded_ctx(n_ctx)
         cells = n * 34 // 64
-        return cells // 256 * 256 if cells >= 256 else cells
+        return cells // CTX_PADDING * CTX_PADDING if cells >= CTX_PADDING else cells
 
 
 def padded_ctx(n_ctx: int) -> int:
     """llama.cpp pads the KV cache to a multiple of 256 cells."""
-    return max(256, -(-n_ctx // 256) * 256)
+    return max(CTX_PADDING, -(-n_ctx // CTX_PADDING) * CTX_PADDING)
 
 
 def read_model_meta(path: Path | str) -> ModelMeta:

@@ -336,9 +336,13 @@ def _refusal(err: Exception) -> _Refused:
     return _Refused(_one_line(note), details)
 
 
+_QUANTIZED_RUNGS = ("q8_0", "q4_0", "q5_0")
+
+
 def _memory_words(ggml_type: str) -> str:
     """A KV cache type as a user knows it: "8-bit" for q8_0, "16-bit" for f16."""
-    return {"q8_0": "8-bit", "f16": "16-bit", "f32": "32-bit"}.get(ggml_type, ggml_type)
+    return {"q4_0": "4-bit", "q5_0": "5-bit", "q8_0": "8-bit", "f16": "16-bit", "f32": "32-bit"}.get(
+        ggml_type, ggml_type)
 
 
 def _one_line(text: str) -> str:
@@ -347,13 +351,29 @@ def _one_line(text: str) -> str:
 
 
 def _layout_fits(header: SnapshotHeader, layout: dict[str, object]) -> bool:
-    """The engine's rule (llama_cpp._layout_restorable), on the header's fields."""
-    saved = (header.type_k, header.type_v, header.n_rot_k, header.n_rot_v)
-    now = (layout["type_k"], layout["type_v"], layout["n_rot_k"], layout["n_rot_v"])
-    if saved == now:
+    """The engine's rule (llama_cpp._layout_restorable), on the header's fields: the cells are read into
+    the cache as it is, else a lazy cache first steps down to a later rung whose layout reads them."""
+
+    def readable(type_k: object, type_v: object, rot_k: object, rot_v: object) -> bool:
+        return (_rows_readable(header.type_k, header.n_rot_k, type_k, rot_k)
+                and _rows_readable(header.type_v, header.n_rot_v, type_v, rot_v))
+
+    if readable(layout["type_k"], layout["type_v"], layout["n_rot_k"], layout["n_rot_v"]):
         return True
-    saved_q8 = header.type_k == header.type_v == "q8_0"
-    if layout["lazy_phase"] == "f16" and saved_q8:  # a lazy cache converts first for a q8_0 state
-        return (header.n_rot_k, header.n_rot_v) == (layout["lazy_rot_k"], layout["lazy_rot_v"])
-    saved_f16_unrotated = header.type_k == header.type_v == "f16" and not (header.n_rot_k or header.n_rot_v)
-    return saved_f16_unrotated and layout["type_k"] == layout["type_v"] == "q8_0"
+    rungs, phase = list(layout["lazy_rungs"]), layout["lazy_phase"]  # type: ignore[call-overload]
+    if phase not in rungs:
+        return False
+    return any(readable(rung, rung, layout["lazy_rot_k"], layout["lazy_rot_v"])
+               for rung in rungs[rungs.index(phase) + 1 :])
+
+
+def _rows_readable(type_saved: str, rot_saved: int, type_now: object, rot_now: object) -> bool:
+    """Rows stored as ``type_saved`` go into a tensor of ``type_now`` as they are (same rotation), or
+    converted on the way in: unrotated f16 rows to any quantized rung, rotated q8_0 rows to q4_0/q5_0."""
+    if type_saved == type_now:
+        return rot_saved == rot_now
+    if type_now not in _QUANTIZED_RUNGS:
+        return False
+    if type_saved == "f16":
+        return rot_saved == 0
+    return type_saved == "q8_0" and rot_saved == rot_now

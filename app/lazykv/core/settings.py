@@ -17,6 +17,7 @@ import platformdirs
 from lazykv.core.files import write_text_atomic
 from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL
 from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, KvMode, SettingKind
+from lazykv.core.memory import MAX_CTX
 from lazykv.core.remote import normalize_endpoints
 
 APP_DIR_NAME = "lazykv"
@@ -36,6 +37,7 @@ class Setting:
     description: str
     group: str
     choices: tuple[tuple[str, str], ...] = ()  # (value, label) for kind "choice"
+    choice_notes: tuple[tuple[str, str], ...] = ()  # (value, one line on what choosing it means)
     minimum: float | None = None
     maximum: float | None = None
     step: float | None = None
@@ -108,7 +110,18 @@ _VALIDATORS: dict[SettingKind, Callable[[Setting, Any], Any]] = {
 
 
 KV_MODE_CHOICES = (
-    (KvMode.LAZY, "lazy q8_0 (f16 until half full)"), (KvMode.Q8_0, "q8_0"), (KvMode.F16, "f16")
+    (KvMode.LAZY, "lazy q8_0 (f16 until half full)"),
+    (KvMode.LADDER, "ladder (f16 → 8-bit → 4-bit)"),
+    (KvMode.Q8_0, "q8_0"),
+    (KvMode.F16, "f16"),
+)
+KV_MODE_NOTES = (
+    (KvMode.LAZY, "Full f16 precision until the f16 part is full, then compacted to 8-bit in place: "
+                  "about 1.9× the tokens of f16 in the same memory, nearly exact."),
+    (KvMode.LADDER, "f16, then 8-bit, then 4-bit, each step when the one before is full: about 3.5× the "
+                    "tokens of f16 in the same memory; the last, 4-bit step trades some quality for length."),
+    (KvMode.Q8_0, "8-bit from the first token: about 1.9× the tokens of f16 in the same memory."),
+    (KvMode.F16, "Full precision throughout: the most memory per token."),
 )
 CONTEXT_FULL_CHOICES = (
     (ContextFullPolicy.STOP, "stop and tell me"),
@@ -132,20 +145,26 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("recent_models", SettingKind.PATH_LIST, [], "Recent models",
             "Models opened recently, newest first.", "Model", in_dialog=False),
     Setting("kv_mode", SettingKind.CHOICE, DEFAULT_KV_MODE, "KV cache", "How the context memory is stored: "
-            "lazy q8_0 keeps full f16 precision until the f16 view is full, then compacts to 8-bit in place.",
-            "Engine", choices=KV_MODE_CHOICES, reloads_engine=True),
+            "lazy q8_0 keeps full f16 precision until the f16 view is full, then compacts to 8-bit in place; "
+            "the ladder goes on to 4-bit.", "Engine", choices=KV_MODE_CHOICES, choice_notes=KV_MODE_NOTES,
+            reloads_engine=True),
     Setting("n_ctx", SettingKind.INT, 4096, "Context length", "Tokens the model can see at once.", "Engine",
-            minimum=256, maximum=131072, step=256, reloads_engine=True),
+            minimum=256, maximum=MAX_CTX, step=256, reloads_engine=True),
+    Setting("context_budget_mb", SettingKind.INT, 0, "Context memory (MiB)", "Choose the context by memory "
+            "instead of by tokens: the longest context whose KV cache fits in this many MiB with the KV "
+            "cache chosen (at most the model's own limit); 0: use the context length.", "Engine", minimum=0,
+            maximum=1_000_000, step=256, reloads_engine=True, special="0 = use the context length"),
     Setting("n_threads", SettingKind.INT, 0, "Threads", "CPU threads for the engine; 0: one per core.",
             "Engine", minimum=0, maximum=256, reloads_engine=True, special="0 = automatic (one per core)"),
     Setting("n_gpu_layers", SettingKind.INT, 0, "GPU layers", "Layers offloaded to the GPU (GPU builds only; "
             "this build runs on the CPU).", "Engine", minimum=0, maximum=1000, reloads_engine=True,
             special="0 = none (CPU only)"),
-    Setting("flash_attn", SettingKind.BOOL, True, "Flash attention", "Needed by the q8_0 and lazy KV caches.",
-            "Engine", reloads_engine=True),
-    Setting("idle_conversion", SettingKind.BOOL, True, "Compact while idle", "Lazy cache: when the f16 view "
-            f"is at least {IDLE_FILL:.0%} full and the engine has been idle for {IDLE_DELAY_S:g} s, compact "
-            "it then, so the pause does not land inside a reply.", "Engine"),
+    Setting("flash_attn", SettingKind.BOOL, True, "Flash attention", "Needed by the q8_0, lazy and ladder "
+            "KV caches.", "Engine", reloads_engine=True),
+    Setting("idle_conversion", SettingKind.BOOL, True, "Compact while idle", "Lazy cache and ladder: when "
+            f"the step in use (16-bit, then the ladder's 8-bit) is at least {IDLE_FILL:.0%} full and the "
+            f"engine has been idle for {IDLE_DELAY_S:g} s, compact it one step then, so the pause does not "
+            "land inside a reply.", "Engine"),
     Setting("rpc_servers", SettingKind.ENDPOINT_LIST, [], "Servers", "llama.cpp's own way to offload "
             "layers and the KV cache\nto another machine: run ggml-rpc-server there and list it\nhere "
             "as host:port, one per line.", REMOTE_GROUP, reloads_engine=True),

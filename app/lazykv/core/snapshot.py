@@ -81,9 +81,9 @@ _MAX_TEXT = 256
 _INT32_MAX = 2**31 - 1
 _UINT32_MAX = 2**32 - 1
 
-CACHE_TYPES = ("f16", "q8_0")  # the header's storage types (a header field, not a KV mode)
+CACHE_TYPES = ("f16", "q8_0", "q4_0", "q5_0")  # the header's storage types (a header field, not a KV mode)
 KV_MODES = tuple(KvMode)
-LAZY_PHASES = ("disabled", KvPhase.F16.value, KvPhase.Q8_0.value)  # a saved cache is never mid-conversion
+LAZY_PHASES = ("disabled", *(p.value for p in KvPhase if p is not KvPhase.CONVERTING))  # never mid-conversion
 
 
 class SnapshotError(Exception):
@@ -116,10 +116,10 @@ class SnapshotHeader:
     engine_version: str  # e.g. "0.3.36+lazykv.2b6b96c19b" (includes the patch-set label)
     model_sha256: str  # 64 lowercase hex
     n_ctx: int
-    type_k: str  # "f16" | "q8_0"
+    type_k: str  # "f16" | "q8_0" | "q4_0" | "q5_0" (the rung of a ladder when saved)
     type_v: str
-    kv_mode: str  # "f16" | "q8_0" | "lazy"
-    lazy_phase: str  # "disabled" | "f16" | "q8_0"
+    kv_mode: str  # "f16" | "q8_0" | "lazy" | "ladder"
+    lazy_phase: str  # "disabled" | "f16" | "q8_0" | "q4_0" | "q5_0"
     n_rot_k: int
     n_rot_v: int
     state_version: int  # the engine's sequence-state format version

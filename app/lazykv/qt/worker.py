@@ -27,6 +27,7 @@ from lazykv.core.engine import (
     SamplingSettings,
 )
 from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, ConversionStage, KvMode
+from lazykv.core.memory import MiB
 from lazykv.core.persistence import Crypto, Persistence
 from lazykv.core.snapshot import SnapshotError
 from lazykv.core.store import Database, StoreError, data_dir
@@ -46,6 +47,7 @@ class EngineConfig:
     flash_attn: bool = True
     rpc_servers: tuple[str, ...] = ()  # remote backends, host:port
     rpc_layers: int = 0  # layers on them; 0: all
+    context_budget_mb: int = 0  # > 0: the context is the longest whose KV cache fits in this (n_ctx unused)
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,7 @@ class EngineWorker(QObject):
             n_gpu_layers=config.n_gpu_layers,
             rpc_servers=config.rpc_servers,
             rpc_layers=config.rpc_layers,
+            context_budget=config.context_budget_mb * MiB,
         )
 
     def _reply(self, request: Reply) -> ReplyResult:
@@ -267,8 +270,8 @@ def failure(err: BaseException) -> Failure:
     if isinstance(err, EngineError | SnapshotError | StoreError):
         return Failure(str(err), details)
     if isinstance(err, MemoryError):
-        return Failure("Out of memory: close other programs, or choose a smaller context or the q8_0/lazy "
-                       "KV cache.", details)
+        return Failure("Out of memory: close other programs, or choose a smaller context or the q8_0, "
+                       "lazy or ladder KV cache.", details)
     if isinstance(err, OSError):
         return Failure(f"A file could not be read or written: {err.strerror or err}"
                        f"{f' ({err.filename})' if err.filename else ''}.", details)

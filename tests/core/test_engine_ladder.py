@@ -1,0 +1,160 @@
+"""The ladder (f16 -> q8_0 -> q4_0) through EngineSession on the real engine: its steps as KvStatus and
+ConversionEvents, a conversation that fills each step and keeps answering, compacting one step at a time,
+a context chosen by memory, and which saved steps restore where (issue 14)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from lazykv.core.engine import (
+    ContextBudgetError,
+    ConversionEvent,
+    EngineSession,
+    KvRestoreError,
+    SamplingSettings,
+)
+from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
+from lazykv.core.memory import MiB, context_for_budget, kv_bytes
+from lazykv.core.persistence import _layout_fits
+from tests.core.test_engine_snapshot import LONG, MEDIUM, SHORT, first_turn, reply
+from tests.core.test_snapshot import make_header
+
+GREEDY = SamplingSettings(temperature=0.0, seed=1)
+N_CTX = 1024  # steps: 16-bit 256 cells, 8-bit 512, 4-bit all 1,024
+LADDER = (KvPhase.F16, KvPhase.Q8_0, KvPhase.Q4_0)
+
+
+def _targets(events: list[ConversionEvent]) -> list[KvPhase]:
+    """The step each conversion went to, once per conversion."""
+    return [e.target for e in events if e.stage is ConversionStage.END]
+
+
+def test_a_ladder_conversation_fills_each_step_and_keeps_answering(model_path: Path) -> None:
+    s = EngineSession()
+    events: list[ConversionEvent] = []
+    s.set_conversion_listener(events.append)
+    try:
+        s.load(model_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+        empty = s.kv_status()
+        assert (empty.rungs, empty.phase, empty.next_rung) == (LADDER, KvPhase.F16, KvPhase.Q8_0)
+        assert (empty.n_cells_capacity, empty.n_cells_next, empty.n_cells_total) == (256, 512, 1024)
+
+        conversation = [{"role": "user", "content": MEDIUM}]  # crosses the 16-bit step
+        text, _ = reply(s, conversation)
+        assert text.strip() and _targets(events) == [KvPhase.Q8_0]
+        middle = s.kv_status()
+        assert (middle.phase, middle.target, middle.next_rung) == (KvPhase.Q8_0, KvPhase.Q8_0, KvPhase.Q4_0)
+        assert (middle.n_cells_capacity, middle.n_cells_next) == (512, 1024) and middle.n_conversions == 1
+        assert 256 < middle.n_cells_used < 512
+
+        conversation += [{"role": "assistant", "content": text}, {"role": "user", "content": MEDIUM}]
+        text, reused = reply(s, conversation)  # crosses the 8-bit step
+        assert text.strip() and reused >= middle.n_cells_used - 1
+        assert _targets(events) == [KvPhase.Q8_0, KvPhase.Q4_0]
+        last = s.kv_status()
+        assert (last.phase, last.target, last.next_rung, last.n_conversions) == (KvPhase.Q4_0, KvPhase.Q4_0,
+                                                                                 None, 2)
+        assert last.n_cells_capacity == last.n_cells_next == 1024 and 512 < last.n_cells_used < 1024
+        assert last.kv_bytes == empty.kv_bytes  # each step converts in place
+        starts = [e for e in events if e.stage is ConversionStage.START]
+        assert [e.target for e in starts] == [KvPhase.Q8_0, KvPhase.Q4_0]
+        assert starts[1].n_cells == middle.n_cells_used  # the step took what the 8-bit step held
+        assert not s.convert_kv_now()  # the last step: nothing left to compact
+        s.clear_kv()
+        emptied = s.kv_status()
+        assert (emptied.phase, emptied.n_cells_capacity) == (KvPhase.F16, 256)  # emptied: 16-bit again
+    finally:
+        s.close()
+
+
+def test_compact_now_goes_one_step_at_a_time(smollm2_path: Path) -> None:
+    s = EngineSession()
+    events: list[ConversionEvent] = []
+    s.set_conversion_listener(events.append)
+    try:
+        s.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+        conversation = first_turn(s, SHORT)
+        assert s.kv_status().phase is KvPhase.F16
+        assert s.convert_kv_now()
+        assert s.kv_status().phase is KvPhase.Q8_0 and _targets(events) == [KvPhase.Q8_0]
+        assert s.convert_kv_now()
+        assert s.kv_status().phase is KvPhase.Q4_0 and _targets(events) == [KvPhase.Q8_0, KvPhase.Q4_0]
+        assert not s.convert_kv_now()
+        progress = [e for e in events if e.stage is ConversionStage.PROGRESS]
+        assert {e.target for e in progress} == {KvPhase.Q8_0, KvPhase.Q4_0} and events[-1].fraction == 1.0
+        text, reused = reply(s, conversation)
+        assert text.strip() and reused > 0  # the conversation goes on from the 4-bit cache
+    finally:
+        s.close()
+
+
+# SmolLM2: 30 layers x 3 KV heads x (64 + 64) values a token: 23,040 bytes f16, 12,240 q8_0, 6,480 q4_0
+@pytest.mark.parametrize(("kv_mode", "budget_mb", "n_ctx"), [(KvMode.LADDER, 4, 512), (KvMode.LAZY, 8, 512),
+                                                             (KvMode.F16, 8, 256)])
+def test_a_memory_budget_gives_the_context_it_holds(
+    smollm2_path: Path, kv_mode: KvMode, budget_mb: int, n_ctx: int
+) -> None:
+    s = EngineSession()
+    try:
+        info = s.load(smollm2_path, n_ctx=N_CTX, kv_mode=kv_mode, context_budget=budget_mb * MiB)
+        assert info.n_ctx == context_for_budget(info.meta, budget_mb * MiB, kv_mode) == n_ctx
+        allocated = s.kv_status().kv_bytes
+        assert allocated == kv_bytes(info.meta, n_ctx, kv_mode) <= budget_mb * MiB  # the estimate is exact
+        assert reply(s, [{"role": "user", "content": SHORT}])[0].strip()
+    finally:
+        s.close()
+
+
+def test_a_budget_below_the_smallest_context_is_refused_and_the_model_stays(smollm2_path: Path) -> None:
+    s = EngineSession()
+    try:
+        s.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+        with pytest.raises(ContextBudgetError, match="256 tokens need 5.6 MiB"):
+            s.load(smollm2_path, kv_mode=KvMode.F16, context_budget=4 * MiB)
+        assert s.model_info().n_ctx == N_CTX and reply(s, [{"role": "user", "content": SHORT}])[0].strip()
+    finally:
+        s.close()
+
+
+SAVED_AT = {KvPhase.F16: SHORT, KvPhase.Q8_0: MEDIUM, KvPhase.Q4_0: LONG}  # LONG skips the 8-bit step
+# which saved step of a ladder each KV mode (loaded fresh) takes back: f16 rows convert on the way in,
+# a lazy cache first steps down to a step that reads the cells, 4-bit cells only go into the ladder
+RESTORES = {
+    KvPhase.F16: {KvMode.F16, KvMode.Q8_0, KvMode.LAZY, KvMode.LADDER},
+    KvPhase.Q8_0: {KvMode.Q8_0, KvMode.LAZY, KvMode.LADDER},
+    KvPhase.Q4_0: {KvMode.LADDER},
+}
+
+
+@pytest.mark.parametrize("step", list(SAVED_AT))
+def test_each_saved_step_restores_where_the_app_says_it_does(smollm2_path: Path, step: KvPhase) -> None:
+    """The app's check before native code (persistence._layout_fits) and the engine agree, per KV mode."""
+    a = EngineSession()
+    a.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+    conversation = first_turn(a, SAVED_AT[step])
+    saved = a.capture_kv()
+    expected, _ = reply(a, conversation)
+    a.close()
+    assert saved.layout["lazy_phase"] == step and saved.layout["type_k"] == step
+    header = replace(make_header(), type_k=str(saved.layout["type_k"]), type_v=str(saved.layout["type_v"]),
+                     n_rot_k=int(saved.layout["n_rot_k"]), n_rot_v=int(saved.layout["n_rot_v"]))
+    for kv_mode in KvMode:
+        b = EngineSession()
+        try:
+            b.load(smollm2_path, n_ctx=N_CTX, kv_mode=kv_mode)
+            fits = _layout_fits(header, b.layout())
+            assert fits == (kv_mode in RESTORES[step]), kv_mode
+            if not fits:
+                with pytest.raises(KvRestoreError):
+                    b.restore_kv(saved.tokens, saved.state)
+                continue
+            b.restore_kv(saved.tokens, saved.state)
+            got, reused = reply(b, conversation)
+            assert reused >= len(saved.tokens) - 1 and got.strip()
+            if kv_mode is KvMode.LADDER:
+                assert b.kv_status().phase is step and got == expected  # the same cells: the same reply
+        finally:
+            b.close()
