@@ -85,7 +85,7 @@ def test_model_information_shows_metadata_and_kv_support(qtbot: QtBot, fake_wind
     dialog = w.findChild(ModelInfoDialog)
     assert dialog is not None and dialog.isVisible()
     text = " | ".join(label.text() for label in dialog.findChildren(QLabel))
-    for expected in ("llama", "Trained context", "128 / 128", "f16, q8_0 and lazy q8_0"):
+    for expected in ("llama", "Trained context", "128 / 128", "f16, q8_0, lazy q8_0 and ladder"):
         assert expected in text
     dialog.reject()
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QWidget
 
 from lazykv.core.engine import KvStatus
+from lazykv.qt.kv_words import meter_line, steps_sentence
 
-PHASE_WORDS = {"f16": "16-bit", "converting": "compacting…", "q8_0": "8-bit"}
 FULL_WARNING = 0.9  # from this fill on the bar turns red
 
 
@@ -40,11 +40,9 @@ class ContextMeter(QWidget):
         self.bar.setValue(used)
         full = used / capacity >= FULL_WARNING
         self.bar.setStyleSheet("QProgressBar::chunk { background: #cf222e; }" if full else "")
-        phase = PHASE_WORDS.get(status.phase, status.phase)
-        self.label.setText(f"Context {used:,} / {capacity:,} tokens · {phase}")
+        self.label.setText(meter_line(status))
         self.setToolTip(
             f"The conversation fills {used:,} of the {capacity:,} tokens the model can see at once "
-            f"({100 * used / capacity:.0f} %). The cache is stored at {phase}"
-            + (" (lazy: 16-bit until it needs the room, then 8-bit)." if status.kv_mode == "lazy" else ".")
-            + " When it is full, the oldest messages are left out or the reply stops (Settings)."
+            f"({100 * used / capacity:.0f} %). {steps_sentence(status)}"
+            " When it is full, the oldest messages are left out or the reply stops (Settings)."
         )

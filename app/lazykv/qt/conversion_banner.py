@@ -23,15 +23,16 @@ def _banner_style(frame: QFrame, name: str) -> None:
 
 
 def compacted_text(event: ConversionEvent) -> str:
-    """The one sentence for a finished conversion (banner and status bar)."""
-    return f"Context memory compacted to 8-bit in {1000 * event.duration_s:.0f} ms at token {event.n_cells}"
+    """The one sentence for a finished conversion step (banner and status bar)."""
+    return (f"Context memory compacted to {event.target.words} in {1000 * event.duration_s:.0f} ms at token "
+            f"{event.n_cells}")
 
 
 def marker_label(event: ConversionEvent, during_reply: bool = False) -> str:
-    """The line the transcript shows where the cache went to 8-bit: under the message it followed, or
-    under the reply it happened in."""
+    """The line the transcript shows where the cache went a step down (to 8-bit, to 4-bit): under the
+    message it followed, or under the reply it happened in."""
     where = "during this reply" if during_reply else "here"
-    return f"Context compacted to 8-bit {where} (at token {event.n_cells})"
+    return f"Context compacted to {event.target.words} {where} (at token {event.n_cells})"
 
 
 class ConversionBanner(QFrame):
@@ -109,7 +110,7 @@ class ConversionBanner(QFrame):
         else:
             self._hide_timer.stop()
             self.bar.setValue(percent)
-            self.label.setText(f"Compacting context memory to 8-bit… {percent}%")
+            self.label.setText(f"Compacting context memory to {event.target.words}… {percent}%")
         self.show()
 
 

@@ -244,6 +244,7 @@ class MainWindow(QMainWindow):
             flash_attn=self.setting("flash_attn"),
             rpc_servers=tuple(self.setting("rpc_servers")),
             rpc_layers=self.setting("rpc_layers"),
+            context_budget_mb=self.setting("context_budget_mb"),
         )
         self._show_estimate(path, config)
         self.engine.submit(LoadModel(config), self._on_model_loaded, self._on_load_failed)
@@ -319,7 +320,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("Reply copied", 3000)
 
     def convert_now(self) -> None:
-        if self.model_info is not None and self.model_info.kv_mode is KvMode.LAZY:
+        if self.model_info is not None and self.model_info.kv_mode.is_lazy:
             self.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
 
     # -- UI ---------------------------------------------------------------------------------------
@@ -536,16 +537,26 @@ class MainWindow(QMainWindow):
         self.regenerate_action.setEnabled(ready and self._ends_with_reply())
         self._update_versions_bar()
         self.edit_last_action.setEnabled(ready and self.conversation.last_index("user") is not None)
-        self.compact_action.setEnabled(
-            ready and self.kv is not None and self.kv.kv_mode is KvMode.LAZY and self.kv.phase is KvPhase.F16
-            and self.kv.n_cells_used > 0
-        )
+        self._update_compact_action(ready)
         self.info_action.setEnabled(self.model_info is not None)
         # deleting a conversation while its snapshot is written would orphan the file (issue 16)
         self.conversations_panel.set_saving(
             {r.conv_id for r in self.engine.pending() if isinstance(r, SaveSnapshot)})
         if state is not UiState.READY:
             self._idle_timer.stop()
+
+    def _update_compact_action(self, ready: bool) -> None:
+        """Enabled while a lazy cache in use can go one step down; it says to which."""
+        step = self.kv.next_rung if self.kv is not None and self.kv.n_cells_used > 0 else None
+        self.compact_action.setEnabled(ready and step is not None)
+        if step is not None:
+            tip = f"Compact the context memory to {step.words} now"
+        elif self.kv is None or not self.kv.kv_mode.is_lazy:
+            tip = "Only a lazy or ladder KV cache compacts (Settings > KV cache)"
+        else:
+            tip = "Nothing to compact: the context memory is empty or at its last step"
+        self.compact_action.setStatusTip(tip)
+        self.compact_action.setToolTip(tip)
 
     def _ends_with_reply(self) -> bool:
         n = len(self.conversation)
@@ -814,7 +825,8 @@ class MainWindow(QMainWindow):
     def _on_conversion(self, event: ConversionEvent) -> None:
         self.banner.on_event(event)
         if event.stage is ConversionStage.START and self.kv is not None:
-            converting = replace(self.kv, phase=KvPhase.CONVERTING, n_cells_used=event.n_cells)
+            converting = replace(self.kv, phase=KvPhase.CONVERTING, n_cells_used=event.n_cells,
+                                 target=event.target)
             self.memory_panel.set_status(converting)
             self.context_meter.set_status(converting)
         if event.stage is ConversionStage.END:
@@ -845,12 +857,15 @@ class MainWindow(QMainWindow):
 
     def _show_estimate(self, path: Path, config: EngineConfig) -> None:
         """The memory estimate of a model about to load (its header is read off the GUI thread)."""
-        title = f"{path.name}, ctx {config.n_ctx}, KV {config.kv_mode}"
+        title = f"{path.name}, KV {config.kv_mode}"
 
         def done(meta: Any) -> None:
+            budget = config.context_budget_mb * memory.MiB
+            plan = memory.plan_context(meta, config.n_ctx, config.kv_mode, budget)
             offload = memory.Offload.of(config.rpc_servers, config.rpc_layers)
-            self.memory_panel.set_estimate(title, memory.estimate(meta, config.n_ctx, config.kv_mode,
-                                                                  offload=offload))
+            self.memory_panel.set_estimate(f"{path.name}, ctx {plan.n_ctx}, KV {config.kv_mode}",
+                                           memory.estimate(meta, plan.n_ctx, config.kv_mode, offload=offload),
+                                           plan=plan)
 
         self.background.run(lambda: read_checked_meta(path), done,
                             lambda err: self.memory_panel.set_estimate(title, None, str(err)),
@@ -1038,7 +1053,8 @@ def _human_count(n: int) -> str:
     return str(n)
 
 
-_KV_WORDS = {KvMode.F16: "16-bit", KvMode.Q8_0: "8-bit", KvMode.LAZY: "lazy (16-bit, then 8-bit)"}
+_KV_WORDS = {KvMode.F16: "16-bit", KvMode.Q8_0: "8-bit", KvMode.LAZY: "lazy (16-bit, then 8-bit)",
+             KvMode.LADDER: "ladder (16-bit, then 8-bit, then 4-bit)"}
 
 
 def _how_it_ended(result: ReplyResult, max_tokens: int | None) -> str:

@@ -13,15 +13,18 @@ from PySide6.QtWidgets import QFormLayout, QLabel, QProgressBar, QSizePolicy, QV
 
 from lazykv.core.engine import KvStatus, ModelInfo
 from lazykv.core.kinds import KvMode, KvPhase
-from lazykv.core.memory import DeviceMemory, Estimate, Fit, fmt_bytes, placed
+from lazykv.core.memory import ContextPlan, DeviceMemory, Estimate, Fit, fmt_bytes, placed
+from lazykv.qt.kv_words import step_line
 
 HISTORY_SAMPLES = 120
 FIT_COLORS = {Fit.GREEN: "#1a7f37", Fit.YELLOW: "#b08800", Fit.RED: "#cf222e"}
 PHASE_TEXT = {
     KvPhase.F16: "f16 (full precision)",
-    KvPhase.CONVERTING: "compacting to 8-bit…",
     KvPhase.Q8_0: "q8_0 (8-bit)",
+    KvPhase.Q4_0: "q4_0 (4-bit)",
+    KvPhase.Q5_0: "q5_0 (5-bit)",
 }
+MODE_NAMES = {KvMode.F16: "f16", KvMode.Q8_0: "q8_0", KvMode.LAZY: "lazy", KvMode.LADDER: "ladder"}
 _RSS_COLOR = QColor("#0969da")
 _KV_COLOR = QColor("#8250df")
 
@@ -79,6 +82,8 @@ class MemoryPanel(QWidget):
         self.memory: tuple[DeviceMemory, ...] = ()  # the loaded model's, per place
         self.phase_label = QLabel("no model")
         self.phase_label.setObjectName("kv-phase")
+        self.step_label = QLabel("–")  # the step in use and the next one
+        self.step_label.setObjectName("kv-step")
         self.cells_bar = QProgressBar()
         self.cells_bar.setTextVisible(True)
         self.kv_label = QLabel("–")
@@ -87,13 +92,14 @@ class MemoryPanel(QWidget):
         self.conversion_label = QLabel("none yet")
         self.graph = HistoryGraph()
         self.estimate_label = QLabel("")
-        for label in (self.phase_label, self.kv_label, self.weights_label, self.conversion_label,
-                      self.estimate_label):
+        for label in (self.phase_label, self.step_label, self.kv_label, self.weights_label,
+                      self.conversion_label, self.estimate_label):
             label.setWordWrap(True)  # the dock stays as narrow as the user makes it
 
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         form.addRow("KV phase", self.phase_label)
+        form.addRow("Step", self.step_label)
         form.addRow("Cells", self.cells_bar)
         form.addRow("KV cache", self.kv_label)
         form.addRow("Compacted", self.conversion_label)
@@ -112,11 +118,11 @@ class MemoryPanel(QWidget):
 
     def set_status(self, status: KvStatus) -> None:
         self.status = status
-        store = "f16 view" if _lazy_f16(status) else status.phase
-        self.phase_label.setText(PHASE_TEXT[status.phase] + _mode_note(status))
+        self.phase_label.setText(_phase_text(status) + _mode_note(status))
+        self.step_label.setText(step_line(status))
         self.cells_bar.setRange(0, max(1, status.n_cells_capacity))
         self.cells_bar.setValue(min(status.n_cells_used, status.n_cells_capacity))
-        self.cells_bar.setFormat(f"{status.n_cells_used} / {status.n_cells_capacity} ({store})")
+        self.cells_bar.setFormat(f"{status.n_cells_used} / {status.n_cells_capacity} ({_storage(status)})")
         where = placed((p.place, p.kv) for p in self.memory)
         self.kv_label.setText(f"{fmt_bytes(status.kv_bytes_used)} in use of {fmt_bytes(status.kv_bytes)}"
                               + (f": {where}" if where else ""))
@@ -124,7 +130,7 @@ class MemoryPanel(QWidget):
             self.conversion_label.setText(
                 f"{status.n_conversions}× (last {1000 * status.last_conversion_s:.0f} ms)"
             )
-        elif status.kv_mode is not KvMode.LAZY:
+        elif not status.kv_mode.is_lazy:
             self.conversion_label.setText("not a lazy cache")
         else:
             self.conversion_label.setText("none yet")
@@ -133,23 +139,44 @@ class MemoryPanel(QWidget):
         self.rss_label.setText(fmt_bytes(rss))
         self.graph.add(rss, self.status.kv_bytes_used if self.status else 0)
 
-    def set_estimate(self, title: str, estimate: Estimate | None, error: str = "") -> None:
-        """Show what loading a model would need, coloured against the RAM available."""
+    def set_estimate(self, title: str, estimate: Estimate | None, error: str = "",
+                     plan: ContextPlan | None = None) -> None:
+        """Show what loading a model would need, coloured against the RAM available, and (``plan``) how
+        many tokens each KV mode holds in the same KV memory."""
         if estimate is None:
             self.estimate_label.setText(f"<b>{title}</b><br>{error}" if error else "")
             return
         color = FIT_COLORS[estimate.fit]
+        per_mode = f"<br>{tokens_per_mode(plan)}" if plan is not None else ""
         self.estimate_label.setText(
             f"<b>{title}</b><br><span style='color:{color}'>● {estimate.fit.value}</span>: "
-            f"{estimate.summary()}"
+            f"{estimate.summary()}{per_mode}"
         )
 
 
-def _lazy_f16(status: KvStatus) -> bool:
-    return status.kv_mode is KvMode.LAZY and status.phase is KvPhase.F16
+def tokens_per_mode(plan: ContextPlan) -> str:
+    """``In 24.0 MiB of KV memory: f16 1,024 · q8_0 2,048 · lazy 2,048 · ladder 4,096 tokens`` (rich text;
+    the mode chosen in bold; a mode capped by the model's own limit says so)."""
+    parts = []
+    for mode, n in plan.per_mode.items():
+        text = f"{MODE_NAMES[mode]} {n:,}" + (" (the model's limit)" if plan.at_limit(mode) else "")
+        parts.append(f"<b>{text}</b>" if mode is plan.kv_mode else text)
+    return f"In {fmt_bytes(plan.kv_budget)} of KV memory: {' · '.join(parts)} tokens"
+
+
+def _phase_text(status: KvStatus) -> str:
+    if status.phase is KvPhase.CONVERTING:
+        return f"compacting to {(status.target or KvPhase.Q8_0).words}…"
+    return PHASE_TEXT[status.phase]
+
+
+def _storage(status: KvStatus) -> str:
+    """What the cells bar counts: a lazy cache's step below its last is a view over the allocation."""
+    return f"{status.phase} view" if status.next_rung is not None else str(status.phase)
 
 
 def _mode_note(status: KvStatus) -> str:
-    if _lazy_f16(status):
-        return f" — lazy: compacts at {status.n_cells_capacity} cells"
+    step = status.next_rung
+    if step is not None:
+        return f" — {MODE_NAMES[status.kv_mode]}: compacts to {step.words} at {status.n_cells_capacity} cells"
     return ""

@@ -11,8 +11,8 @@ from lazykv.core.model_meta import ModelMeta
 
 def describe(meta: ModelMeta) -> list[tuple[str, str]]:
     support = meta.kv_support(flash_attn=True)
-    kv = "f16, q8_0 and lazy q8_0" if support.lazy else ("f16 only: " + support.reason if support.f16 else
-                                                         "none: " + support.reason)
+    kv = "f16, q8_0, lazy q8_0 and ladder" if support.lazy else (
+        "f16 only: " + support.reason if support.f16 else "none: " + support.reason)
     rows = [
         ("Name", meta.name),
         ("File", f"{meta.path} ({fmt_bytes(meta.file_size)})"),

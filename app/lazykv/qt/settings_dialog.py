@@ -27,12 +27,12 @@ from PySide6.QtWidgets import (
 )
 
 from lazykv.core.kinds import KvMode, SettingKind
-from lazykv.core.memory import Fit, Offload, estimate
-from lazykv.core.model_meta import ModelMeta
+from lazykv.core.memory import ContextPlan, Fit, MiB, Offload, estimate, fmt_bytes, kv_bytes, plan_context
+from lazykv.core.model_meta import CTX_PADDING, ModelMeta
 from lazykv.core.remote import parse_endpoint_text
-from lazykv.core.settings import SETTINGS, Setting, Settings
+from lazykv.core.settings import SETTINGS, SETTINGS_BY_NAME, Setting, Settings
 from lazykv.qt.markdown import plain_rich_text
-from lazykv.qt.memory_panel import FIT_COLORS
+from lazykv.qt.memory_panel import FIT_COLORS, tokens_per_mode
 
 
 class SettingsDialog(QDialog):
@@ -65,6 +65,12 @@ class SettingsDialog(QDialog):
                 groups[setting.group] = QFormLayout(box)
                 (left if setting.group in ("Engine", "Chat") else right).addWidget(box)
             self._add_row(groups[setting.group], setting, settings[setting.name])
+            if setting.name == "context_budget_mb":  # what the budget (or the context length) holds, per mode
+                self.budget_label = QLabel()
+                self.budget_label.setObjectName("settings-budget-tokens")
+                self.budget_label.setWordWrap(True)
+                self.budget_label.setTextFormat(Qt.TextFormat.RichText)
+                groups[setting.group].addRow(self.budget_label)
         left.addStretch()
         self.estimate_label = QLabel()
         self.estimate_label.setWordWrap(True)
@@ -99,7 +105,8 @@ class SettingsDialog(QDialog):
                             "Your system's keyring is not available in this session.")
         self._update_kv_choices()
         self._update_estimate()
-        for name in ("n_ctx", "kv_mode", "flash_attn", "rpc_servers", "rpc_layers"):
+        self._update_ok()
+        for name in ("n_ctx", "kv_mode", "flash_attn", "rpc_servers", "rpc_layers", "context_budget_mb"):
             self._editors[name].changed.connect(self._on_engine_change)
         if meta is not None:  # a model is loaded: say before OK that applying reloads it
             for setting in SETTINGS:
@@ -124,8 +131,11 @@ class SettingsDialog(QDialog):
                 self.set_value(setting.name, setting.default)
 
     def _update_ok(self) -> None:
-        """OK waits until every editor holds a valid value (each says what is wrong under itself)."""
-        self.ok_button.setEnabled(not any(editor.problem() for editor in self._editors.values()))
+        """OK waits until every editor holds a valid value (each says what is wrong under itself) and a
+        context memory budget holds the smallest context (said under it)."""
+        plan = self._plan()
+        too_small = plan is not None and plan.n_ctx == 0
+        self.ok_button.setEnabled(not too_small and not any(e.problem() for e in self._editors.values()))
 
     def _update_reload_note(self) -> None:
         self.reload_note.setVisible(any(s.reloads_engine for s in SETTINGS if s.name in self.changed()))
@@ -148,6 +158,7 @@ class SettingsDialog(QDialog):
     def _on_engine_change(self) -> None:
         self._update_kv_choices()
         self._update_estimate()
+        self._update_ok()
 
     def _update_kv_choices(self) -> None:
         """KV modes this model cannot run are disabled, with the reason as their tooltip."""
@@ -165,15 +176,42 @@ class SettingsDialog(QDialog):
         if not support.allows(combo.currentData()):
             combo.setCurrentIndex(combo.findData(str(KvMode.F16)))
 
-    def _update_estimate(self) -> None:
+    def _plan(self) -> ContextPlan | None:
+        """The context the values would load (None: no model to measure it on)."""
         if self._meta is None:
+            return None
+        return plan_context(self._meta, self.value("n_ctx"), self.value("kv_mode"),
+                            self.value("context_budget_mb") * MiB)
+
+    def _update_budget(self, plan: ContextPlan | None) -> None:
+        """The context length is unused while a budget is set; under the budget, what it (or the context
+        length's memory) holds in each KV mode."""
+        budget = self.value("context_budget_mb")
+        self.editors["n_ctx"].setEnabled(budget == 0)
+        self.editors["n_ctx"].setToolTip("Unused: the context memory budget sets the length." if budget else
+                                         SETTINGS_BY_NAME["n_ctx"].description)
+        if plan is None:
+            self.budget_label.setText("Load a model to see how many tokens fit in each KV mode.")
+        elif budget and plan.n_ctx == 0:
+            need = fmt_bytes(kv_bytes(self._meta, CTX_PADDING, plan.kv_mode)) if self._meta else ""
+            self.budget_label.setText(
+                f"<span style='color:{FIT_COLORS[Fit.RED]}'>{fmt_bytes(budget * MiB)} holds fewer than "
+                f"{CTX_PADDING} tokens with this KV cache: {CTX_PADDING} tokens need {need}.</span><br>"
+                f"{tokens_per_mode(plan)}")
+        else:
+            self.budget_label.setText(tokens_per_mode(plan))
+
+    def _update_estimate(self) -> None:
+        plan = self._plan()
+        self._update_budget(plan)
+        if plan is None or self._meta is None:
             self.estimate_label.setText("")
             return
-        est = estimate(self._meta, self.value("n_ctx"), self.value("kv_mode"),
+        est = estimate(self._meta, max(plan.n_ctx, CTX_PADDING), self.value("kv_mode"),
                        offload=Offload.of(self.value("rpc_servers"), self.value("rpc_layers")))
         color = FIT_COLORS[est.fit]
         self.estimate_label.setText(
-            f"<b>{html.escape(self._meta.name)}</b> with these settings<br>"
+            f"<b>{html.escape(self._meta.name)}</b> with these settings ({plan.n_ctx:,} tokens)<br>"
             f"<span style='color:{color}'>● {est.fit.value}</span>: {est.summary()}"
         )
         self.estimate_label.setTextFormat(Qt.TextFormat.RichText)
@@ -240,11 +278,21 @@ def _float_editor(setting: Setting) -> Editor:
 
 
 def _choice_editor(setting: Setting) -> Editor:
+    """A combo box; with ``choice_notes``, the note of the choice shown is the line under it."""
     combo = QComboBox()
     for choice, label in setting.choices:
         combo.addItem(label, str(choice))
+    note = None
+    if setting.choice_notes:
+        notes = {str(value): text for value, text in setting.choice_notes}
+        note = QLabel()
+        note.setObjectName(f"{setting.name}-note")
+        note.setWordWrap(True)
+        note.setTextFormat(Qt.TextFormat.PlainText)
+        combo.currentIndexChanged.connect(lambda _=0: note.setText(notes.get(combo.currentData(), "")))
+        note.setText(notes.get(combo.currentData(), ""))
     return Editor(combo, combo.currentData, lambda v: combo.setCurrentIndex(max(0, combo.findData(str(v)))),
-                  combo.currentIndexChanged)
+                  combo.currentIndexChanged, below=note)
 
 
 def _text_editor(setting: Setting) -> Editor:
