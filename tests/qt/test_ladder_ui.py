@@ -4,6 +4,7 @@ the context memory budget in Settings (issue 14, the app)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtWidgets import QComboBox, QLabel
@@ -17,13 +18,15 @@ from lazykv.core.model_meta import read_model_meta
 from lazykv.core.settings import Settings
 from lazykv.qt.main_window import MainWindow, UiState
 from lazykv.qt.settings_dialog import SettingsDialog
+from lazykv.qt.worker import Convert
 from tests.core.test_engine_budget import _meta
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
-from tests.qt.helpers import WAIT_MS, chat, error_box, settle
+from tests.qt.helpers import FAST, WAIT_MS, chat, error_box, held, settle
 from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
 
 N_CTX = 1024  # the fake ladder's steps: 16-bit 288 cells, 8-bit 542, 4-bit all 1,024
+IDLE_MS = 1000  # long enough for a reply and its saves on the fake engine to finish first
 
 
 def _compact(qtbot: QtBot, w: MainWindow, to: KvPhase) -> list[tuple[ConversionStage, str]]:
@@ -82,6 +85,38 @@ def test_a_ladder_conversation_shows_each_step_and_compacts_one_step_at_a_time(
         < text.index(f"Context compacted to 4-bit here (at token {used})")
     assert [m.label for m in w.conversation.markers()] == [f"Context compacted to {to} here (at token {used})"
                                                            for to in ("8-bit", "4-bit")]
+
+
+def test_compacting_waits_for_the_step_on_its_way(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    """A second click while a step is on its way does not take the ladder a second step down."""
+    w = fake_window(kv_mode=KvMode.LADDER, n_ctx=N_CTX)
+    chat(qtbot, w, "Hello")
+    held(qtbot, fake, w.compact_action.trigger)
+    assert not w.compact_action.isEnabled()
+    w.compact_action.trigger()  # ignored: disabled
+    fake.release()
+    qtbot.waitUntil(lambda: w.kv.phase is KvPhase.Q8_0, timeout=WAIT_MS)
+    settle(qtbot, w)
+    assert fake.calls.count("convert") == 1 and w.compact_action.isEnabled()
+
+
+def test_the_idle_timer_does_not_add_a_step_to_a_manual_one(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    w = fake_window(kv_mode=KvMode.LADDER, n_ctx=N_CTX, idle_conversion=True,
+                    timings=replace(FAST, idle_delay_ms=IDLE_MS))
+    fake.reply = ("word " * 270,)  # the 16-bit step (288 cells) over 90 % full: the idle timer starts
+    chat(qtbot, w, "Fill it")
+    assert w.idle_conversion_pending
+    held(qtbot, fake, w.compact_action.trigger)
+    qtbot.wait(IDLE_MS + 300)  # the idle timer fires while the manual step is held
+    assert not w.idle_conversion_pending
+    assert sum(isinstance(r, Convert) for r in w.engine.pending()) == 1
+    fake.release()
+    settle(qtbot, w)
+    assert w.kv.phase is KvPhase.Q8_0 and fake.calls.count("convert") == 1
 
 
 def test_a_step_in_progress_names_its_target_in_the_panel_and_the_indicator(

@@ -546,9 +546,10 @@ class MainWindow(QMainWindow):
             self._idle_timer.stop()
 
     def _update_compact_action(self, ready: bool) -> None:
-        """Enabled while a lazy cache in use can go one step down; it says to which."""
+        """Enabled while a lazy cache in use can go one step down and no compaction is on its way (a
+        second click must not take a ladder two steps down); it says to which step."""
         step = self.kv.next_rung if self.kv is not None and self.kv.n_cells_used > 0 else None
-        self.compact_action.setEnabled(ready and step is not None)
+        self.compact_action.setEnabled(ready and step is not None and not self._compacting())
         if step is not None:
             tip = f"Compact the context memory to {step.words} now"
         elif self.kv is None or not self.kv.kv_mode.is_lazy:
@@ -557,6 +558,10 @@ class MainWindow(QMainWindow):
             tip = "Nothing to compact: the context memory is empty or at its last step"
         self.compact_action.setStatusTip(tip)
         self.compact_action.setToolTip(tip)
+
+    def _compacting(self) -> bool:
+        """A compaction (manual or idle) is on its way to the engine."""
+        return any(isinstance(r, Convert) for r in self.engine.pending())
 
     def _ends_with_reply(self) -> bool:
         n = len(self.conversation)
@@ -714,7 +719,7 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _convert_while_idle(self) -> None:
-        wanted = wants_idle_conversion(self.kv) and self.setting("idle_conversion")
+        wanted = wants_idle_conversion(self.kv) and self.setting("idle_conversion") and not self._compacting()
         if self._state is UiState.READY and wanted:
             self.statusBar().showMessage("Compacting context memory while idle…", 3000)
             self.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
