@@ -70,6 +70,39 @@ def test_a_ladder_conversation_fills_each_step_and_keeps_answering(model_path: P
         s.close()
 
 
+def _two_turns(model: Path, second: str, compact_between: bool) -> tuple[str, KvPhase]:
+    """A list of 70 items (~380 tokens: past the 16-bit step), its reply, then ``second`` (past the 8-bit
+    step); the last reply and the step it ended on."""
+    s = EngineSession()
+    try:
+        s.load(model, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+        conversation = [{"role": "user", "content": _items(70)}]
+        text, _ = reply(s, conversation)
+        conversation += [{"role": "assistant", "content": text}, {"role": "user", "content": second}]
+        if compact_between:
+            assert s.convert_kv_now() and s.kv_status().phase is KvPhase.Q4_0
+        text, _ = reply(s, conversation)
+        return text, s.kv_status().phase
+    finally:
+        s.close()
+
+
+def _items(n: int) -> str:
+    return "Here is a list: " + ", ".join(f"item {i}" for i in range(n)) + ". Which item comes first?"
+
+
+@pytest.mark.parametrize("n_items", [30, 45, 60])  # the 8-bit step (512 cells) crossed at ~560, ~640, ~720
+def test_the_step_a_prompt_takes_answers_as_the_step_taken_just_before_it(
+    smollm2_path: Path, n_items: int
+) -> None:
+    """Crossing the 8-bit step while a prompt is read converts the cells in place, then reads the prompt on
+    the 4-bit step: the same cells and the same graph as compacting just before the prompt, so the same
+    greedy reply (a sensible one: not empty, not from non-finite logits)."""
+    inside, before = (_two_turns(smollm2_path, _items(n_items), compact) for compact in (False, True))
+    assert before[1] is inside[1] is KvPhase.Q4_0 and before[0].strip()
+    assert inside == before
+
+
 def test_compact_now_goes_one_step_at_a_time(smollm2_path: Path) -> None:
     s = EngineSession()
     events: list[ConversionEvent] = []
