@@ -1,7 +1,9 @@
 """Render the app's main states to PNG under docs/ (``make screenshots``): real engine, real model.
 
 chatting (with the context indicator), a Markdown reply with code, the dark theme, conversion in
-progress, the memory panel after the conversion, the settings dialog. Runs on Qt's real xcb
+progress, the memory panel after the conversion, the settings dialog; then the ladder: the settings
+with a context memory budget, and one conversation on each of its steps (16-bit, 8-bit, 4-bit) and
+while it is compacted to 4-bit. Runs on Qt's real xcb
 platform under a private Xvfb display with a window manager (tools/xcb_smoke.py) when those are
 installed, else offscreen; settings and conversations go to temporary dirs.
 """
@@ -145,9 +147,57 @@ def shoot_all() -> int:
     pause(300)
     shoot(window.settings_dialog, "screenshot-settings.png")
     window.settings_dialog.reject()
+    ladder_shots = shoot_ladder(window)
     window.close()
     pause(200)  # let the closed dialog's deferred delete run while Qt is still up
-    return 0 if shots else 1
+    return 0 if shots and ladder_shots else 1
+
+
+LADDER_BUDGET_MB = 13  # SmolLM2's ladder cache: 6,480 bytes a token, 2,048 tokens in 13 MiB
+
+
+def shoot_ladder(window) -> bool:  # noqa: ANN001 - a MainWindow
+    """The ladder chosen by memory budget in Settings, then a conversation that fills its 16-bit step
+    (512 cells), goes on on its 8-bit step (1,024), is compacted to 4-bit with "Compact context memory
+    now" and answers there; False if the 4-bit step's progress was not seen."""
+    window.settings_action.trigger()
+    dialog = window.settings_dialog
+    dialog.set_value("kv_mode", "ladder")
+    dialog.set_value("context_budget_mb", LADDER_BUDGET_MB)
+    pause(300)
+    shoot(dialog, "screenshot-ladder-settings.png")
+    dialog.accept()
+    wait_for(window.model_loaded)
+    window.new_chat()
+    pause(200)
+    window.send_text("What is a KV cache in a language model, in two sentences?")
+    wait_for(window.reply_finished)
+    pause(300)
+    shoot(window, "screenshot-ladder-f16.png")
+
+    items = ", ".join(f"item {i}" for i in range(110))  # ~600 tokens: past the 16-bit step
+    window.send_text(f"Here is a list: {items}. Which item comes last?")
+    wait_for(window.reply_finished)
+    pause(1200)
+    shoot(window, "screenshot-ladder-8bit.png")
+
+    shots: list[bool] = []
+
+    def during(event: ConversionEvent) -> None:
+        if event.target == "q4_0" and event.stage == "progress" and event.fraction >= 0.4 and not shots:
+            shots.append(True)
+            shoot(window, "screenshot-ladder-converting.png")
+
+    window.conversion_shown.connect(during)
+    window.compact_action.trigger()  # "Compact context memory now": one step, to 4-bit
+    wait_for(window.converted)
+    window.conversion_shown.disconnect(during)
+    pause(300)
+    window.send_text("Which item comes first?")
+    wait_for(window.reply_finished)
+    pause(1200)
+    shoot(window, "screenshot-ladder-4bit.png")
+    return bool(shots)
 
 
 if __name__ == "__main__":
