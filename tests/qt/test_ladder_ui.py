@@ -18,11 +18,15 @@ from lazykv.core.model_meta import read_model_meta
 from lazykv.core.settings import Settings
 from lazykv.qt.main_window import MainWindow, UiState
 from lazykv.qt.settings_dialog import SettingsDialog
+from lazykv.qt.stall_meter import StallMeter
 from lazykv.qt.worker import Convert
 from tests.core.test_engine_budget import _meta
+from tests.core.test_engine_snapshot import MEDIUM
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import FAST, WAIT_MS, chat, error_box, held, settle
+from tests.qt.test_lazy_ui import GUI_STALL_BOUND_MS
+from tests.qt.test_main_window import REPLY_TIMEOUT_MS, open_window
 from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
 
 N_CTX = 1024  # the fake ladder's steps: 16-bit 288 cells, 8-bit 542, 4-bit all 1,024
@@ -229,3 +233,42 @@ def test_too_small_a_budget_is_said_in_one_sentence_and_the_model_stays(
         in error_box(w).text()
     settle(qtbot, w)
     assert w.model_info is before and w.state is UiState.READY
+
+
+def test_a_ladder_conversation_on_the_real_engine_shows_each_step(
+    qtbot: QtBot, smollm2_path: Path
+) -> None:
+    """The real engine's steps (16-bit 256 cells, 8-bit 512, 4-bit 1,024 at n_ctx 1,024) as the window
+    shows them: filled past the 16-bit step by a prompt, then compacted to 4-bit with the action; the GUI
+    thread never waits for either."""
+    w = open_window(qtbot, smollm2_path, kv_mode=KvMode.LADDER, max_reply_tokens=8)
+    try:
+        qtbot.waitUntil(lambda: w.kv is not None)
+        assert w.memory_panel.step_label.text() == "16-bit: 0 of 256 tokens · next 8-bit: 512"
+        seen: list[ConversionEvent] = []
+        w.conversion_shown.connect(seen.append)
+        meter = StallMeter()
+        meter.start()
+        with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
+            w.send_text(MEDIUM)  # ~330 tokens: past the 16-bit step
+        qtbot.waitUntil(lambda: w.kv.phase is KvPhase.Q8_0 and w.ops.count == 0, timeout=WAIT_MS)
+        used = w.kv.n_cells_used
+        assert finished.args[0].text.strip() and 256 < used < 512
+        assert {e.target for e in seen} == {KvPhase.Q8_0}
+        assert w.memory_panel.step_label.text() == f"8-bit: {used} of 512 tokens · next 4-bit: 1,024"
+        assert w.context_meter.label.text() == (f"Context {used} / 1,024 tokens · 8-bit up to 512 · "
+                                                "next 4-bit up to 1,024")
+        with qtbot.waitSignal(w.converted, timeout=REPLY_TIMEOUT_MS):
+            w.compact_action.trigger()
+        qtbot.waitUntil(lambda: w.kv.phase is KvPhase.Q4_0, timeout=WAIT_MS)
+        meter.stop()
+        assert seen[-1].target is KvPhase.Q4_0 and seen[-1].stage is ConversionStage.END
+        assert w.memory_panel.step_label.text() == f"4-bit: {used} of 1,024 tokens · the last step"
+        assert w.banner.label.text().startswith("Context memory compacted to 4-bit in ")
+        assert not w.compact_action.isEnabled()
+        with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as again:
+            w.send_text(MEDIUM)  # a long prompt read on the 4-bit step
+        assert again.args[0].text.strip()
+        assert meter.max_gap_ms < GUI_STALL_BOUND_MS
+    finally:
+        w.close()
