@@ -30,8 +30,10 @@ CHILD_TIMEOUT_S = 60
 MAX_META_PEAK = 1 << 20  # Python memory model_meta may allocate for any file of the corpus
 MAX_CHILD_RSS = 600 << 20  # a child's peak RSS: interpreter, numpy, engine, and the loaded file
 # loads each file named on the command line in turn, one result line per file, flushed
+# the peak is VmHWM, this process image's own: ru_maxrss survives execve and would report the parent
+# test process's size at fork time
 CHILD = """
-import json, resource, sys
+import json, sys
 from lazykv.core.engine import EngineSession, ModelFileError
 from lazykv.core.errors import EngineError
 for path in sys.argv[1:]:
@@ -42,7 +44,9 @@ for path in sys.argv[1:]:
     except EngineError as err:
         out.update(outcome="refused", type=type(err).__name__, message=str(err),
                    model_file_error=isinstance(err, ModelFileError))
-    out["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with open("/proc/self/status") as status:
+        hwm_kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    out["maxrss"] = hwm_kb * 1024
     print("RESULT " + json.dumps(out), flush=True)
 """
 
