@@ -202,3 +202,38 @@ def test_each_saved_step_restores_where_the_app_says_it_does(smollm2_path: Path,
                 assert b.kv_status().phase is step and got == expected  # the same cells: the same reply
         finally:
             b.close()
+
+
+@pytest.mark.parametrize("step", [KvPhase.F16, KvPhase.Q8_0])
+def test_a_compact_snapshot_resumes_on_the_4bit_step(smollm2_path: Path, step: KvPhase) -> None:
+    """The "compact snapshots" setting: a ladder still on 16- or 8-bit saves 4-bit cells (a smaller state, a
+    4-bit layout in the header), its own cache unchanged; the snapshot resumes on the 4-bit step and answers
+    as the same ladder compacted to 4-bit just before saving would."""
+    a = EngineSession()
+    try:
+        a.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+        conversation = first_turn(a, SAVED_AT[step])
+        assert a.kv_status().phase is step
+        full, compact = a.capture_kv(), a.capture_kv(compact=True)
+        assert a.kv_status().phase is step
+        assert (compact.layout["type_k"], compact.layout["lazy_phase"]) == ("q4_0", "q4_0")
+        assert (full.layout["type_k"], full.layout["lazy_phase"]) == (step, step)
+        assert len(compact.state) < len(full.state) * (0.35 if step is KvPhase.F16 else 0.6)
+        llama, _ = a._require()
+        assert llama.kv_lazy_convert("q4_0")  # the one step the compact snapshot's cells took
+        expected, _ = reply(a, conversation)
+    finally:
+        a.close()
+
+    header = replace(make_header(), type_k="q4_0", type_v="q4_0", n_rot_k=int(compact.layout["n_rot_k"]),
+                     n_rot_v=int(compact.layout["n_rot_v"]))
+    b = EngineSession()
+    try:
+        b.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+        assert _layout_fits(header, b.layout())
+        b.restore_kv(compact.tokens, compact.state)
+        assert b.kv_status().phase is KvPhase.Q4_0
+        got, reused = reply(b, conversation)
+        assert reused >= len(compact.tokens) - 1 and got == expected
+    finally:
+        b.close()

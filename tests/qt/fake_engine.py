@@ -213,8 +213,8 @@ class FakeSession:
                 "type_v": "f16", "lazy_phase": "f16", "lazy_rungs": rungs, "lazy_rot_k": 0, "lazy_rot_v": 0,
                 "n_rot_k": 0, "n_rot_v": 0, "n_rot_k_swa": 0, "n_rot_v_swa": 0, "state_version": 1}
 
-    def capture_kv(self) -> KvSnapshot:
-        self.calls.append("capture")
+    def capture_kv(self, compact: bool = False) -> KvSnapshot:
+        self.calls.append("capture-compact" if compact else "capture")
         return KvSnapshot(self.layout(), list(self._kv.tokens), b"fake-state" * 8)
 
     def restore_kv(self, tokens: Sequence[int], state: bytes | memoryview) -> None:

@@ -272,3 +272,18 @@ def test_a_ladder_conversation_on_the_real_engine_shows_each_step(
         assert meter.max_gap_ms < GUI_STALL_BOUND_MS
     finally:
         w.close()
+
+
+def test_compact_snapshots_setting_saves_at_the_last_step(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    """Off by default (a snapshot keeps the step the chat is on); on, every save asks for the last step."""
+    assert Settings()["compact_snapshots"] is False
+    for compact, want in ((False, "capture"), (True, "capture-compact")):
+        w = fake_window(kv_mode=KvMode.LADDER, n_ctx=N_CTX, snapshot_encryption="keyring",
+                        compact_snapshots=compact)
+        qtbot.waitUntil(lambda w=w: w.conversations.snapshots_on, timeout=WAIT_MS)
+        fake.calls.clear()
+        with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
+            w.send_text("Save me")
+        assert [c for c in fake.calls if c.startswith("capture")] == [want]

@@ -431,10 +431,11 @@ class EngineSession:
             return False
         return llama.kv_lazy_convert()
 
-    def layout(self) -> dict[str, object]:
-        """What a saved KV state must match to restore here (the snapshot header carries the same keys)."""
+    def layout(self, written_at: str | None = None) -> dict[str, object]:
+        """What a saved KV state must match to restore here (the snapshot header carries the same keys);
+        ``written_at``: the layout of a state written at that later step (see capture_kv)."""
         llama, info = self._require()
-        meta = llama.state_metadata()
+        meta = llama.state_metadata(written_at=written_at)
         return {
             "engine_version": llama_cpp.__version__,
             "n_ctx": info.n_ctx,
@@ -452,14 +453,18 @@ class EngineSession:
             "state_version": meta["seq_version"],
         }
 
-    def capture_kv(self) -> KvSnapshot:
-        """The conversation's KV cache (sequence 0) and the tokens it holds."""
+    def capture_kv(self, compact: bool = False) -> KvSnapshot:
+        """The conversation's KV cache (sequence 0) and the tokens it holds. ``compact``: a lazy cache
+        saves its cells at its last step (a ladder's 4-bit) even while they are still on an earlier one,
+        converted on the way out; the live cache is unchanged."""
         llama, _ = self._require()
-        state = llama.save_state(seq_id=0)
+        lazy = llama.kv_lazy_info()
+        rung = lazy.final if compact and lazy.phase in lazy.rungs and lazy.phase != lazy.final else None
+        state = llama.save_state(seq_id=0, rung=rung)
         meta = json.dumps(state.metadata, sort_keys=True).encode("utf-8")
         blob = struct.pack("<I", len(meta)) + meta + state.llama_state
         tokens = llama.input_ids[: llama.n_tokens].tolist()
-        return KvSnapshot(self.layout(), tokens, blob)
+        return KvSnapshot(self.layout(written_at=rung), tokens, blob)
 
     def restore_kv(self, tokens: Sequence[int], state: bytes | memoryview) -> None:
         """Put a captured KV cache back; KvRestoreError (cache left empty) when it does not fit here.

@@ -164,15 +164,18 @@ class Persistence:
         """The loaded model's sha256 (the fingerprint cache avoids re-hashing an unchanged file)."""
         return model_sha256(self.engine.model_info().path, self._fingerprints)
 
-    def save(self, conv_id: int, messages: Sequence[dict[str, str]], budget_bytes: int = 0) -> SaveResult:
+    def save(
+        self, conv_id: int, messages: Sequence[dict[str, str]], budget_bytes: int = 0, compact: bool = False
+    ) -> SaveResult:
         """Snapshot the conversation's cache now; ``messages`` are the ones it holds (what the engine
-        was sent: ``Conversation.messages()``). Then prune the least recently used snapshots past
-        the budget (never this one) and the leftovers. SnapshotsOffError without a crypto."""
+        was sent: ``Conversation.messages()``); ``compact``: at the cache's last step (see
+        EngineSession.capture_kv). Then prune the least recently used snapshots past the budget
+        (never this one) and the leftovers. SnapshotsOffError without a crypto."""
         crypto = self._crypto
         if crypto is None:
             raise SnapshotsOffError("snapshots are off")
         t0 = time.perf_counter()
-        kv = self.engine.capture_kv()
+        kv = self.engine.capture_kv(compact)
         header = self._header(kv.layout, len(kv.tokens), crypto, conv_id, messages)
         pending = self.db.snapshots_dir / f"{PENDING_PREFIX}{uuid.uuid4().hex}{SNAPSHOT_SUFFIX}"
         sha = write_snapshot(pending, header, kv.tokens, kv.state, crypto.key_for_writing())

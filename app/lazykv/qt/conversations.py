@@ -372,7 +372,8 @@ class Conversations(QObject):
         if not self.snapshots_on or self.host.model_info is None:
             return
         budget = self.host.setting("snapshot_budget_mb") * 1024 * 1024
-        self.host.engine.submit(SaveSnapshot(conv_id, messages, budget),
+        compact = bool(self.host.setting("compact_snapshots"))
+        self.host.engine.submit(SaveSnapshot(conv_id, messages, budget, compact),
                                 lambda r: self._snapshot_saved(conv_id, r), self._snapshot_failed)
 
     def _snapshot_saved(self, conv_id: int, result: SaveResult | None) -> None:

@@ -109,6 +109,7 @@ class SaveSnapshot(Request):
     conv_id: int
     messages: list[dict[str, str]]  # what the cache holds (Conversation.messages()): the snapshot's binding
     budget_bytes: int
+    compact: bool = False  # at the cache's last step (the "compact_snapshots" setting)
 
 
 @dataclass(eq=False)
@@ -239,7 +240,9 @@ class EngineWorker(QObject):
         """After a completed reply: the conversation's KV cache into its snapshot file (None: not saved)."""
         if self._persistence.crypto is None:
             return None
-        return self._persistence.save(request.conv_id, request.messages, request.budget_bytes)
+        return self._persistence.save(
+            request.conv_id, request.messages, request.budget_bytes, request.compact
+        )
 
     def _open(self, request: OpenConversation) -> Any:
         return self._persistence.open(request.conv_id, request.messages,
