@@ -104,6 +104,14 @@ def saved_state(tmp_path_factory: pytest.TempPathFactory) -> SavedState:
     return get
 
 
+def assert_refused(dst: Llama, api: str, saved: object, prompt: list[int]) -> None:
+    """The restore raises StateMismatchError and leaves an empty, usable context."""
+    with pytest.raises(StateMismatchError):
+        restore(dst, api, saved)
+    assert dst.n_tokens == 0
+    assert len(greedy(dst, prompt, 4)) == 4
+
+
 def check_pair(path: Path, source: str, target: str, api: str, saved_state: SavedState) -> None:
     outcome = expected_outcome(source, target, api)
     prompt = list(short_prompt(path))
@@ -111,10 +119,7 @@ def check_pair(path: Path, source: str, target: str, api: str, saved_state: Save
     dst = target_context(path, target, filler=prompt[5:40])
 
     if outcome == "refused":
-        with pytest.raises(StateMismatchError):
-            restore(dst, api, saved)
-        assert dst.n_tokens == 0
-        assert len(greedy(dst, prompt, 4)) == 4  # still usable
+        assert_refused(dst, api, saved, prompt)
         return
 
     restore(dst, api, saved)
