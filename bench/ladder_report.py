@@ -311,33 +311,55 @@ def last_rung_sentence(p: LadderPass) -> str:
     )
 
 
-def summary_section(r: LadderResults) -> str:
+def q8_rung_sentence(p: LadderPass) -> str:
+    _, a, b = p.regions("ladder")[1]
+    return (
+        f"On its q8_0 rung ({a}-{b}) the ladder's KLD is {p.mean_kld('ladder', a, b):.5f}, plain q8_0's "
+        f"{p.mean_kld('q8_0', a, b):.5f} on the same positions."
+    )
+
+
+def model_summary(p: LadderPass) -> str:
+    ladder, f16, q8 = memory_of(p, "ladder"), memory_of(p, "f16"), memory_of(p, "q8_0")
+    q5 = memory_of(p, "ladder_q5_0")
+    speed = "; ".join(
+        f"{s.rung} rung decode {s.ratio('decode_tok_s'):.2f}, prefill {s.ratio('prefill_tok_s'):.2f}"
+        for s in p.speed
+    )
+    return (
+        f"- {p.model.label}: the ladder holds {ladder.tokens_per_gib / f16.tokens_per_gib:.2f}x the "
+        f"tokens of f16 and {ladder.tokens_per_gib / q8.tokens_per_gib:.2f}x those of q8_0 per GiB "
+        f"(q5_0 ladder {q5.tokens_per_gib / f16.tokens_per_gib:.2f}x f16); its f16 rung is "
+        f"{'' if p.identical_f16['ladder'] else '**not** '}bit-identical to f16. "
+        + q8_rung_sentence(p)
+        + " "
+        + last_rung_sentence(p)
+        + f" Speed, ladder / plain cache of the rung's type: {speed}."
+    )
+
+
+def summary_section(r: LadderResults, run: Results) -> str:
     lines = ["## What this says", ""]
-    for p in r.passes:
-        ladder, f16, q8 = memory_of(p, "ladder"), memory_of(p, "f16"), memory_of(p, "q8_0")
-        q5 = memory_of(p, "ladder_q5_0")
-        lines.append(
-            f"- {p.model.label}: the ladder holds {ladder.tokens_per_gib / f16.tokens_per_gib:.2f}x the "
-            f"tokens of f16 and {ladder.tokens_per_gib / q8.tokens_per_gib:.2f}x those of q8_0 per GiB "
-            f"(q5_0 ladder {q5.tokens_per_gib / f16.tokens_per_gib:.2f}x f16); its f16 rung is "
-            f"{'' if p.identical_f16['ladder'] else '**not** '}bit-identical to f16. " + last_rung_sentence(p)
-        )
+    lines += [model_summary(p) for p in r.passes]
+    lines.append(
+        "- The better trade: q4_0 is called the better last rung when its KLD factor over q5_0 (plain "
+        "caches, same positions) is at most its token factor (22/18 = 1.22x, a q5_0 block over a q4_0 "
+        "block), q5_0 otherwise."
+    )
     if r.pause is not None:
         worst = max(r.pause.steps, key=lambda s: s.wall_s / s.memcpy_s)
+        best = min(r.pause.steps, key=lambda s: s.wall_s / s.memcpy_s)
         lines.append(
-            f"- Pauses: the slowest step against memcpy is {worst.step.name} at "
-            f"{worst.wall_s / worst.memcpy_s:.2f}x ({1000 * worst.wall_s:.0f} ms for "
-            f"{mib(worst.bytes_read)}); largest extra RSS "
-            f"{mib(max(s.extra_rss for s in r.pause.steps))}."
+            f"- Pauses (Llama-3-8B KV shape): from {best.wall_s / best.memcpy_s:.1f}x memcpy "
+            f"({best.step.name}, {1000 * best.wall_s:.0f} ms for {mib(best.bytes_read)}) to "
+            f"{worst.wall_s / worst.memcpy_s:.1f}x ({worst.step.name}, {1000 * worst.wall_s:.0f} ms for "
+            f"{mib(worst.bytes_read)}); largest extra RSS {mib(max(s.extra_rss for s in r.pause.steps))}. "
+            "The memcpy is single-threaded, the steps use n_threads."
         )
-    speeds = [(p.model.label, s) for p in r.passes for s in p.speed]
-    if speeds:
+    if contention_warning(run):
         lines.append(
-            "- Speed, ladder / plain cache of the rung's type: decode "
-            + ", ".join(f"{s.rung} {s.ratio('decode_tok_s'):.2f}" for _, s in speeds)
-            + "; prefill "
-            + ", ".join(f"{s.rung} {s.ratio('prefill_tok_s'):.2f}" for _, s in speeds)
-            + " (models in the order of section 4)."
+            "- Other processes used the CPU during the timings (see the warning above): the pauses and "
+            "speed ratios are not worth comparing with a quiet run; memory and KLD do not depend on it."
         )
     return "\n".join(lines)
 
@@ -357,7 +379,7 @@ def header(run: Results) -> str:
 
 
 def render(r: LadderResults, run: Results) -> str:
-    parts = [header(run), contention_warning(run), targets_section(all_targets(r)), summary_section(r)]
+    parts = [header(run), contention_warning(run), targets_section(all_targets(r)), summary_section(r, run)]
     if r.passes:
         parts += [memory_section(r.passes), quality_section(r.passes)]
     if r.pause is not None:
