@@ -358,8 +358,8 @@ def summary_section(r: LadderResults, run: Results) -> str:
         )
     if contention_warning(run):
         lines.append(
-            "- Other processes used the CPU during the timings (see the warning above): the pauses and "
-            "speed ratios are not worth comparing with a quiet run; memory and KLD do not depend on it."
+            "- Other processes used the CPU during the steps the warning above names: their timings are not "
+            "worth comparing with a quiet run; memory and KLD do not depend on it."
         )
     return "\n".join(lines)
 
