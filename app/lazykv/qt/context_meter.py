@@ -20,12 +20,13 @@ class ContextMeter(QWidget):
         self.bar.setTextVisible(False)
         self.bar.setFixedSize(90, 8)
         self.label = QLabel("no model")
-        self.label.setSizePolicy(QSizePolicy.Policy.Minimum, QSizePolicy.Policy.Preferred)
+        # the line grows with the ladder's steps: it takes the room there is (the tooltip says it all)
+        # instead of setting the window's minimum width
+        self.label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.bar)
-        layout.addWidget(self.label)
-        layout.addStretch()
+        layout.addWidget(self.label, 1)
         self.setObjectName("context-meter")
 
     def set_status(self, status: KvStatus | None) -> None:
