@@ -89,29 +89,48 @@ def top1(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     return float((p_logits.argmax(axis=-1) == q_logits.argmax(axis=-1)).mean())
 
 
+def feed_sampled(llm: Llama, tokens: list[int], every: int, step: int = 128) -> np.ndarray:
+    """Decode `tokens` in batches of `step`; the logits of every `every`-th position only (the output
+    layer of Gemma-3's 262k-token vocabulary at every position would dominate the test)."""
+    rows = []
+    for i in range(0, len(tokens), step):
+        chunk, n_past = tokens[i : i + step], llm.n_tokens
+        llm._batch.set_batch(batch=chunk, n_past=n_past, logits_all=False)
+        wanted = [j for j in range(len(chunk)) if (n_past + j) % every == 0]
+        for j in wanted:
+            llm._batch.batch.logits[j] = True
+        llm._ctx.decode(llm._batch)
+        llm.input_ids[n_past : n_past + len(chunk)] = chunk
+        llm.n_tokens += len(chunk)
+        for j in wanted:
+            logits = llama_cpp.llama_get_logits_ith(llm.ctx, j)
+            rows.append(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),)).copy())
+    return np.stack(rows)
+
+
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_kld_per_rung(model: str, smollm2_path: Path, gemma3_path: Path, record_property) -> None:
-    """Against f16, on the same text: exact in the f16 rung, no worse than plain q8_0 in the q8_0 rung,
-    and after the last step no worse than a plain rotated q4_0 cache (mean KLD within 1.10x)."""
+    """Against f16, on the same text (every 4th position): exact in the f16 rung, no worse than plain q8_0
+    in the q8_0 rung, and after the last step no worse than a plain rotated q4_0 cache (mean KLD within
+    1.10x)."""
     path = smollm2_path if model == "smollm2" else gemma3_path
-    kinds = ("f16", "q8_0", "q4_0", "ladder")
-    runs = {kv: make_llama(path, kv, n_ctx=N_SMALL, logits_all=True) for kv in kinds}
+    every = 4
+    runs = {kv: make_llama(path, kv, n_ctx=N_SMALL) for kv in ("f16", "q8_0", "q4_0", "ladder")}
     tokens = corpus(runs["f16"], N_SMALL - 24)
-    for llm in runs.values():
-        feed(llm, tokens)  # the steps fall between batches
+    logits = {kv: feed_sampled(llm, tokens, every) for kv, llm in runs.items()}  # steps between batches
     info = runs["ladder"].kv_lazy_info()
     assert (info.phase, info.n_conversions) == ("q4_0", 2)
 
-    n = len(tokens)
-    ref = runs["f16"].scores[:n]
-    klds = {kv: kld(ref, runs[kv].scores[:n]) for kv in ("q8_0", "q4_0", "ladder")}
-    f16_rung, q8_rung, q4_rung = slice(0, N_SMALL_F16), slice(N_SMALL_F16, N_SMALL_Q8), slice(N_SMALL_Q8, n)
+    ref = logits["f16"]
+    klds = {kv: kld(ref, logits[kv]) for kv in ("q8_0", "q4_0", "ladder")}
+    f16_rung = slice(0, N_SMALL_F16 // every)
+    q8_rung, q4_rung = slice(N_SMALL_F16 // every, N_SMALL_Q8 // every), slice(N_SMALL_Q8 // every, len(ref))
     assert klds["ladder"][f16_rung].max() == 0.0
     assert klds["ladder"][q8_rung].mean() <= 1.10 * klds["q8_0"][q8_rung].mean()
     assert klds["ladder"][q4_rung].mean() <= 1.10 * klds["q4_0"][q4_rung].mean()
     for kv in ("q8_0", "q4_0", "ladder"):
         record_property(f"kld_{kv}_last_rung", float(klds[kv][q4_rung].mean()))
-        record_property(f"top1_{kv}_last_rung", top1(ref[q4_rung], runs[kv].scores[q4_rung]))
+        record_property(f"top1_{kv}_last_rung", top1(ref[q4_rung], logits[kv][q4_rung]))
 
 
 # ---------------------------------------------------------------- the steps
