@@ -1,4 +1,9 @@
-"""Start LazyKV Chat: ``python -m lazykv``, ``lazykv`` (GUI) or ``lazykv-cli``."""
+"""Start LazyKV Chat: ``python -m lazykv``, ``lazykv`` (GUI) or ``lazykv-cli``.
+
+``python -m lazykv SUBCOMMAND ...`` runs a terminal command from ``lazykv.cli`` instead (``estimate``,
+``models``, ``serve``, ...): those never import Qt, so this module imports PySide6 only inside the
+functions that start the window.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,16 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
-
-from lazykv import __version__, console
+from lazykv import __version__, cli, console
 from lazykv.core import model_fetch
 from lazykv.core.engine_check import EngineMissingError, check_engine
 from lazykv.core.kinds import KvMode
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
+
+if TYPE_CHECKING:
+    from PySide6.QtWidgets import QApplication, QWidget
 
 APP_NAME = "LazyKV Chat"
 DEFAULT_MODEL = "smollm2"
@@ -28,7 +34,10 @@ def default_model_path() -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lazykv", description=f"{APP_NAME}: chat with a local GGUF model.")
+    parser = argparse.ArgumentParser(
+        prog="lazykv", description=f"{APP_NAME}: chat with a local GGUF model.", epilog=cli.epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--model", type=Path, metavar="PATH", help="GGUF model to load (default: SmolLM2-135M-Instruct)"
     )
@@ -49,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and cli.is_subcommand(argv[0]):
+        return cli.run(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     if args.self_test:
         from lazykv import selftest
@@ -136,6 +148,8 @@ def _bring_forward(window: QWidget) -> None:
 
 
 def _application() -> QApplication:
+    from PySide6.QtWidgets import QApplication
+
     console.hold()  # before any model loads: the engine silences stdout and stderr while it loads one
     app = QApplication.instance() or QApplication([sys.argv[0]])
     app.setApplicationName(APP_NAME)
@@ -145,6 +159,8 @@ def _application() -> QApplication:
 
 def _quit_on_sigint(window: QWidget) -> None:
     """Ctrl+C in the terminal closes the window (and so frees the engine) instead of aborting."""
+    from PySide6.QtCore import QTimer
+
     signal.signal(signal.SIGINT, lambda *_: window.close())
     # Python runs signal handlers only between bytecodes: let it run a few times a second
     tick = QTimer(window)
@@ -156,6 +172,8 @@ def _fail(message: str, code: int = 1) -> int:
     """Report a start-up error on stderr and, when a display is there to show it, in a message box."""
     print(f"lazykv: {message}", file=sys.stderr)
     if _can_show_dialogs():
+        from PySide6.QtWidgets import QMessageBox
+
         _application()
         QMessageBox.critical(None, APP_NAME, message)
     return code
