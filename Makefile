@@ -44,7 +44,7 @@ $(VENV)/.app-installed: pyproject.toml | $(PY)
 	@touch $@
 
 models: | $(PY)
-	$(PY) app/lazykv/core/model_fetch.py
+	$(PY) app/lazykv/core/models/model_fetch.py
 
 # shared libraries Qt needs (offscreen and on X11), Xvfb and a window manager for the xcb tests,
 # on Debian/Ubuntu, when missing

@@ -26,7 +26,7 @@ CACHE_KINDS = {
 
 
 def model_path(key: str) -> Path:
-    from lazykv.core import model_fetch
+    from lazykv.core.models import model_fetch
 
     path = model_fetch.models_dir() / model_fetch.MODELS[key].filename
     if not path.exists():

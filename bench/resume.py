@@ -16,11 +16,11 @@ import threading
 import time
 from pathlib import Path
 
-from lazykv.core import model_fetch
-from lazykv.core.engine import EngineSession, SamplingSettings
-from lazykv.core.persistence import Crypto, Persistence
-from lazykv.core.snapshot import ENCRYPTION_KEYRING
-from lazykv.core.store import Database, new_uid
+from lazykv.core.engine.engine import EngineSession, SamplingSettings
+from lazykv.core.history.persistence import Crypto, Persistence
+from lazykv.core.history.snapshot import ENCRYPTION_KEYRING
+from lazykv.core.history.store import Database, new_uid
+from lazykv.core.models import model_fetch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "resume.md"
 N_CTX = 8192

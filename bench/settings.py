@@ -9,7 +9,7 @@ SECTIONS = ("quality", "speed", "conversion", "sweep", "ladder")
 
 @dataclass(frozen=True)
 class ModelSpec:
-    key: str  # key in lazykv.core.model_fetch.MODELS
+    key: str  # key in lazykv.core.models.model_fetch.MODELS
     label: str
     n_ctx: int
 

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lazykv.core.keys import database_key
-from lazykv.core.store import Store, new_uid
+from lazykv.core.history.keys import database_key
+from lazykv.core.history.store import Store, new_uid
 
 RESULTS = Path(__file__).resolve().parent / "results" / "store_cost.md"
 CONVERSATIONS = 300

@@ -13,7 +13,7 @@ from pathlib import Path
 import keyring
 import pytest
 
-from lazykv.core import model_fetch
+from lazykv.core.models import model_fetch
 from tests.support.memory_keyring import MemoryKeyring
 
 REAL_MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "model_path"})

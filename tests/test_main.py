@@ -13,7 +13,7 @@ import pytest
 import lazykv
 from lazykv import __main__ as entry
 from lazykv import __version__
-from lazykv.core.engine_check import EngineMissingError
+from lazykv.core.engine.engine_check import EngineMissingError
 
 
 @pytest.fixture(autouse=True)

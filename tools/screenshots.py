@@ -20,7 +20,7 @@ from PySide6.QtCore import QEventLoop, QObject, QTimer, Signal
 from PySide6.QtWidgets import QApplication, QWidget
 
 if TYPE_CHECKING:
-    from lazykv.core.engine import ConversionEvent
+    from lazykv.core.engine.engine import ConversionEvent
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 TIMEOUT_MS = 120_000

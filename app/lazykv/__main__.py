@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lazykv import __version__, cli, console
-from lazykv.core import model_fetch
-from lazykv.core.engine_check import EngineMissingError, check_engine
+from lazykv.core.engine.engine_check import EngineMissingError, check_engine
 from lazykv.core.kinds import KvMode
+from lazykv.core.models import model_fetch
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 
 if TYPE_CHECKING:
@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(err))
 
     # imported only now: both import llama_cpp, which check_engine has vouched for
-    from lazykv.core import engine
-    from lazykv.core.store import data_dir
+    from lazykv.core.engine import engine
+    from lazykv.core.history.store import data_dir
     from lazykv.qt.main_window import MainWindow
     from lazykv.qt.single_instance import SingleInstance
 

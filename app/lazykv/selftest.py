@@ -24,7 +24,7 @@ from lazykv import __version__
 from lazykv.resources import APP_ICON, resource
 
 if TYPE_CHECKING:  # llama_cpp is imported only once check_engine has vouched for it
-    from lazykv.core.engine import EngineSession
+    from lazykv.core.engine.engine import EngineSession
 
 N_CTX = 2048
 MAX_TOKENS = 8
@@ -85,7 +85,7 @@ def _run_steps(model: Path, n_ctx: int, tmp: Path, origin: float) -> tuple[float
 
 
 def _check_engine() -> tuple[str, Path]:
-    from lazykv.core.engine_check import EngineMissingError, check_engine
+    from lazykv.core.engine.engine_check import EngineMissingError, check_engine
 
     try:
         info = check_engine()
@@ -97,7 +97,7 @@ def _check_engine() -> tuple[str, Path]:
 
 
 def _check_model(model: Path) -> None:
-    from lazykv.core.engine import ModelFileError, check_model_file
+    from lazykv.core.engine.engine import ModelFileError, check_model_file
 
     try:
         check_model_file(model)
@@ -161,10 +161,10 @@ def _wait(pump: Callable[[], None], done: Callable[[], bool], timeout: float, wh
 
 def _check_engine_session(model: Path, n_ctx: int, tmp: Path, origin: float) -> float:
     """Lazy cache: reply, force the conversion, reply, save and restore the snapshot, reply from it."""
-    from lazykv.core.engine import EngineError, EngineSession
-    from lazykv.core.persistence import Crypto, Persistence
-    from lazykv.core.snapshot import ENCRYPTION_NONE
-    from lazykv.core.store import Database, new_uid
+    from lazykv.core.engine.engine import EngineError, EngineSession
+    from lazykv.core.history.persistence import Crypto, Persistence
+    from lazykv.core.history.snapshot import ENCRYPTION_NONE
+    from lazykv.core.history.store import Database, new_uid
 
     session = EngineSession()
     database = Database(tmp / "data" / "conversations.sqlite3", tmp / "data" / "snapshots")
@@ -220,7 +220,7 @@ def _check_engine_session(model: Path, n_ctx: int, tmp: Path, origin: float) -> 
 
 def _reply(session: EngineSession, messages: Sequence[dict[str, str]]) -> tuple[str, float, int]:
     """(reply text, time.time() of its first piece, tokens reused from the cache) at temperature 0."""
-    from lazykv.core.engine import SamplingSettings
+    from lazykv.core.engine.engine import SamplingSettings
 
     stream = session.stream_reply(
         messages, SamplingSettings(temperature=0.0), threading.Event(), max_tokens=MAX_TOKENS

@@ -13,7 +13,7 @@ cd "$ROOT"
 PY=.venv/bin/python
 "$PY" native/build.py ensure
 "$PY" -m pip install --quiet -e ".[dist]"
-"$PY" app/lazykv/core/model_fetch.py
+"$PY" app/lazykv/core/models/model_fetch.py
 VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' app/lazykv/__init__.py)
 BUILD=build/macos
 rm -rf "$BUILD/bundle"

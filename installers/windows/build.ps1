@@ -8,7 +8,7 @@ if (-not (Test-Path .venv)) { py -3.11 -m venv .venv }
 $Py = ".venv\Scripts\python.exe"
 & $Py native\build.py ensure
 & $Py -m pip install --quiet -e ".[dist]"
-& $Py app\lazykv\core\model_fetch.py
+& $Py app\lazykv\core\models\model_fetch.py
 & $Py -m PyInstaller --noconfirm --distpath build\windows\bundle --workpath build\windows\work installers\lazykv.spec
 # the bundle must run before it is packed: lazykv-cli.exe is the console twin of lazykv.exe
 $env:QT_QPA_PLATFORM = "offscreen"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.store import Store
+from lazykv.core.history.store import Store
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from lazykv.core.context_policy import MIN_REPLY_ROOM, fit_messages, reply_room
+from lazykv.core.chat.context_policy import MIN_REPLY_ROOM, fit_messages, reply_room
 from lazykv.core.errors import ContextFullError
 
 

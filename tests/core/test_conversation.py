@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from lazykv.core.conversation import Conversation
+from lazykv.core.chat.conversation import Conversation
 
 
 def test_messages_are_copies_in_order() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import lazykv
-from lazykv.core.model_meta import GGUFError, read_model_meta
+from lazykv.core.engine.model_meta import GGUFError, read_model_meta
 from tests.support.crafted_gguf import CASES, Case, write_corpus
 from tests.support.summary import write_summary
 
@@ -34,7 +34,7 @@ MAX_CHILD_RSS = 600 << 20  # a child's peak RSS: interpreter, numpy, engine, and
 # test process's size at fork time
 CHILD = """
 import json, sys
-from lazykv.core.engine import EngineSession, ModelFileError
+from lazykv.core.engine.engine import EngineSession, ModelFileError
 from lazykv.core.errors import EngineError
 for path in sys.argv[1:]:
     out = {"path": path}

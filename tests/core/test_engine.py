@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine import (
+from lazykv.core.engine.engine import (
     CancelledError,
     ConversionEvent,
     EngineError,

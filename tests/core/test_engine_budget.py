@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine import ContextBudgetError, budget_n_ctx
-from lazykv.core.kinds import KvMode
-from lazykv.core.memory import (
+from lazykv.core.engine.engine import ContextBudgetError, budget_n_ctx
+from lazykv.core.engine.memory import (
     BYTES_PER_VALUE,
     MAX_CTX,
     MiB,
@@ -19,7 +18,8 @@ from lazykv.core.memory import (
     kv_bytes,
     plan_context,
 )
-from lazykv.core.model_meta import ModelMeta
+from lazykv.core.engine.model_meta import ModelMeta
+from lazykv.core.kinds import KvMode
 
 GiB = 1024 * MiB
 

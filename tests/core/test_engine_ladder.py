@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine import (
+from lazykv.core.engine.engine import (
     ContextBudgetError,
     ConversionEvent,
     EngineSession,
     KvRestoreError,
     SamplingSettings,
 )
+from lazykv.core.engine.memory import MiB, context_for_budget, kv_bytes
+from lazykv.core.history.persistence import _layout_fits
 from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
-from lazykv.core.memory import MiB, context_for_budget, kv_bytes
-from lazykv.core.persistence import _layout_fits
 from tests.core.test_engine_snapshot import LONG, MEDIUM, SHORT, first_turn, reply
 from tests.core.test_snapshot import make_header
 

@@ -17,7 +17,7 @@ from pathlib import Path
 CHILD = textwrap.dedent(
     """
     import sys
-    from lazykv.core.engine import EngineSession, KvRestoreError
+    from lazykv.core.engine.engine import EngineSession, KvRestoreError
 
     session = EngineSession()
     session.load(sys.argv[1], n_ctx=1024, kv_mode="lazy", n_threads=2)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine import EngineSession, KvRestoreError, SamplingSettings
+from lazykv.core.engine.engine import EngineSession, KvRestoreError, SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0, seed=1)
 N_CTX = 1024

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core import fingerprint
-from lazykv.core.fingerprint import model_sha256
+from lazykv.core.engine import fingerprint
+from lazykv.core.engine.fingerprint import model_sha256
 
 
 def _write_model(path: Path, fill: int, size: int = 3 * 1024 * 1024 + 17) -> str:

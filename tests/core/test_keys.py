@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from keyring.backend import KeyringBackend
 from keyring.backends import fail, null
 
-from lazykv.core import keys
-from lazykv.core.keys import (
+from lazykv.core.history import keys
+from lazykv.core.history.keys import (
     KEY_NAME,
     SERVICE,
     KeyringTimeoutError,
@@ -35,7 +35,7 @@ from lazykv.core.keys import (
     load_or_create_key,
     new_salt,
 )
-from lazykv.core.store import Database, new_uid
+from lazykv.core.history.store import Database, new_uid
 
 
 class MemoryKeyring(KeyringBackend):
@@ -223,7 +223,7 @@ def test_a_process_whose_keyring_hangs_exits_at_once(tmp_path: Path) -> None:
     script = (
         "import threading, keyring\n"
         "from keyring.backend import KeyringBackend\n"
-        "from lazykv.core.keys import KeyringTimeoutError, load_or_create_key\n"
+        "from lazykv.core.history.keys import KeyringTimeoutError, load_or_create_key\n"
         "class Hang(KeyringBackend):\n"
         "    priority = 1\n"
         "    def get_password(self, s, u): threading.Event().wait()\n"

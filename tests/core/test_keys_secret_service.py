@@ -22,7 +22,7 @@ TOOLS = ("dbus-run-session", "gnome-keyring-daemon")
 
 CHILD = """
 import base64, keyring
-from lazykv.core.keys import keyring_available, load_or_create_key
+from lazykv.core.history.keys import keyring_available, load_or_create_key
 backend = keyring.get_keyring()
 assert keyring_available(), backend
 first = load_or_create_key()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from llama_cpp import MemoryUse
 
-from lazykv.core.memory import (
+from lazykv.core.engine.memory import (
     HOST_CPU,
     DeviceMemory,
     Fit,
@@ -17,7 +17,7 @@ from lazykv.core.memory import (
     placed,
     split_by_device,
 )
-from lazykv.core.model_meta import ModelMeta
+from lazykv.core.engine.model_meta import ModelMeta
 
 RPC = "RPC0"
 ENDPOINT = "127.0.0.1:50052"

@@ -13,11 +13,16 @@ from typing import Any
 
 import pytest
 
-from lazykv.core.engine import EngineSession, SamplingSettings
-from lazykv.core.keys import PassphraseLock
-from lazykv.core.persistence import Crypto, OpenResult, Persistence
-from lazykv.core.snapshot import ENCRYPTION_KEYRING, ENCRYPTION_NONE, ENCRYPTION_PASSPHRASE, SnapshotError
-from lazykv.core.store import Database, new_uid
+from lazykv.core.engine.engine import EngineSession, SamplingSettings
+from lazykv.core.history.keys import PassphraseLock
+from lazykv.core.history.persistence import Crypto, OpenResult, Persistence
+from lazykv.core.history.snapshot import (
+    ENCRYPTION_KEYRING,
+    ENCRYPTION_NONE,
+    ENCRYPTION_PASSPHRASE,
+    SnapshotError,
+)
+from lazykv.core.history.store import Database, new_uid
 
 GREEDY = SamplingSettings(temperature=0.0, seed=1)
 SHORT = "Hello! Who are you?"
@@ -375,7 +380,7 @@ def test_a_transcript_changed_after_the_save_is_re_read(app: App) -> None:
 def test_a_refused_restore_says_one_plain_line_and_keeps_the_engines_words_as_details(
     data: tuple[Path, int], smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lazykv.core.engine import KvRestoreError
+    from lazykv.core.engine.engine import KvRestoreError
 
     engine_text = ("state_read_meta: not enough cells in the KV cache\n"
                    "llama_state_seq_set_data: error loading sequence state")  # fmt: skip

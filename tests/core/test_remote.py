@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.remote import (
+from lazykv.core.engine.remote import (
     RPC_PROTO_VERSION,
     Unreachable,
     normalize_endpoints,

@@ -19,9 +19,15 @@ from typing import Any
 import pytest
 
 import lazykv
-from lazykv.core.engine import EngineSession, SamplingSettings
-from lazykv.core.memory import HOST_CPU
-from lazykv.core.remote import RPC_CONN_CAPS_SIZE, RPC_PROTO_VERSION, Unreachable, probe, unreachable_text
+from lazykv.core.engine.engine import EngineSession, SamplingSettings
+from lazykv.core.engine.memory import HOST_CPU
+from lazykv.core.engine.remote import (
+    RPC_CONN_CAPS_SIZE,
+    RPC_PROTO_VERSION,
+    Unreachable,
+    probe,
+    unreachable_text,
+)
 from tests.support.rpc_server import free_port, rpc_server
 
 CHILD_TIMEOUT_S = 300
@@ -33,7 +39,7 @@ REFUSED = "nothing is listening on that port (connection refused)"
 CHILD = r"""
 import json, sys, threading
 from PySide6.QtWidgets import QApplication
-from lazykv.core.engine import EngineSession, SamplingSettings
+from lazykv.core.engine.engine import EngineSession, SamplingSettings
 from lazykv.qt.memory_panel import MemoryPanel
 
 def report(session, info):

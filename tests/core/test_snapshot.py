@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lazykv.core.snapshot import (
+from lazykv.core.history.snapshot import (
     ENCRYPTION_KEYRING,
     ENCRYPTION_NONE,
     ENCRYPTION_PASSPHRASE,

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lazykv.core import store as store_module
-from lazykv.core.conversation import ReplyStats
-from lazykv.core.store import (
+from lazykv.core.chat.conversation import ReplyStats
+from lazykv.core.history import store as store_module
+from lazykv.core.history.store import (
     SCHEMA_VERSION,
     ConversationNotFound,
     ConversationRecord,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core import store as store_module
-from lazykv.core.keys import database_key
-from lazykv.core.store import Store, StoreLockedError, new_uid
+from lazykv.core.history import store as store_module
+from lazykv.core.history.keys import database_key
+from lazykv.core.history.store import Store, StoreLockedError, new_uid
 
 KEY = database_key(bytes(range(32)))
 SECRET = "the secret word is pomegranate"
@@ -105,7 +105,7 @@ def test_an_encrypted_database_opens_read_only(tmp_path: Path, monkeypatch: pyte
 
 
 def test_the_database_owner_switches_to_the_key_in_order(tmp_path: Path) -> None:
-    from lazykv.core.store import Database
+    from lazykv.core.history.store import Database
 
     db = Database(tmp_path / "c.sqlite3", tmp_path / "snaps")
     try:
@@ -118,7 +118,7 @@ def test_the_database_owner_switches_to_the_key_in_order(tmp_path: Path) -> None
 
 
 def test_the_protection_can_change_keys_and_back_to_plain_in_place(tmp_path: Path) -> None:
-    from lazykv.core.store import Database
+    from lazykv.core.history.store import Database
 
     other = database_key(bytes(range(1, 33)))
     db = Database(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)

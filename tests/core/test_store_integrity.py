@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core import store as store_module
-from lazykv.core.store import (
+from lazykv.core.history import store as store_module
+from lazykv.core.history.store import (
     Change,
     ConversationNotFound,
     Database,
@@ -129,7 +129,7 @@ def test_concurrent_creation_of_one_new_chat_from_two_processes_is_one_conversat
     Store(db, snaps).close()
     uid = new_uid()
     script = (
-        "import sys; from lazykv.core.store import Store\n"
+        "import sys; from lazykv.core.history.store import Store\n"
         "s = Store(sys.argv[1], sys.argv[2], busy_timeout_ms=5000)\n"
         "m = [{'role': 'user', 'content': 'hello'}]\n"
         "print(s.sync_transcript(sys.argv[3], m, 0, create=True).id)\n"

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from lazykv.core.context_policy import fit_messages
-from lazykv.core.conversation import common_prefix
-from lazykv.core.engine import (
+from lazykv.core.chat.context_policy import fit_messages
+from lazykv.core.chat.conversation import common_prefix
+from lazykv.core.engine.engine import (
     CancelledError,
     ConversionEvent,
     KvSnapshot,
@@ -28,8 +28,8 @@ from lazykv.core.engine import (
     budget_n_ctx,
     read_checked_meta,
 )
+from lazykv.core.engine.remote import normalize_endpoints, probe_all
 from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
-from lazykv.core.remote import normalize_endpoints, probe_all
 
 HOLD_LIMIT_S = 10.0  # a test that forgets to release fails instead of hanging
 N_CTX = 256

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine import KvRestoreError
-from lazykv.core.store import Store
+from lazykv.core.engine.engine import KvRestoreError
+from lazykv.core.history.store import Store
 from lazykv.qt.main_window import MainWindow, Timings
 from tests.qt.fake_engine import FakeSession
 

@@ -11,9 +11,9 @@ from keyring.backends import fail
 from PySide6.QtWidgets import QApplication, QInputDialog, QMessageBox
 from pytestqt.qtbot import QtBot
 
+from lazykv.core.history.store import SNAPSHOTS_DIR, data_dir, new_uid
 from lazykv.core.kinds import ExportFormat
 from lazykv.core.settings import Settings
-from lazykv.core.store import SNAPSHOTS_DIR, data_dir, new_uid
 from lazykv.qt.conversion_banner import NoticeBanner
 from lazykv.qt.main_window import MainWindow, UiState
 from lazykv.qt.stall_meter import StallMeter

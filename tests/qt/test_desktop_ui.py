@@ -11,9 +11,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QLabel
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.model_meta import read_model_meta
+from lazykv.core.engine.model_meta import read_model_meta
+from lazykv.core.history.store import ConversationSummary
 from lazykv.core.settings import Settings
-from lazykv.core.store import ConversationSummary
 from lazykv.qt import window_state
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.main_window import MainWindow, UiState

@@ -10,11 +10,11 @@ from pathlib import Path
 from PySide6.QtWidgets import QComboBox, QLabel
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine import ConversionEvent, KvStatus
+from lazykv.core.engine.engine import ConversionEvent, KvStatus
+from lazykv.core.engine.memory import MiB, context_for_budget, kv_bytes
+from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.idle import wants_idle_conversion
 from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
-from lazykv.core.memory import MiB, context_for_budget, kv_bytes
-from lazykv.core.model_meta import read_model_meta
 from lazykv.core.settings import Settings
 from lazykv.qt.main_window import MainWindow, UiState
 from lazykv.qt.settings_dialog import SettingsDialog

@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence, QShortcut
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.store import Store, data_dir, new_uid
+from lazykv.core.history.store import Store, data_dir, new_uid
 from lazykv.qt.main_window import MainWindow
 from lazykv.qt.worker import Convert, SaveSnapshot
 from tests.qt.conftest import FakeWindow

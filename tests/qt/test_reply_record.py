@@ -8,9 +8,9 @@ from pathlib import Path
 
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine import FinishReason
+from lazykv.core.engine.engine import FinishReason
+from lazykv.core.history.store import Store
 from lazykv.core.kinds import KvPhase
-from lazykv.core.store import Store
 from lazykv.qt.transcript import TranscriptView
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession

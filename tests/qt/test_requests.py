@@ -9,7 +9,7 @@ import time
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine import EngineError, EngineSession
+from lazykv.core.engine.engine import EngineError, EngineSession
 from lazykv.core.kinds import DEFAULT_KV_MODE
 from lazykv.core.settings import SETTINGS_BY_NAME
 from lazykv.qt.main_window import MainWindow, Timings, UiState

@@ -10,10 +10,10 @@ from keyring.backends import fail
 from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QInputDialog, QSpinBox
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.model_meta import read_model_meta
-from lazykv.core.persistence import OpenHow, OpenResult
+from lazykv.core.engine.model_meta import read_model_meta
+from lazykv.core.history.persistence import OpenHow, OpenResult
+from lazykv.core.history.store import ConversationSummary
 from lazykv.core.settings import Settings
-from lazykv.core.store import ConversationSummary
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.settings_dialog import SettingsDialog
 from tests.qt.conftest import FakeWindow

@@ -20,7 +20,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.conversation import Marker
+from lazykv.core.chat.conversation import Marker
 from lazykv.qt import theme
 from lazykv.qt import transcript as transcript_module
 from lazykv.qt.markdown import COPY_SCHEME

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from lazykv.core.remote import RPC_CONN_CAPS_SIZE
+from lazykv.core.engine.remote import RPC_CONN_CAPS_SIZE
 
 START_TIMEOUT_S = 20.0
 

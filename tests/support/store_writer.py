@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from lazykv.core.store import Store, StoreBusyError, TranscriptConflict
+from lazykv.core.history.store import Store, StoreBusyError, TranscriptConflict
 
 
 def _retry(fn):  # type: ignore[no-untyped-def]

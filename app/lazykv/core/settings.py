@@ -14,11 +14,11 @@ from typing import Any
 
 import platformdirs
 
+from lazykv.core.engine.memory import MAX_CTX
+from lazykv.core.engine.remote import normalize_endpoints
 from lazykv.core.files import write_text_atomic
 from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL
 from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, KvMode, SettingKind
-from lazykv.core.memory import MAX_CTX
-from lazykv.core.remote import normalize_endpoints
 
 APP_DIR_NAME = "lazykv"
 SCHEMA_VERSION = 2

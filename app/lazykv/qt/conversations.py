@@ -31,10 +31,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from lazykv.core.conversation import Conversation
-from lazykv.core.engine import ModelInfo, SamplingSettings
+from lazykv.core.chat.conversation import Conversation
+from lazykv.core.engine.engine import ModelInfo, SamplingSettings
+from lazykv.core.engine.memory import fmt_bytes
 from lazykv.core.files import write_text_atomic
-from lazykv.core.keys import (
+from lazykv.core.history.keys import (
     PASSPHRASE_FILE,
     KeyringTimeoutError,
     KeyringUnavailableError,
@@ -43,12 +44,9 @@ from lazykv.core.keys import (
     UnlockedPassphrase,
     load_or_create_key,
 )
-from lazykv.core.kinds import ExportFormat
-from lazykv.core.memory import fmt_bytes
-from lazykv.core.persistence import Crypto, OpenResult, SaveResult
-from lazykv.core.settings import Settings
-from lazykv.core.snapshot import ENCRYPTION_KEYRING, ENCRYPTION_NONE, ENCRYPTION_PASSPHRASE
-from lazykv.core.store import (
+from lazykv.core.history.persistence import Crypto, OpenResult, SaveResult
+from lazykv.core.history.snapshot import ENCRYPTION_KEYRING, ENCRYPTION_NONE, ENCRYPTION_PASSPHRASE
+from lazykv.core.history.store import (
     Change,
     Cleanup,
     ConversationRecord,
@@ -62,6 +60,8 @@ from lazykv.core.store import (
     data_dir,
     new_uid,
 )
+from lazykv.core.kinds import ExportFormat
+from lazykv.core.settings import Settings
 from lazykv.qt.background import Background
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.conversion_banner import NoticeBanner

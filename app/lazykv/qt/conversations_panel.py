@@ -24,8 +24,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from lazykv.core.history.store import ConversationSummary
 from lazykv.core.kinds import ExportFormat
-from lazykv.core.store import ConversationSummary
 from lazykv.qt.markdown import plain_rich_text
 
 SEARCH_DELAY_MS = 250

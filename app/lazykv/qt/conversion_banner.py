@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
-from lazykv.core.engine import ConversionEvent
+from lazykv.core.engine.engine import ConversionEvent
 from lazykv.core.kinds import ConversionStage
 
 SHOW_DONE_MS = 2500  # the finished note stays this long (a conversion itself often takes < 100 ms)

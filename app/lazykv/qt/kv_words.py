@@ -4,7 +4,7 @@ A lazy cache goes down in steps (rungs): 16-bit, then 8-bit (lazy q8_0's last), 
 
 from __future__ import annotations
 
-from lazykv.core.engine import KvStatus
+from lazykv.core.engine.engine import KvStatus
 from lazykv.core.kinds import KvPhase
 
 

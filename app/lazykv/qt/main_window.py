@@ -28,9 +28,9 @@ from PySide6.QtWidgets import (
 )
 
 from lazykv import console
-from lazykv.core import memory
-from lazykv.core.conversation import Conversation
-from lazykv.core.engine import (
+from lazykv.core.chat.conversation import Conversation
+from lazykv.core.engine import memory
+from lazykv.core.engine.engine import (
     ConversionEvent,
     EngineSession,
     KvStatus,
@@ -39,13 +39,13 @@ from lazykv.core.engine import (
     SamplingSettings,
     read_checked_meta,
 )
+from lazykv.core.engine.remote import UNREACHABLE_DETAILS, unreachable_text
+from lazykv.core.history.persistence import OpenHow, OpenResult
+from lazykv.core.history.store import Database
 from lazykv.core.idle import IDLE_DELAY_S, wants_idle_conversion
 from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
-from lazykv.core.model_fetch import models_dir
-from lazykv.core.persistence import OpenHow, OpenResult
-from lazykv.core.remote import UNREACHABLE_DETAILS, unreachable_text
+from lazykv.core.models.model_fetch import models_dir
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
-from lazykv.core.store import Database
 from lazykv.qt import theme, window_state
 from lazykv.qt.background import Background
 from lazykv.qt.chat_input import ChatInput

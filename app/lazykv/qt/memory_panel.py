@@ -11,9 +11,9 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPalette, QPen
 from PySide6.QtWidgets import QFormLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout, QWidget
 
-from lazykv.core.engine import KvStatus, ModelInfo
+from lazykv.core.engine.engine import KvStatus, ModelInfo
+from lazykv.core.engine.memory import ContextPlan, DeviceMemory, Estimate, Fit, fmt_bytes, placed
 from lazykv.core.kinds import KvMode, KvPhase
-from lazykv.core.memory import ContextPlan, DeviceMemory, Estimate, Fit, fmt_bytes, placed
 from lazykv.qt.kv_words import step_line
 
 HISTORY_SAMPLES = 120

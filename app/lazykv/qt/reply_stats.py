@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from lazykv.core.conversation import ReplyStats
+from lazykv.core.chat.conversation import ReplyStats
 
 
 @dataclass

@@ -26,10 +26,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from lazykv.core.engine.memory import (
+    ContextPlan,
+    Fit,
+    MiB,
+    Offload,
+    estimate,
+    fmt_bytes,
+    kv_bytes,
+    plan_context,
+)
+from lazykv.core.engine.model_meta import CTX_PADDING, ModelMeta
+from lazykv.core.engine.remote import parse_endpoint_text
 from lazykv.core.kinds import KvMode, SettingKind
-from lazykv.core.memory import ContextPlan, Fit, MiB, Offload, estimate, fmt_bytes, kv_bytes, plan_context
-from lazykv.core.model_meta import CTX_PADDING, ModelMeta
-from lazykv.core.remote import parse_endpoint_text
 from lazykv.core.settings import SETTINGS, SETTINGS_BY_NAME, Setting, Settings
 from lazykv.qt.markdown import plain_rich_text
 from lazykv.qt.memory_panel import FIT_COLORS, tokens_per_mode

@@ -30,7 +30,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QMenu, QTextBrowser, QWidget
 
-from lazykv.core.conversation import Marker, ReplyStats
+from lazykv.core.chat.conversation import Marker, ReplyStats
 from lazykv.qt.markdown import COPY_SCHEME, DARK, LIGHT, MarkdownRenderer, Palette, preload_lexers
 from lazykv.qt.theme import is_dark
 

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from lazykv.core.engine import (
+from lazykv.core.engine.engine import (
     CancelledError,
     ConversionEvent,
     EngineError,
@@ -26,11 +26,11 @@ from lazykv.core.engine import (
     ReplyResult,
     SamplingSettings,
 )
+from lazykv.core.engine.memory import MiB
+from lazykv.core.history.persistence import Crypto, Persistence
+from lazykv.core.history.snapshot import SnapshotError
+from lazykv.core.history.store import Database, StoreError, data_dir
 from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, ConversionStage, KvMode
-from lazykv.core.memory import MiB
-from lazykv.core.persistence import Crypto, Persistence
-from lazykv.core.snapshot import SnapshotError
-from lazykv.core.store import Database, StoreError, data_dir
 
 STATUS_INTERVAL_S = 0.1  # kv_status while streaming, at most this often
 

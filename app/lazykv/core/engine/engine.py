@@ -18,8 +18,11 @@ import llama_cpp
 import numpy as np
 from llama_cpp import llama_chat_format
 
-from lazykv.core.context_policy import fit_messages
-from lazykv.core.conversation import common_prefix
+from lazykv.core.chat.context_policy import fit_messages
+from lazykv.core.chat.conversation import common_prefix
+from lazykv.core.engine.memory import DeviceMemory, context_for_budget, fmt_bytes, kv_bytes, split_by_device
+from lazykv.core.engine.model_meta import CTX_PADDING, GGUFError, KvSupport, ModelMeta, read_model_meta
+from lazykv.core.engine.remote import Unreachable, normalize_endpoints, probe_all
 from lazykv.core.errors import EngineError
 from lazykv.core.kinds import (
     DEFAULT_KV_MODE,
@@ -29,9 +32,6 @@ from lazykv.core.kinds import (
     KvMode,
     KvPhase,
 )
-from lazykv.core.memory import DeviceMemory, context_for_budget, fmt_bytes, kv_bytes, split_by_device
-from lazykv.core.model_meta import CTX_PADDING, GGUFError, KvSupport, ModelMeta, read_model_meta
-from lazykv.core.remote import Unreachable, normalize_endpoints, probe_all
 
 GGUF_MAGIC = b"GGUF"
 HEAD_MESSAGES = 64  # a re-read formats this many messages first, then twice as many while they fall short

@@ -27,10 +27,10 @@ from enum import StrEnum
 from pathlib import Path
 
 from lazykv import __version__
-from lazykv.core.engine import EngineSession, KvRestoreError
-from lazykv.core.fingerprint import model_sha256
-from lazykv.core.keys import UnlockedPassphrase, database_key, key_from_passphrase
-from lazykv.core.snapshot import (
+from lazykv.core.engine.engine import EngineSession, KvRestoreError
+from lazykv.core.engine.fingerprint import model_sha256
+from lazykv.core.history.keys import UnlockedPassphrase, database_key, key_from_passphrase
+from lazykv.core.history.snapshot import (
     Encryption,
     SnapshotAuthError,
     SnapshotCorruptError,
@@ -43,7 +43,15 @@ from lazykv.core.snapshot import (
     transcript_digest,
     write_snapshot,
 )
-from lazykv.core.store import PENDING_PREFIX, SNAPSHOT_SUFFIX, Change, Cleanup, Database, OpChanges, Store
+from lazykv.core.history.store import (
+    PENDING_PREFIX,
+    SNAPSHOT_SUFFIX,
+    Change,
+    Cleanup,
+    Database,
+    OpChanges,
+    Store,
+)
 
 NOTE_MAX_CHARS = 200
 

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import platformdirs
 
-from lazykv.core.conversation import ReplyStats, common_prefix
+from lazykv.core.chat.conversation import ReplyStats, common_prefix
 from lazykv.core.files import fsync_dir
 
 SCHEMA_VERSION = 4

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from lazykv.core.engine.model_meta import CTX_PADDING, ModelMeta, padded_ctx
 from lazykv.core.kinds import KvMode
-from lazykv.core.model_meta import CTX_PADDING, ModelMeta, padded_ctx
 
 MiB = 1024 * 1024
 N_UBATCH = 512  # llama-cpp-python's default micro-batch

@@ -1,0 +1,1 @@
+"""The conversation model and the policy for a full context."""

@@ -1,0 +1,1 @@
+"""Models: fetching the test and default models."""
