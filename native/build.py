@@ -14,14 +14,24 @@ The engine is the pinned llama-cpp-python sdist plus the patch series in
   ensure    wheel from the cache (or prepare + build), installed into the
             running interpreter's environment; does nothing when current
   key       print the cache key and the wheel version
+  backend   print the backend the build is for (cpu, cuda, vulkan, metal) and why, one line
   tools     build llama.cpp's test and tool programs (test-llama-archs,
             test-save-load-state, llama-perplexity, llama-bench,
             ggml-rpc-server) of the exported series into the tools cache;
             print their directory; does nothing when current
 
+The backend follows the machine's GPU, not the tools alone (``detect_backend``):
+CUDA when the driver lists a GPU (``nvidia-smi -L``, else libcuda) and ``nvcc``
+or ``CUDA_HOME`` is there to build with; Vulkan when ``vulkaninfo`` lists a GPU
+that is not Mesa's CPU device (lavapipe) and ``glslc``, the Vulkan headers and
+the loader are installed; Metal on macOS arm64; the CPU otherwise (a toolkit
+without a GPU builds for the CPU).  ``LAZYKV_BACKEND=cpu|cuda|vulkan|metal``
+chooses it, and a ``-DGGML_CUDA/VULKAN/METAL=ON`` in ``CMAKE_ARGS`` wins over both.
+
 The wheel cache lives in $XDG_CACHE_HOME/lazykv/engine (~/.cache/lazykv/engine)
 and is keyed by the sha256 of (sdist sha256, patch bytes, CMAKE_ARGS, Python
-tag, machine), so a second run never rebuilds.  The tools live beside it in
+tag, machine, and the backend unless it is the CPU), so a second run never
+rebuilds; a GPU wheel's version says its backend (``0.3.36+lazykv.<series>.cuda``).  The tools live beside it in
 $XDG_CACHE_HOME/lazykv/tools/<key>, keyed the same way by their own CMake
 arguments; they are built from a git worktree of the exported series
 (native/work/tools-src, build dir native/work/build-tools), never from the
@@ -32,6 +42,8 @@ used: this runs before anything else is installed.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import hashlib
 import os
 import platform
@@ -41,6 +53,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -104,6 +117,167 @@ class BuildError(RuntimeError):
     pass
 
 
+# ---------------------------------------------------------------- backend
+
+BACKENDS = ("cpu", "cuda", "vulkan", "metal")
+BACKEND_CMAKE_ARGS = {"cpu": [], "cuda": ["-DGGML_CUDA=ON"], "vulkan": ["-DGGML_VULKAN=ON"],
+                      "metal": ["-DGGML_METAL=ON"]}
+PROBE_TIMEOUT_S = 10.0
+# where the Vulkan headers and loader are looked for besides $VULKAN_SDK (tests replace these)
+VULKAN_INCLUDE_DIRS = [Path("/usr/include"), Path("/usr/local/include")]
+VULKAN_LIBRARY_DIRS = [Path("/usr/lib"), Path("/usr/lib64"), Path("/usr/local/lib"),
+                       Path(f"/usr/lib/{platform.machine()}-linux-gnu")]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # one of BACKENDS
+    reason: str  # why, in words
+
+    def line(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+
+def _probe(cmd: list[str]) -> str | None:
+    """The output of a probing command, None when it is missing, fails or hangs."""
+    exe = shutil.which(cmd[0])
+    if exe is None:
+        return None
+    try:
+        res = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                             check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout if res.returncode == 0 else None
+
+
+def libcuda_device_count() -> int:
+    """The CUDA devices the driver library reports (0 without a driver or a device)."""
+    name = ctypes.util.find_library("cuda") or "libcuda.so.1"
+    try:
+        lib = ctypes.CDLL(name)
+        count = ctypes.c_int(0)
+        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return 0
+        return count.value
+    except (OSError, AttributeError):
+        return 0
+
+
+def cuda_gpus() -> tuple[int, str]:
+    """How many NVIDIA GPUs the driver sees, and how that was found out."""
+    listed = _probe(["nvidia-smi", "-L"])
+    if listed is not None:
+        gpus = [line for line in listed.splitlines() if line.startswith("GPU ")]
+        if gpus:
+            return len(gpus), f"nvidia-smi -L lists {len(gpus)} GPU(s)"
+    count = libcuda_device_count()
+    if count:
+        return count, f"libcuda reports {count} device(s)"
+    how = "nvidia-smi lists none" if listed is not None else "no nvidia-smi"
+    return 0, f"no CUDA GPU ({how}, libcuda reports none)"
+
+
+def cuda_compiler() -> str | None:
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        return nvcc
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    return f"CUDA_HOME={home}" if home and Path(home).is_dir() else None
+
+
+def vulkan_gpus() -> tuple[list[str], str]:
+    """The Vulkan devices that are GPUs (not a CPU implementation such as lavapipe), and how that was found."""
+    summary = _probe(["vulkaninfo", "--summary"])
+    if summary is None:
+        return [], "no Vulkan device (no vulkaninfo)"
+    devices: list[dict[str, str]] = []
+    for raw in summary.splitlines():
+        line = raw.strip()
+        if line.startswith("GPU") and line.endswith(":") and line[3:-1].isdigit():
+            devices.append({})
+        elif devices and "=" in line:
+            key, _, value = line.partition("=")
+            devices[-1][key.strip()] = value.strip()
+    gpus = [d.get("deviceName", "?") for d in devices
+            if d.get("deviceType", "").upper() not in ("", "PHYSICAL_DEVICE_TYPE_CPU")
+            and "llvmpipe" not in d.get("deviceName", "").lower()]
+    if gpus:
+        return gpus, f"Vulkan GPU {', '.join(gpus)}"
+    if devices:
+        names = ", ".join(d.get("deviceName", "?") for d in devices)
+        return [], f"no Vulkan GPU (only a CPU device: {names})"
+    return [], "no Vulkan device (vulkaninfo lists none)"
+
+
+def vulkan_toolchain() -> list[str]:
+    """What building for Vulkan lacks: glslc, the headers, the loader ([] when all are there)."""
+    sdk = os.environ.get("VULKAN_SDK")
+    includes = ([Path(sdk) / "include"] if sdk else []) + VULKAN_INCLUDE_DIRS
+    libs = ([Path(sdk) / "lib"] if sdk else []) + VULKAN_LIBRARY_DIRS
+    missing = []
+    if not shutil.which("glslc"):
+        missing.append("glslc")
+    if not any((d / "vulkan" / "vulkan.h").is_file() for d in includes):
+        missing.append("the Vulkan headers")
+    if not any(f.is_file() for d in libs for f in (d / "libvulkan.so", d / "libvulkan.dylib")):
+        missing.append("the Vulkan loader (libvulkan.so)")
+    return missing
+
+
+def _cmake_backend(args: list[str]) -> str | None:
+    """The backend a ``-DGGML_<X>=ON`` in CMAKE_ARGS asks for (the last one), else None."""
+    chosen = None
+    for arg in args:
+        key, _, value = arg.partition("=")
+        for name in ("cuda", "vulkan", "metal"):
+            if key.upper() == f"-DGGML_{name.upper()}" and value.upper() in ("ON", "1", "TRUE", "YES"):
+                chosen = name
+    return chosen
+
+
+def detect_backend() -> Backend:
+    """The backend to build for on this machine (see the module docstring)."""
+    from_cmake = _cmake_backend(os.environ.get("CMAKE_ARGS", "").split())
+    if from_cmake:
+        return Backend(from_cmake, f"CMAKE_ARGS asks for it ({os.environ['CMAKE_ARGS'].strip()})")
+    forced = os.environ.get("LAZYKV_BACKEND", "").strip().lower()
+    if forced:
+        if forced not in BACKENDS:
+            raise BuildError(f"LAZYKV_BACKEND={forced!r} is not one of {', '.join(BACKENDS)}")
+        return Backend(forced, f"LAZYKV_BACKEND={forced}")
+    if sys.platform == "darwin" and platform.machine().lower() in ("arm64", "aarch64"):
+        return Backend("metal", "macOS on Apple silicon")
+    notes = []
+    n_cuda, cuda_how = cuda_gpus()
+    nvcc = cuda_compiler()
+    if n_cuda and nvcc:
+        return Backend("cuda", f"{cuda_how}, builds with {nvcc}")
+    if n_cuda:
+        notes.append(f"{cuda_how} but no nvcc or CUDA_HOME to build with")
+    elif nvcc:
+        notes.append(f"{nvcc} is installed but {cuda_how}")
+    else:
+        notes.append(cuda_how)
+    gpus, vulkan_how = vulkan_gpus()
+    lacking = vulkan_toolchain() if gpus else []
+    if gpus and not lacking:
+        return Backend("vulkan", f"{vulkan_how}, glslc, headers and loader installed")
+    notes.append(f"{vulkan_how} but no {', '.join(lacking)} to build with" if gpus else vulkan_how)
+    return Backend("cpu", "; ".join(notes))
+
+
+def backend() -> Backend:
+    """The backend of this build, detected once per process."""
+    global _BACKEND
+    if _BACKEND is None:
+        _BACKEND = detect_backend()
+    return _BACKEND
+
+
+_BACKEND: Backend | None = None
+
+
 def log(msg: str) -> None:
     print(f"[engine] {msg}", file=sys.stderr, flush=True)
 
@@ -154,7 +328,9 @@ def cmake_args() -> list[str]:
     if shutil.which("ccache"):
         args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
     user = os.environ.get("CMAKE_ARGS", "").split()
-    return args + user
+    chosen = backend().name
+    detected = [] if _cmake_backend(user) else BACKEND_CMAKE_ARGS[chosen]
+    return args + detected + user
 
 
 def python_tag() -> str:
@@ -162,13 +338,19 @@ def python_tag() -> str:
 
 
 def wheel_version() -> str:
-    return f"{SDIST_VERSION}+lazykv.{series_hash()[:10]}"
+    """``0.3.36+lazykv.<series>``, and ``.<backend>`` after it for a GPU backend (the CPU's has none)."""
+    name = backend().name
+    return f"{SDIST_VERSION}+lazykv.{series_hash()[:10]}" + ("" if name == "cpu" else f".{name}")
 
 
 def cache_key() -> str:
+    """The CPU backend's key hashes exactly what it did before backends were detected (no rebuild)."""
     h = hashlib.sha256()
-    for part in (SDIST_SHA256, series_hash(), " ".join(os.environ.get("CMAKE_ARGS", "").split()),
-                 python_tag(), platform.machine(), " ".join(BASE_CMAKE_ARGS + X86_64_CMAKE_ARGS)):
+    parts = [SDIST_SHA256, series_hash(), " ".join(os.environ.get("CMAKE_ARGS", "").split()),
+             python_tag(), platform.machine(), " ".join(BASE_CMAKE_ARGS + X86_64_CMAKE_ARGS)]
+    if backend().name != "cpu":
+        parts.append(f"backend={backend().name}")
+    for part in parts:
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 
@@ -343,8 +525,9 @@ def installed_version() -> str | None:
 
 def ensure() -> None:
     version = wheel_version()
+    log(f"backend {backend().line()}")
     if installed_version() == version and cached_wheel() is not None:
-        log(f"engine {version} is installed")
+        log(f"engine {version} ({backend().name}) is installed")
         return
     wheel = cached_wheel()
     if wheel is None:
@@ -355,7 +538,7 @@ def ensure() -> None:
     # the engine's own runtime dependencies, without touching the engine
     run([sys.executable, "-m", "pip", "install", "--quiet", "numpy>=1.20.0", "diskcache>=5.6.1",
          "jinja2>=2.11.3", "typing-extensions>=4.5.0"])
-    log(f"installed engine {version}")
+    log(f"installed engine {version} ({backend().name})")
 
 
 # ---------------------------------------------------------------- tools
@@ -462,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("export", help="regenerate native/patches from the work tree commits")
     sub.add_parser("ensure", help="install the engine wheel (cached or freshly built)")
     sub.add_parser("key", help="print the cache key and wheel version")
+    sub.add_parser("backend", help="print the backend this machine builds for and why, one line")
     sub.add_parser("tools", help="build llama.cpp's test/tool programs into the tools cache, print its path")
     args = parser.parse_args(argv)
     try:
@@ -477,6 +661,8 @@ def main(argv: list[str] | None = None) -> int:
             ensure()
         elif args.cmd == "key":
             print(cache_key(), wheel_version())
+        elif args.cmd == "backend":
+            print(backend().line())
         elif args.cmd == "tools":
             print(build_tools())
     except (BuildError, subprocess.CalledProcessError) as err:
