@@ -31,8 +31,8 @@ chooses it, and a ``-DGGML_CUDA/VULKAN/METAL=ON`` in ``CMAKE_ARGS`` wins over bo
 The wheel cache lives in $XDG_CACHE_HOME/lazykv/engine (~/.cache/lazykv/engine)
 and is keyed by the sha256 of (sdist sha256, patch bytes, CMAKE_ARGS, Python
 tag, machine, and the backend unless it is the CPU), so a second run never
-rebuilds; a GPU wheel's version says its backend (``0.3.36+lazykv.<series>.cuda``).  The tools live beside it in
-$XDG_CACHE_HOME/lazykv/tools/<key>, keyed the same way by their own CMake
+rebuilds; a GPU wheel's version says its backend (``0.3.36+lazykv.<series>.cuda``).
+The tools live beside it in $XDG_CACHE_HOME/lazykv/tools/<key>, keyed the same way by their own CMake
 arguments; they are built from a git worktree of the exported series
 (native/work/tools-src, build dir native/work/build-tools), never from the
 edit tree, so uncommitted work never lands in the cache.  Only the standard library is
@@ -187,7 +187,7 @@ def cuda_compiler() -> str | None:
 
 
 def vulkan_gpus() -> tuple[list[str], str]:
-    """The Vulkan devices that are GPUs (not a CPU implementation such as lavapipe), and how that was found."""
+    """The Vulkan devices that are GPUs (not a CPU implementation: lavapipe), and how that was found."""
     summary = _probe(["vulkaninfo", "--summary"])
     if summary is None:
         return [], "no Vulkan device (no vulkaninfo)"
