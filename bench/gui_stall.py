@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from tools.screenshots import pause, wait_for
 
     from lazykv.__main__ import default_model_path, freeze_start_up_heap
-    from lazykv.core.history.store import new_uid
+    from lazykv.core.history.records import new_uid
     from lazykv.core.settings import Settings
     from lazykv.qt.main_window import MainWindow
     from lazykv.qt.stall_meter import StallMeter

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from lazykv.core.engine.engine import EngineSession, SamplingSettings
 from lazykv.core.history.persistence import Crypto, Persistence
+from lazykv.core.history.records import new_uid
 from lazykv.core.history.snapshot import ENCRYPTION_KEYRING
-from lazykv.core.history.store import Database, new_uid
+from lazykv.core.history.store import Database
 from lazykv.core.models import model_fetch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "resume.md"

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lazykv.core.history.keys import database_key
-from lazykv.core.history.store import Store, new_uid
+from lazykv.core.history.records import new_uid
+from lazykv.core.history.store import Store
 
 RESULTS = Path(__file__).resolve().parent / "results" / "store_cost.md"
 CONVERSATIONS = 300

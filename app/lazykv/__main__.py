@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # imported only now: both import llama_cpp, which check_engine has vouched for
     from lazykv.core.engine import engine
-    from lazykv.core.history.store import data_dir
+    from lazykv.core.history.connection import data_dir
     from lazykv.qt.main_window import MainWindow
     from lazykv.qt.single_instance import SingleInstance
 

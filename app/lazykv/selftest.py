@@ -163,8 +163,9 @@ def _check_engine_session(model: Path, n_ctx: int, tmp: Path, origin: float) -> 
     """Lazy cache: reply, force the conversion, reply, save and restore the snapshot, reply from it."""
     from lazykv.core.engine.engine import EngineError, EngineSession
     from lazykv.core.history.persistence import Crypto, Persistence
+    from lazykv.core.history.records import new_uid
     from lazykv.core.history.snapshot import ENCRYPTION_NONE
-    from lazykv.core.history.store import Database, new_uid
+    from lazykv.core.history.store import Database
 
     session = EngineSession()
     database = Database(tmp / "data" / "conversations.sqlite3", tmp / "data" / "snapshots")

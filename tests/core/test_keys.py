@@ -35,7 +35,9 @@ from lazykv.core.history.keys import (
     load_or_create_key,
     new_salt,
 )
-from lazykv.core.history.store import Database, new_uid
+from lazykv.core.history.records import new_uid
+from lazykv.core.history.store import Database
+from tests.support.history import stored_messages
 
 
 class MemoryKeyring(KeyringBackend):
@@ -200,7 +202,7 @@ def test_a_hanging_keyring_times_out_and_holds_nothing_else_up(
         with pytest.raises(KeyringTimeoutError, match="did not answer within 3 s"):
             asking.result(30)
         assert time.monotonic() - started >= 3.0  # given up at the timeout, not before
-        assert db.call(lambda s: s.messages(saved.id)) == [{"role": "user", "content": "kept"}]
+        assert db.call(lambda s: stored_messages(s, saved.id)) == [{"role": "user", "content": "kept"}]
     finally:
         backend.release.set()
         db.close(10)

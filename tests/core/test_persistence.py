@@ -16,13 +16,14 @@ import pytest
 from lazykv.core.engine.engine import EngineSession, SamplingSettings
 from lazykv.core.history.keys import PassphraseLock
 from lazykv.core.history.persistence import Crypto, OpenResult, Persistence
+from lazykv.core.history.records import new_uid
 from lazykv.core.history.snapshot import (
     ENCRYPTION_KEYRING,
     ENCRYPTION_NONE,
     ENCRYPTION_PASSPHRASE,
     SnapshotError,
 )
-from lazykv.core.history.store import Database, new_uid
+from lazykv.core.history.store import Database
 
 GREEDY = SamplingSettings(temperature=0.0, seed=1)
 SHORT = "Hello! Who are you?"
@@ -42,7 +43,7 @@ def reply(session: EngineSession, messages: list[dict[str, str]], n: int = 12) -
 
 
 class StoreCalls:
-    """``app.store.messages(conv)`` etc., run through the app's one Database."""
+    """``app.store.conversation(conv).messages`` etc., run through the app's one Database."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -72,7 +73,8 @@ class App:
 
     def open(self, conv: int) -> OpenResult:
         progress: list[tuple[int, int]] = []
-        result = self.persistence.open(conv, self.store.messages(conv), lambda d, t: progress.append((d, t)))
+        messages = self.store.conversation(conv).messages
+        result = self.persistence.open(conv, messages, lambda d, t: progress.append((d, t)))
         if result.how == "rebuilt":
             assert progress[-1][0] == progress[-1][1] == result.n_tokens
         return result
@@ -166,8 +168,9 @@ def open_after(
     try:
         result = app.open(conv)
         if go_on:
-            assert reply(app.engine, [*app.store.messages(conv), {"role": "user", "content": "More?"}], 4)
-        assert len(app.store.messages(conv)) == 2  # the transcript is intact whatever happened
+            more = {"role": "user", "content": "More?"}
+            assert reply(app.engine, [*app.store.conversation(conv).messages, more], 4)
+        assert len(app.store.conversation(conv).messages) == 2  # the transcript is intact whatever happened
         return result
     finally:
         app.close()
@@ -271,14 +274,15 @@ def test_disk_full_while_saving_keeps_the_previous_snapshot(
     app = App(data[0], smollm2_path, "q8_0")
     try:
         assert app.open(data[1]).how == "restored"
-        reply(app.engine, [*app.store.messages(data[1]), {"role": "user", "content": "More?"}], 4)
+        more = {"role": "user", "content": "More?"}
+        reply(app.engine, [*app.store.conversation(data[1]).messages, more], 4)
 
         def full(*_: object) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(os, "fsync", full)
         with pytest.raises(SnapshotError, match="disk full|No space"):
-            app.persistence.save(data[1], app.store.messages(data[1]))
+            app.persistence.save(data[1], app.store.conversation(data[1]).messages)
         monkeypatch.undo()
         assert path.read_bytes() == before
         assert app.store.conversation(data[1]).snapshot.path == path
@@ -310,10 +314,10 @@ def test_budget_prunes_least_recently_used_snapshots_never_transcripts(app: App)
     conv_c, _ = app.chat_and_save("What is a tree?")
     size_b = app.store.conversation(conv_b).snapshot.size
     size_c = app.store.conversation(conv_c).snapshot.size
-    turns = app.store.messages(conv_c)
+    turns = app.store.conversation(conv_c).messages
     result = app.persistence.save(conv_c, turns, budget_bytes=size_b + size_c + 10**6)
     assert result.pruned == [] and app.store.conversation(conv_b).snapshot is not None
-    assert len(app.store.messages(conv_a)) == 2
+    assert len(app.store.conversation(conv_a).messages) == 2
     assert app.open(conv_a).how == "rebuilt"
 
 
@@ -401,7 +405,7 @@ def test_set_crypto_none_drops_the_key_and_saves_nothing(app: App) -> None:
     app.persistence.set_crypto(None)
     assert app.persistence.crypto is None
     with pytest.raises(SnapshotError, match="snapshots are off"):
-        app.persistence.save(conv, app.store.messages(conv))
+        app.persistence.save(conv, app.store.conversation(conv).messages)
     result = app.open(conv)  # the keyring key is gone: the encrypted snapshot cannot be read
     assert result.how == "rebuilt" and "keyring key" in result.note
 

@@ -16,16 +16,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lazykv.core.chat.conversation import ReplyStats
-from lazykv.core.history import store as store_module
-from lazykv.core.history.store import (
-    SCHEMA_VERSION,
+from lazykv.core.history import connection
+from lazykv.core.history.connection import SCHEMA_VERSION, data_dir
+from lazykv.core.history.records import (
     ConversationNotFound,
     ConversationRecord,
-    Store,
     StoreBusyError,
     StoreError,
-    data_dir,
     new_uid,
+)
+from lazykv.core.history.store import Store
+from tests.support.history import (
+    append_message,
+    create_conversation,
+    set_settings,
+    set_system_prompt,
+    snapshot_bytes,
+    stored_messages,
 )
 
 
@@ -64,11 +71,11 @@ def test_new_database_is_wal_with_the_schema_version(store: Store) -> None:
 
 def test_reopening_keeps_everything(tmp_path: Path) -> None:
     first = Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
-    conv = first.create_conversation("kept")
-    first.append_message(conv, "user", "hello")
+    conv = create_conversation(first, "kept")
+    append_message(first, conv, "user", "hello")
     first.close()
     second = Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
-    assert second.messages(conv) == [{"role": "user", "content": "hello"}]
+    assert stored_messages(second, conv) == [{"role": "user", "content": "hello"}]
     second.close()
 
 
@@ -82,10 +89,10 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
 
 
 def test_create_and_list_most_recently_updated_first(store: Store) -> None:
-    a = store.create_conversation("alpha", system_prompt="be brief", settings={"temperature": 0.2})
-    b = store.create_conversation()
+    a = create_conversation(store, "alpha", system_prompt="be brief", settings={"temperature": 0.2})
+    b = create_conversation(store)
     assert [s.id for s in store.list_conversations()] == [b, a]
-    store.append_message(a, "user", "hi")
+    append_message(store, a, "user", "hi")
     summaries = store.list_conversations()
     assert [s.id for s in summaries] == [a, b]
     assert (summaries[0].title, summaries[0].n_messages, summaries[1].title) == ("alpha", 1, "New chat")
@@ -99,8 +106,8 @@ def test_create_and_list_most_recently_updated_first(store: Store) -> None:
 
 
 def test_missing_conversation_is_conversation_not_found_never_a_key_error(store: Store) -> None:
-    calls = (store.conversation, store.messages, store.delete, lambda i: store.rename(i, "x"),
-             lambda i: store.append_message(i, "user", "hi"), lambda i: store.set_settings(i, {}))
+    calls = (store.conversation, store.delete, lambda i: store.rename(i, "x"), store.export_json,
+             lambda i: store.set_snapshot(i, sha("x"), 1, 1, "{}"))
     for call in calls:
         with pytest.raises(ConversationNotFound, match="no longer exists") as caught:
             call(42)
@@ -108,53 +115,53 @@ def test_missing_conversation_is_conversation_not_found_never_a_key_error(store:
 
 
 def test_append_and_edit_messages(store: Store) -> None:
-    conv = store.create_conversation()
-    store.append_message(conv, "user", "one")
-    store.append_message(conv, "assistant", "two")
-    store.append_message(conv, "user", "three")
-    assert [m["content"] for m in store.messages(conv)] == ["one", "two", "three"]
+    conv = create_conversation(store)
+    append_message(store, conv, "user", "one")
+    append_message(store, conv, "assistant", "two")
+    append_message(store, conv, "user", "three")
+    assert [m["content"] for m in stored_messages(store, conv)] == ["one", "two", "three"]
     before = store.conversation(conv)
     store.sync_transcript(before.uid, [{"role": "user", "content": "one, edited"}], synced=3)
-    assert store.messages(conv) == [{"role": "user", "content": "one, edited"}]
+    assert stored_messages(store, conv) == [{"role": "user", "content": "one, edited"}]
     assert store.conversation(conv).updated > before.updated
-    store.append_message(conv, "assistant", "again")
-    assert [m["content"] for m in store.messages(conv)] == ["one, edited", "again"]
+    append_message(store, conv, "assistant", "again")
+    assert [m["content"] for m in stored_messages(store, conv)] == ["one, edited", "again"]
 
 
 def test_bad_messages_are_refused_and_change_nothing(store: Store) -> None:
-    conv = store.create_conversation()
-    store.append_message(conv, "user", "kept")
+    conv = create_conversation(store)
+    append_message(store, conv, "user", "kept")
     with pytest.raises(ValueError, match="role must be one of"):
-        store.append_message(conv, "bot", "x")
+        append_message(store, conv, "bot", "x")
     with pytest.raises(ValueError, match="message 2: content must be text"):
         store.sync_transcript(store.conversation(conv).uid,
                               [{"role": "user", "content": "a"}, {"role": "user", "content": 3}], 1)
-    assert store.messages(conv) == [{"role": "user", "content": "kept"}]
+    assert stored_messages(store, conv) == [{"role": "user", "content": "kept"}]
 
 
 def test_rename_system_prompt_and_settings_round_trip(store: Store) -> None:
-    conv = store.create_conversation()
+    conv = create_conversation(store)
     stamps = [store.conversation(conv).updated]
     store.rename(conv, "  Renamed  ")
     stamps.append(store.conversation(conv).updated)
-    store.set_system_prompt(conv, "You are terse.")
+    set_system_prompt(store, conv, "You are terse.")
     stamps.append(store.conversation(conv).updated)
     settings = {"model_path": "/m/x.gguf", "sampling": {"temperature": 0.7, "top_p": 0.9}, "kv_mode": "lazy"}
-    store.set_settings(conv, settings)
+    set_settings(store, conv, settings)
     stamps.append(store.conversation(conv).updated)
     record = store.conversation(conv)
     assert (record.title, record.system_prompt, record.settings) == ("Renamed", "You are terse.", settings)
     assert stamps == sorted(stamps) and len(set(stamps)) == 4
     with pytest.raises(ValueError, match="not JSON"):
-        store.set_settings(conv, {"bad": object()})
+        set_settings(store, conv, {"bad": object()})
 
 
 def test_search_finds_messages_and_titles_with_snippets(store: Store) -> None:
-    trip = store.create_conversation("Trip to Paris")
-    store.append_message(trip, "user", "How tall is the Eiffel tower in Paris?")
-    store.append_message(trip, "assistant", "About 330 metres.")
-    cooking = store.create_conversation("Soup")
-    store.append_message(cooking, "user", "A recipe for onion soup, please")
+    trip = create_conversation(store, "Trip to Paris")
+    append_message(store, trip, "user", "How tall is the Eiffel tower in Paris?")
+    append_message(store, trip, "assistant", "About 330 metres.")
+    cooking = create_conversation(store, "Soup")
+    append_message(store, cooking, "user", "A recipe for onion soup, please")
     by_message = store.search("eiffel")
     assert [s.id for s in by_message] == [trip]
     assert "[Eiffel]" in by_message[0].snippet and by_message[0].n_messages == 2
@@ -169,8 +176,8 @@ def test_search_finds_messages_and_titles_with_snippets(store: Store) -> None:
 
 
 def test_search_follows_edits_and_deletes(store: Store) -> None:
-    conv = store.create_conversation("Plain")
-    store.append_message(conv, "user", "zebra")
+    conv = create_conversation(store, "Plain")
+    append_message(store, conv, "user", "zebra")
     store.sync_transcript(store.conversation(conv).uid, [{"role": "user", "content": "giraffe"}], 1)
     assert store.search("zebra") == [] and [s.id for s in store.search("giraffe")] == [conv]
     store.rename(conv, "Savanna")
@@ -183,8 +190,8 @@ def test_search_follows_edits_and_deletes(store: Store) -> None:
     "query", ['"foo', "AND OR", "NOT", "title:x", "a*b", "(", "NEAR(a b)", "^x", "\x00", "-"]
 )
 def test_search_is_safe_for_query_syntax(store: Store, query: str) -> None:
-    conv = store.create_conversation()
-    store.append_message(conv, "user", 'say "foo" AND OR not')
+    conv = create_conversation(store)
+    append_message(store, conv, "user", 'say "foo" AND OR not')
     assert isinstance(store.search(query), list)
     assert [s.id for s in store.search('"foo')] == [conv]
 
@@ -196,10 +203,10 @@ def test_search_never_raises(store: Store, query: str) -> None:
 
 
 def test_delete_then_undelete_restores_everything_with_the_same_id(store: Store) -> None:
-    keep = store.create_conversation("other")
-    conv = store.create_conversation("gone", system_prompt="sys", settings={"seed": 1})
-    store.append_message(conv, "user", "q")
-    store.append_message(conv, "assistant", "a")
+    keep = create_conversation(store, "other")
+    conv = create_conversation(store, "gone", system_prompt="sys", settings={"seed": 1})
+    append_message(store, conv, "user", "q")
+    append_message(store, conv, "assistant", "a")
     digest = write_snapshot(store, "s", 10)
     store.set_snapshot(conv, digest, 10, 5, '{"n_ctx": 512}')
     before = store.conversation(conv)
@@ -209,7 +216,7 @@ def test_delete_then_undelete_restores_everything_with_the_same_id(store: Store)
         store.conversation(conv)
     assert [s.id for s in store.list_conversations()] == [keep]
     assert store.unreferenced(digest) and store.snapshot_path(digest).exists()  # undo can restore it
-    newer = store.create_conversation("created after the delete")
+    newer = create_conversation(store, "created after the delete")
     assert newer != conv
     assert store.undelete(record).id == conv
     assert store.conversation(conv) == before
@@ -217,8 +224,8 @@ def test_delete_then_undelete_restores_everything_with_the_same_id(store: Store)
 
 
 def test_undelete_takes_a_new_id_when_its_own_is_taken_and_drops_a_missing_snapshot(store: Store) -> None:
-    conv = store.create_conversation("twice")
-    store.append_message(conv, "user", "hello")
+    conv = create_conversation(store, "twice")
+    append_message(store, conv, "user", "hello")
     digest = write_snapshot(store, "s", 10)
     store.set_snapshot(conv, digest, 10, 5, "{}")
     record = store.delete(conv).record
@@ -226,13 +233,13 @@ def test_undelete_takes_a_new_id_when_its_own_is_taken_and_drops_a_missing_snaps
     store.snapshot_path(digest).unlink()
     second = store.undelete(record).id
     assert first == conv and second != conv
-    assert store.messages(second) == [{"role": "user", "content": "hello"}]
+    assert stored_messages(store, second) == [{"role": "user", "content": "hello"}]
     assert store.conversation(second).snapshot is None
 
 
 def test_snapshot_refs(store: Store) -> None:
-    a = store.create_conversation()
-    b = store.create_conversation()
+    a = create_conversation(store)
+    b = create_conversation(store)
     one, two = sha("one"), sha("two")
     assert store.set_snapshot(a, one, 100, 40, '{"v": 1}') is None
     ref = store.conversation(a).snapshot
@@ -244,10 +251,10 @@ def test_snapshot_refs(store: Store) -> None:
     store.set_snapshot(b, one, 100, 40, "{}")
     assert store.set_snapshot(a, two, 50, 20, "{}") == one
     assert not store.unreferenced(one)  # b still uses it
-    assert store.snapshot_bytes() == 150
-    store.clear_snapshot(b)
-    assert store.unreferenced(one) and store.conversation(b).snapshot is None
-    assert store.snapshot_bytes() == 50
+    assert snapshot_bytes(store) == 150
+    store.set_snapshot(b, two, 50, 20, "{}")
+    assert store.unreferenced(one) and store.conversation(b).snapshot.sha256 == two
+    assert snapshot_bytes(store) == 50  # counted once
     used = store.conversation(a).snapshot.last_used
     store.touch_snapshot(a)
     assert store.conversation(a).snapshot.last_used > used
@@ -256,18 +263,18 @@ def test_snapshot_refs(store: Store) -> None:
 
 
 def test_snapshot_changes_do_not_reorder_conversations(store: Store) -> None:
-    a = store.create_conversation()
-    b = store.create_conversation()
+    a = create_conversation(store)
+    b = create_conversation(store)
     store.set_snapshot(a, sha("x"), 1, 1, "{}")
     store.touch_snapshot(a)
     assert [s.id for s in store.list_conversations()] == [b, a]
 
 
 def test_prune_deletes_least_recently_used_files_and_keeps_transcripts(store: Store) -> None:
-    convs = [store.create_conversation(f"c{i}") for i in range(4)]
+    convs = [create_conversation(store, f"c{i}") for i in range(4)]
     digests = []
     for i, conv in enumerate(convs):
-        store.append_message(conv, "user", f"message {i}")
+        append_message(store, conv, "user", f"message {i}")
         digests.append(write_snapshot(store, f"s{i}", 100))
         store.set_snapshot(conv, digests[-1], 100, 10, "{}")
     store.touch_snapshot(convs[0])  # now the most recently used; convs[1] is the oldest
@@ -276,26 +283,26 @@ def test_prune_deletes_least_recently_used_files_and_keeps_transcripts(store: St
     for i in (1, 2):
         assert not store.snapshot_path(digests[i]).exists()
         assert store.conversation(convs[i]).snapshot is None
-        assert store.messages(convs[i]) == [{"role": "user", "content": f"message {i}"}]
+        assert stored_messages(store, convs[i]) == [{"role": "user", "content": f"message {i}"}]
     for i in (0, 3):
         assert store.snapshot_path(digests[i]).exists() and store.conversation(convs[i]).snapshot
-    assert store.snapshot_bytes() == 200
+    assert snapshot_bytes(store) == 200
     assert store.prune_snapshots(0).pruned == [digests[3], digests[0]]
-    assert store.snapshot_bytes() == 0 and list(store.snapshots_dir.iterdir()) == []
+    assert snapshot_bytes(store) == 0 and list(store.snapshots_dir.iterdir()) == []
 
 
 def test_a_shared_snapshot_counts_once_and_goes_for_all(store: Store) -> None:
-    a, b = store.create_conversation(), store.create_conversation()
+    a, b = create_conversation(store), create_conversation(store)
     digest = write_snapshot(store, "shared", 100)
     store.set_snapshot(a, digest, 100, 1, "{}")
     store.set_snapshot(b, digest, 100, 1, "{}")
-    assert store.snapshot_bytes() == 100
+    assert snapshot_bytes(store) == 100
     assert store.prune_snapshots(99).pruned == [digest]
     assert store.conversation(a).snapshot is None and store.conversation(b).snapshot is None
 
 
 def test_prune_removes_orphans_and_stale_temp_files(store: Store) -> None:
-    conv = store.create_conversation()
+    conv = create_conversation(store)
     kept = write_snapshot(store, "kept", 10)
     store.set_snapshot(conv, kept, 10, 1, "{}")
     old_orphan = write_snapshot(store, "orphan", 10)
@@ -317,9 +324,9 @@ def test_prune_removes_orphans_and_stale_temp_files(store: Store) -> None:
 
 
 def test_export_markdown(store: Store) -> None:
-    conv = store.create_conversation("Greetings", system_prompt="Be kind.")
-    store.append_message(conv, "user", "Hello?")
-    store.append_message(conv, "assistant", "Hi **there**.")
+    conv = create_conversation(store, "Greetings", system_prompt="Be kind.")
+    append_message(store, conv, "user", "Hello?")
+    append_message(store, conv, "assistant", "Hi **there**.")
     text = store.export_markdown(conv)
     assert text.startswith("# Greetings\n")
     order = ["## System prompt\n\nBe kind.", "## User\n\nHello?", "## Assistant\n\nHi **there**."]
@@ -328,9 +335,9 @@ def test_export_markdown(store: Store) -> None:
 
 
 def test_export_json_and_import_round_trip(store: Store) -> None:
-    conv = store.create_conversation("Round trip", system_prompt="sys", settings={"top_k": 40})
-    store.append_message(conv, "user", 'ünïcödé and "quotes"\nnewline')
-    store.append_message(conv, "assistant", "ok")
+    conv = create_conversation(store, "Round trip", system_prompt="sys", settings={"top_k": 40})
+    append_message(store, conv, "user", 'ünïcödé and "quotes"\nnewline')
+    append_message(store, conv, "assistant", "ok")
     store.set_snapshot(conv, sha("s"), 10, 1, "{}")
     exported = store.export_json(conv)
     assert exported["format"] == "lazykv-conversation" and exported["version"] == 1
@@ -388,28 +395,28 @@ def test_import_refuses_missing_fields_and_non_objects(store: Store) -> None:
 
 
 def test_a_locked_database_raises_store_error(store: Store) -> None:
-    conv = store.create_conversation("before")
+    conv = create_conversation(store, "before")
     other = sqlite3.connect(store.path, isolation_level=None)
     other.execute("BEGIN EXCLUSIVE")
     try:
         started = time.monotonic()
         with pytest.raises(StoreBusyError, match="another LazyKV Chat is writing"):
-            store.append_message(conv, "user", "blocked")
+            append_message(store, conv, "user", "blocked")
         assert time.monotonic() - started < 5
-        assert store.messages(conv) == []  # reading still works in WAL mode
+        assert stored_messages(store, conv) == []  # reading still works in WAL mode
     finally:
         other.execute("ROLLBACK")
         other.close()
-    store.append_message(conv, "user", "after")
-    assert store.messages(conv) == [{"role": "user", "content": "after"}]
+    append_message(store, conv, "user", "after")
+    assert stored_messages(store, conv) == [{"role": "user", "content": "after"}]
 
 
 def test_a_second_store_on_the_same_file_sees_the_writes(store: Store) -> None:
-    conv = store.create_conversation("shared")
+    conv = create_conversation(store, "shared")
     other = Store(store.path, store.snapshots_dir)
     try:
-        other.append_message(conv, "user", "from the other one")
-        assert store.messages(conv) == [{"role": "user", "content": "from the other one"}]
+        append_message(other, conv, "user", "from the other one")
+        assert stored_messages(store, conv) == [{"role": "user", "content": "from the other one"}]
     finally:
         other.close()
 
@@ -425,23 +432,23 @@ def test_a_damaged_file_raises_store_error_and_is_left_alone(tmp_path: Path) -> 
 
 
 def test_disk_full_raises_store_error_and_keeps_earlier_messages(store: Store) -> None:
-    conv = store.create_conversation()
-    store.append_message(conv, "user", "saved before the disk filled up")
+    conv = create_conversation(store)
+    append_message(store, conv, "user", "saved before the disk filled up")
     db = store._db  # the simulation needs the store's own connection: max_page_count is per connection
     pages = db.execute("PRAGMA page_count").fetchone()[0]
     db.execute(f"PRAGMA max_page_count = {pages}")
     with pytest.raises(StoreError, match="disk is full"):
-        store.append_message(conv, "assistant", "x" * 200_000)
+        append_message(store, conv, "assistant", "x" * 200_000)
     with pytest.raises(StoreError, match="disk is full"):
         store.sync_transcript(store.conversation(conv).uid, [{"role": "user", "content": "y" * 200_000}], 1)
-    assert store.messages(conv) == [{"role": "user", "content": "saved before the disk filled up"}]
+    assert stored_messages(store, conv) == [{"role": "user", "content": "saved before the disk filled up"}]
     db.execute("PRAGMA max_page_count = 1073741823")
-    store.append_message(conv, "assistant", "fits again")
-    assert len(store.messages(conv)) == 2
+    append_message(store, conv, "assistant", "fits again")
+    assert len(stored_messages(store, conv)) == 2
 
 
 def test_missing_fts5_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "_fts5_available", lambda: False)
+    monkeypatch.setattr(connection, "_fts5_available", lambda: False)
     with pytest.raises(StoreError, match="FTS5"):
         Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
 
@@ -469,7 +476,7 @@ def migrated(tmp_path: Path, version: int) -> Iterator[tuple[Store, Conversation
     path = tmp_path / "c.sqlite3"
     db = sqlite3.connect(path, isolation_level=None)
     for step in range(version):
-        store_module.MIGRATIONS[step](db)
+        connection.MIGRATIONS[step](db)
     db.execute(f"PRAGMA user_version = {version}")
     db.execute("INSERT INTO conversations (uid, title, created, updated) VALUES (?, 'old', 1, 2)",
                ("a" * 32,))

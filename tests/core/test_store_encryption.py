@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.history import store as store_module
+from lazykv.core.history import connection
 from lazykv.core.history.keys import database_key
-from lazykv.core.history.store import Store, StoreLockedError, new_uid
+from lazykv.core.history.records import StoreLockedError, new_uid
+from lazykv.core.history.store import Store
+from tests.support.history import append_message, stored_messages
 
 KEY = database_key(bytes(range(32)))
 SECRET = "the secret word is pomegranate"
@@ -22,7 +24,7 @@ SECRET = "the secret word is pomegranate"
 def _fill(store: Store) -> int:
     conv = store.sync_transcript(new_uid(), [{"role": "user", "content": SECRET}], 0, title="Fruit",
                                  create=True).id  # fmt: skip
-    store.append_message(conv, "assistant", "noted")
+    append_message(store, conv, "assistant", "noted")
     return conv
 
 
@@ -54,16 +56,17 @@ def test_an_encrypted_database_keeps_no_plain_text_and_still_searches(tmp_path: 
         for path in tmp_path.glob("c.sqlite3*"):
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     with _opened(tmp_path, KEY) as again:
-        assert again.messages(conv)[0]["content"] == SECRET
+        assert stored_messages(again, conv)[0]["content"] == SECRET
 
 
 def test_a_plain_database_is_encrypted_in_place(tmp_path: Path) -> None:
     conv = _filled(tmp_path)
     assert b"pomegranate" in (tmp_path / "c.sqlite3").read_bytes()
     with _opened(tmp_path, KEY) as store:
-        assert store.messages(conv)[0]["content"] == SECRET and store.conversation(conv).title == "Fruit"
+        record = store.conversation(conv)
+        assert record.messages[0]["content"] == SECRET and record.title == "Fruit"
         assert [s.id for s in store.search("pomegranate")] == [conv]
-        store.append_message(conv, "user", "after the migration")
+        append_message(store, conv, "user", "after the migration")
     assert b"pomegranate" not in _all_bytes(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.sqlite3", "snaps"]
 
@@ -77,13 +80,13 @@ def test_a_crash_during_the_migration_leaves_the_plain_database_and_is_redone(
     def crash(src: object, dst: object) -> None:
         raise OSError("killed before the rename")
 
-    monkeypatch.setattr(store_module.os, "replace", crash)
+    monkeypatch.setattr(connection.os, "replace", crash)
     with pytest.raises(Exception, match="killed before the rename"):
         Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
     monkeypatch.undo()
     assert (tmp_path / "c.sqlite3").read_bytes() == before  # untouched; the side file is a leftover
     with _opened(tmp_path, KEY) as store:
-        assert store.messages(conv)[0]["content"] == SECRET
+        assert stored_messages(store, conv)[0]["content"] == SECRET
     assert not (tmp_path / "c.sqlite3.encrypting").exists()
 
 
@@ -99,9 +102,9 @@ def test_a_wrong_or_missing_key_is_refused_with_a_sentence_and_changes_nothing(t
 
 def test_an_encrypted_database_opens_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     conv = _filled(tmp_path, KEY)
-    monkeypatch.setattr(store_module.os, "access", lambda path, mode: not mode & os.W_OK)
+    monkeypatch.setattr(connection.os, "access", lambda path, mode: not mode & os.W_OK)
     with _opened(tmp_path, KEY) as store:
-        assert store.read_only and store.messages(conv)[0]["content"] == SECRET
+        assert store.read_only and stored_messages(store, conv)[0]["content"] == SECRET
 
 
 def test_the_database_owner_switches_to_the_key_in_order(tmp_path: Path) -> None:
@@ -111,7 +114,7 @@ def test_the_database_owner_switches_to_the_key_in_order(tmp_path: Path) -> None
     try:
         conv = db.call(_fill)
         db.set_key(KEY)  # queued: the next operation opens (and encrypts) with it
-        assert db.call(lambda s: (s.encrypted, s.messages(conv)[0]["content"])) == (True, SECRET)
+        assert db.call(lambda s: (s.encrypted, stored_messages(s, conv)[0]["content"])) == (True, SECRET)
         assert b"pomegranate" not in _all_bytes(tmp_path)
     finally:
         db.close(10)
@@ -125,7 +128,7 @@ def test_the_protection_can_change_keys_and_back_to_plain_in_place(tmp_path: Pat
     try:
         conv = db.call(_fill)
         db.change_key(other)  # e.g. keyring -> passphrase
-        assert db.call(lambda s: s.messages(conv)[0]["content"]) == SECRET
+        assert db.call(lambda s: stored_messages(s, conv)[0]["content"]) == SECRET
         with pytest.raises(StoreLockedError):
             Store(tmp_path / "c.sqlite3", tmp_path / "snaps", key=KEY)
         db.change_key(None)  # -> no encryption: the history is plain again
@@ -140,6 +143,7 @@ def test_a_plain_history_in_a_read_only_folder_is_shown_even_with_a_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conv = _filled(tmp_path)
-    monkeypatch.setattr(store_module.os, "access", lambda path, mode: not mode & os.W_OK)
+    monkeypatch.setattr(connection.os, "access", lambda path, mode: not mode & os.W_OK)
     with _opened(tmp_path, KEY) as store:
-        assert store.read_only and not store.encrypted and store.messages(conv)[0]["content"] == SECRET
+        assert store.read_only and not store.encrypted
+        assert stored_messages(store, conv)[0]["content"] == SECRET

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.history import store as store_module
-from lazykv.core.history.store import (
+from lazykv.core.history import connection, snapshot_budget
+from lazykv.core.history.records import (
     Change,
     ConversationNotFound,
-    Database,
-    Store,
     StoreError,
     StoreReadOnlyError,
     TranscriptConflict,
     new_uid,
 )
+from lazykv.core.history.store import Database, Store
+from tests.support.history import append_message, create_conversation, snapshot_bytes, stored_messages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def test_a_new_chat_synced_twice_before_either_answer_is_one_conversation(store:
     b = store.sync_transcript(uid, both, 0, title="hi", create=True)  # queued before a's answer
     assert a.created and not b.created and a.id == b.id
     assert [s.id for s in store.list_conversations()] == [a.id]
-    assert store.messages(a.id) == both and not b.merged
+    assert stored_messages(store, a.id) == both and not b.merged
 
 
 def test_sync_appends_after_another_windows_turns_and_loses_none(store: Store) -> None:
@@ -56,9 +56,9 @@ def test_sync_appends_after_another_windows_turns_and_loses_none(store: Store) -
     theirs = [*base.messages, turn("user", "theirs"), turn("assistant", "theirs back")]
     store.sync_transcript(uid, theirs, len(base.messages))
     result = store.sync_transcript(uid, ours, len(base.messages))
-    contents = [m["content"] for m in store.messages(result.id)]
+    contents = [m["content"] for m in stored_messages(store, result.id)]
     assert contents == ["q1", "a1", "theirs", "theirs back", "ours", "ours back"]
-    assert result.merged and result.messages == store.messages(result.id)
+    assert result.merged and result.messages == stored_messages(store, result.id)
 
 
 def test_an_edit_is_compare_and_swap(store: Store) -> None:
@@ -66,11 +66,12 @@ def test_an_edit_is_compare_and_swap(store: Store) -> None:
     saved = store.sync_transcript(uid, [turn("user", "one"), turn("assistant", "two")], 0, create=True)
     edited = [turn("user", "one, edited")]
     result = store.sync_transcript(uid, edited, len(saved.messages))
-    assert store.messages(result.id) == edited and result.touches(Change.TRANSCRIPT, result.id)
+    assert stored_messages(store, result.id) == edited and result.touches(Change.TRANSCRIPT, result.id)
     store.sync_transcript(uid, [*edited, turn("assistant", "from the other window")], 1)
     with pytest.raises(TranscriptConflict, match="another LazyKV Chat window"):
         store.sync_transcript(uid, [turn("user", "edited again")], 1)  # we still think 1 is stored
-    assert [m["content"] for m in store.messages(result.id)] == ["one, edited", "from the other window"]
+    stored = [m["content"] for m in stored_messages(store, result.id)]
+    assert stored == ["one, edited", "from the other window"]
 
 
 def test_a_refused_turn_is_taken_back_from_the_store(store: Store) -> None:
@@ -78,7 +79,7 @@ def test_a_refused_turn_is_taken_back_from_the_store(store: Store) -> None:
     kept = [turn("user", "q"), turn("assistant", "a")]
     saved = store.sync_transcript(uid, [*kept, turn("user", "x" * 2_000_000)], 0, create=True)
     result = store.sync_transcript(uid, kept, len(saved.messages))  # the window took it back
-    assert store.messages(result.id) == kept and store.search("xxxx") == []
+    assert stored_messages(store, result.id) == kept and store.search("xxxx") == []
 
 
 def test_a_deleted_conversation_is_not_resurrected_by_a_late_sync(store: Store) -> None:
@@ -114,7 +115,9 @@ def test_two_processes_on_one_conversation_lose_no_turn(tmp_path: Path) -> None:
     assert len(confirmed) == 2 * 2 * n  # every turn of both was confirmed (no conflict: they only append)
     store = Store(db, snaps)
     try:
-        stored = [m["content"] for m in store.messages(store.conversation_id(uid))]
+        [conv] = store.list_conversations()  # the scratch ones were deleted
+        assert store.conversation(conv.id).uid == uid
+        stored = [m["content"] for m in stored_messages(store, conv.id)]
         assert sorted(stored) == sorted(confirmed)  # none lost, none twice
         for name in ("A", "B"):
             mine = [c for c in stored if c.startswith(name)]
@@ -141,7 +144,7 @@ def test_concurrent_creation_of_one_new_chat_from_two_processes_is_one_conversat
     store = Store(db, snaps)
     try:
         assert len(ids) == 1 and len(store.list_conversations()) == 1
-        assert store.messages(int(ids.pop())) == [turn("user", "hello")]
+        assert stored_messages(store, int(ids.pop())) == [turn("user", "hello")]
     finally:
         store.close()
 
@@ -241,7 +244,7 @@ def test_an_imported_title_is_one_line(store: Store) -> None:
 def test_a_poisoned_row_of_an_older_version_is_repaired_and_never_hides_the_others(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite3"
     db = sqlite3.connect(path, isolation_level=None)  # a version-1 database, as the last release wrote it
-    store_module.MIGRATIONS[0](db)
+    connection.MIGRATIONS[0](db)
     db.execute("PRAGMA user_version = 1")
     db.execute("INSERT INTO conversations (title, created, updated) VALUES ('fine', 10, 20)")
     db.execute("INSERT INTO conversations (title, created, updated) VALUES ('poisoned', 5, 1e12)")
@@ -259,7 +262,7 @@ def test_a_poisoned_row_of_an_older_version_is_repaired_and_never_hides_the_othe
 
 
 def test_a_damaged_row_read_today_still_shows(store: Store) -> None:
-    conv = store.create_conversation("damaged later")
+    conv = create_conversation(store, "damaged later")
     store._db.execute("UPDATE conversations SET updated = 1e12, settings = 'nope' WHERE id = ?", (conv,))
     [summary] = store.list_conversations()
     assert summary.updated == 0.0
@@ -276,7 +279,7 @@ def _age(path: Path, seconds: float) -> None:
 
 def test_start_up_clean_up_removes_unfinished_saves_and_orphans_and_counts_them_apart(store: Store) -> None:
     snaps = store.snapshots_dir
-    conv = store.create_conversation()
+    conv = create_conversation(store)
     referenced = "a" * 64
     (snaps / f"{referenced}.lkv").write_bytes(b"r" * 5)
     store.set_snapshot(conv, referenced, 5, 1, "{}")
@@ -290,7 +293,7 @@ def test_start_up_clean_up_removes_unfinished_saves_and_orphans_and_counts_them_
         _age(snaps / name, 5)
     (snaps / "notes.txt").write_text("not ours")
     _age(snaps / "notes.txt", 5)
-    assert store.clean_up(grace_s=60) == store_module.Cleanup()  # all younger than the grace
+    assert store.clean_up(grace_s=60) == snapshot_budget.Cleanup()  # all younger than the grace
     cleanup = store.clean_up(grace_s=0)
     assert (cleanup.orphans, cleanup.unfinished, cleanup.freed_bytes) == (1, 2, 600)
     assert sorted(p.name for p in snaps.iterdir()) == sorted([f"{referenced}.lkv", "notes.txt"])
@@ -298,20 +301,20 @@ def test_start_up_clean_up_removes_unfinished_saves_and_orphans_and_counts_them_
 
 def test_prune_counts_leftovers_apart_from_pruned_snapshots(store: Store) -> None:
     (store.snapshots_dir / f"pending-{'3' * 32}.lkv").write_bytes(b"x")
-    _age(store.snapshots_dir / f"pending-{'3' * 32}.lkv", 2 * store_module.ORPHAN_GRACE_S)
+    _age(store.snapshots_dir / f"pending-{'3' * 32}.lkv", 2 * snapshot_budget.ORPHAN_GRACE_S)
     result = store.prune_snapshots(10**9)
     assert result.pruned == [] and result.cleanup.unfinished == 1 and result.empty
 
 
 def test_the_budget_never_prunes_the_snapshot_just_saved(store: Store) -> None:
-    a, b = store.create_conversation(), store.create_conversation()
+    a, b = create_conversation(store), create_conversation(store)
     old, new = "c" * 64, "d" * 64
     for conv, digest, size in ((a, old, 100), (b, new, 150)):
         store.snapshot_path(digest).write_bytes(b"s" * size)
         store.set_snapshot(conv, digest, size, 1, "{}")
     result = store.prune_snapshots(149, keep=new)  # even alone it is over the budget
     assert result.pruned == [old] and store.conversation(b).snapshot is not None
-    assert store.snapshot_bytes() == 150
+    assert snapshot_bytes(store) == 150
 
 
 # --- files and folders ----------------------------------------------------------------------------
@@ -321,7 +324,7 @@ def test_the_database_and_its_folders_are_the_owners_only(tmp_path: Path) -> Non
     data = tmp_path / "new" / "data"
     store = Store(data / "c.sqlite3", data / "snapshots")
     try:
-        store.create_conversation("x")
+        create_conversation(store, "x")
         for path in (data / "c.sqlite3", data / "c.sqlite3-wal", data / "c.sqlite3-shm"):
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
         for path in (data, data / "snapshots"):
@@ -344,19 +347,19 @@ def test_a_read_only_data_folder_shows_the_history_read_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writer = Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
-    conv = writer.create_conversation("kept")
-    writer.append_message(conv, "user", "still here")
+    conv = create_conversation(writer, "kept")
+    append_message(writer, conv, "user", "still here")
     writer.close()
-    monkeypatch.setattr(store_module.os, "access", lambda path, mode: not mode & os.W_OK)
+    monkeypatch.setattr(connection.os, "access", lambda path, mode: not mode & os.W_OK)
     store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
     try:
         assert store.read_only and "read-only" in store.notice and "history is shown" in store.notice
         assert [s.title for s in store.list_conversations()] == ["kept"]
-        assert store.messages(conv) == [turn("user", "still here")]
+        assert stored_messages(store, conv) == [turn("user", "still here")]
         assert [s.id for s in store.search("still")] == [conv]
         with pytest.raises(StoreReadOnlyError, match="read-only"):
-            store.append_message(conv, "user", "lost?")
-        assert store.clean_up(0) == store_module.Cleanup()
+            append_message(store, conv, "user", "lost?")
+        assert store.clean_up(0) == snapshot_budget.Cleanup()
     finally:
         store.close()
 
@@ -364,7 +367,7 @@ def test_a_read_only_data_folder_shows_the_history_read_only(
 def test_a_read_only_folder_without_a_database_is_an_empty_read_only_history(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module.os, "access", lambda path, mode: not mode & os.W_OK)
+    monkeypatch.setattr(connection.os, "access", lambda path, mode: not mode & os.W_OK)
     store = Store(tmp_path / "none.sqlite3", tmp_path / "snaps")
     try:
         assert store.read_only and store.list_conversations() == []
@@ -375,12 +378,12 @@ def test_a_read_only_folder_without_a_database_is_an_empty_read_only_history(
 
 def test_read_only_can_be_asked_for(tmp_path: Path) -> None:
     writer = Store(tmp_path / "c.sqlite3", tmp_path / "snaps")
-    writer.create_conversation("kept")
+    create_conversation(writer, "kept")
     writer.close()
     store = Store(tmp_path / "c.sqlite3", tmp_path / "snaps", read_only=True)
     try:
         assert [s.title for s in store.list_conversations()] == ["kept"]
         with pytest.raises(StoreReadOnlyError):
-            store.create_conversation("no")
+            create_conversation(store, "no")
     finally:
         store.close()

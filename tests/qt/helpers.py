@@ -11,6 +11,7 @@ from lazykv.core.engine.engine import KvRestoreError
 from lazykv.core.history.store import Store
 from lazykv.qt.main_window import MainWindow, Timings
 from tests.qt.fake_engine import FakeSession
+from tests.support.history import stored_messages
 
 FAST = Timings(idle_delay_ms=20, sample_interval_ms=60_000, undo_ms=60_000, shutdown_deadline_ms=2000)
 WAIT_MS = 5000  # generous: the fake answers in milliseconds
@@ -37,7 +38,7 @@ def stored(w: MainWindow | None = None) -> list[tuple[str, list[dict[str, str]]]
     """Every saved conversation: (title, messages), most recent first; through ``w``'s own database
     (an encrypted history opens only with its key), else a plain one."""
     def read(store: Store) -> list[tuple[str, list[dict[str, str]]]]:
-        return [(s.title, store.messages(s.id)) for s in store.list_conversations()]
+        return [(s.title, stored_messages(store, s.id)) for s in store.list_conversations()]
 
     if w is not None:
         return w.database.call(read)

@@ -6,7 +6,7 @@ import threading
 
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.history.store import ConversationSummary
+from lazykv.core.history.records import ConversationSummary
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.main_window import UiState
 from tests.qt.conftest import FakeWindow

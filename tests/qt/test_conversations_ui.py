@@ -11,7 +11,8 @@ from keyring.backends import fail
 from PySide6.QtWidgets import QApplication, QInputDialog, QMessageBox
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.history.store import SNAPSHOTS_DIR, data_dir, new_uid
+from lazykv.core.history.connection import SNAPSHOTS_DIR, data_dir
+from lazykv.core.history.records import new_uid
 from lazykv.core.kinds import ExportFormat
 from lazykv.core.settings import Settings
 from lazykv.qt.conversion_banner import NoticeBanner

@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QApplication, QLabel
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.model_meta import read_model_meta
-from lazykv.core.history.store import ConversationSummary
+from lazykv.core.history.records import ConversationSummary
 from lazykv.core.settings import Settings
 from lazykv.qt import window_state
 from lazykv.qt.conversations_panel import ConversationsPanel

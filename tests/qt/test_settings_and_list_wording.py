@@ -12,7 +12,7 @@ from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.history.persistence import OpenHow, OpenResult
-from lazykv.core.history.store import ConversationSummary
+from lazykv.core.history.records import ConversationSummary
 from lazykv.core.settings import Settings
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.settings_dialog import SettingsDialog

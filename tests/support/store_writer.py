@@ -14,7 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from lazykv.core.history.store import Store, StoreBusyError, TranscriptConflict
+from lazykv.core.history.records import StoreBusyError, TranscriptConflict
+from lazykv.core.history.store import Store
+from tests.support.history import append_message, create_conversation
 
 
 def _retry(fn):  # type: ignore[no-untyped-def]
@@ -40,8 +42,8 @@ def main(db: str, snapshots: str, uid: str, name: str, n: int) -> None:
         messages, synced = result.messages, len(result.messages)
         for m in mine:
             print("confirmed", m["content"], flush=True)
-        scratch = _retry(lambda i=i: store.create_conversation(f"{name} scratch {i}"))
-        _retry(lambda c=scratch: store.append_message(c, "user", "scratch"))
+        scratch = _retry(lambda i=i: create_conversation(store, f"{name} scratch {i}"))
+        _retry(lambda c=scratch: append_message(store, c, "user", "scratch"))
         _retry(lambda: store.prune_snapshots(0))
         _retry(lambda c=scratch: store.delete(c))
     store.close()

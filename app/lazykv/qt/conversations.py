@@ -35,6 +35,7 @@ from lazykv.core.chat.conversation import Conversation
 from lazykv.core.engine.engine import ModelInfo, SamplingSettings
 from lazykv.core.engine.memory import fmt_bytes
 from lazykv.core.files import write_text_atomic
+from lazykv.core.history.connection import data_dir
 from lazykv.core.history.keys import (
     PASSPHRASE_FILE,
     KeyringTimeoutError,
@@ -45,21 +46,19 @@ from lazykv.core.history.keys import (
     load_or_create_key,
 )
 from lazykv.core.history.persistence import Crypto, OpenResult, SaveResult
-from lazykv.core.history.snapshot import ENCRYPTION_KEYRING, ENCRYPTION_NONE, ENCRYPTION_PASSPHRASE
-from lazykv.core.history.store import (
+from lazykv.core.history.records import (
     Change,
-    Cleanup,
     ConversationRecord,
     ConversationSummary,
-    Database,
     Deleted,
     OpChanges,
-    Store,
     StoreLockedError,
     Synced,
-    data_dir,
     new_uid,
 )
+from lazykv.core.history.snapshot import ENCRYPTION_KEYRING, ENCRYPTION_NONE, ENCRYPTION_PASSPHRASE
+from lazykv.core.history.snapshot_budget import Cleanup
+from lazykv.core.history.store import Database, Store
 from lazykv.core.kinds import ExportFormat
 from lazykv.core.settings import Settings
 from lazykv.qt.background import Background

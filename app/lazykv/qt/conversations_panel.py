@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from lazykv.core.history.store import ConversationSummary
+from lazykv.core.history.records import ConversationSummary
 from lazykv.core.kinds import ExportFormat
 from lazykv.qt.markdown import plain_rich_text
 

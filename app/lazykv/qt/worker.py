@@ -27,9 +27,11 @@ from lazykv.core.engine.engine import (
     SamplingSettings,
 )
 from lazykv.core.engine.memory import MiB
+from lazykv.core.history.connection import data_dir
 from lazykv.core.history.persistence import Crypto, Persistence
+from lazykv.core.history.records import StoreError
 from lazykv.core.history.snapshot import SnapshotError
-from lazykv.core.history.store import Database, StoreError, data_dir
+from lazykv.core.history.store import Database
 from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, ConversionStage, KvMode
 
 STATUS_INTERVAL_S = 0.1  # kv_status while streaming, at most this often

@@ -30,6 +30,7 @@ from lazykv import __version__
 from lazykv.core.engine.engine import EngineSession, KvRestoreError
 from lazykv.core.engine.fingerprint import model_sha256
 from lazykv.core.history.keys import UnlockedPassphrase, database_key, key_from_passphrase
+from lazykv.core.history.records import Change, OpChanges
 from lazykv.core.history.snapshot import (
     Encryption,
     SnapshotAuthError,
@@ -43,15 +44,8 @@ from lazykv.core.history.snapshot import (
     transcript_digest,
     write_snapshot,
 )
-from lazykv.core.history.store import (
-    PENDING_PREFIX,
-    SNAPSHOT_SUFFIX,
-    Change,
-    Cleanup,
-    Database,
-    OpChanges,
-    Store,
-)
+from lazykv.core.history.snapshot_budget import PENDING_PREFIX, SNAPSHOT_SUFFIX, Cleanup
+from lazykv.core.history.store import Database, Store
 
 NOTE_MAX_CHARS = 200
 

@@ -1,0 +1,486 @@
+"""The conversation database's connection: SQLite in WAL mode, its schema and migrations, and
+encryption at rest.
+
+With a ``key`` the database is encrypted with SQLCipher (the ``sqlcipher3`` binding, FTS5
+included): a plain database from an earlier version is encrypted in place on first open, crash-
+safely (exported to a side file, which is renamed over the original only once complete).
+A data folder this process cannot write opens the history read-only. Errors are ``StoreError``
+subclasses whose message is written for the user.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from lazykv.core.files import fsync_dir
+from lazykv.core.history.records import (
+    MAX_TIME,
+    ConversationNotFound,
+    StoreBusyError,
+    StoreError,
+    StoreLockedError,
+    StoreReadOnlyError,
+)
+
+SCHEMA_VERSION = 4
+APP_DIR_NAME = "lazykv"
+DB_FILE = "conversations.sqlite3"
+SNAPSHOTS_DIR = "snapshots"
+DB_KEY_BYTES = 32
+_PLAIN_HEADER = b"SQLite format 3\x00"
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def data_dir() -> Path:
+    """The platform's per-user data dir (``LAZYKV_DATA_DIR`` overrides it, e.g. for tests)."""
+    override = os.environ.get("LAZYKV_DATA_DIR")
+    if override:
+        return Path(override)
+    return Path(platformdirs.user_data_dir(APP_DIR_NAME, appauthor=False))
+
+
+
+_SCHEMA_V1 = """
+CREATE TABLE conversations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused, so undelete gets its id back
+    title TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    settings TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX conversations_updated ON conversations(updated);
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY,
+    conv_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+    content TEXT NOT NULL,
+    UNIQUE (conv_id, seq)
+);
+CREATE TABLE snapshots (
+    conv_id INTEGER PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
+    sha256 TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    n_tokens INTEGER NOT NULL,
+    header_json TEXT NOT NULL,
+    last_used REAL NOT NULL
+);
+CREATE INDEX snapshots_sha256 ON snapshots(sha256);
+
+CREATE VIRTUAL TABLE messages_fts USING fts5(
+    content, content='messages', content_rowid='id', tokenize='unicode61 remove_diacritics 2');
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+
+CREATE VIRTUAL TABLE titles_fts USING fts5(
+    title, content='conversations', content_rowid='id', tokenize='unicode61 remove_diacritics 2');
+CREATE TRIGGER titles_fts_insert AFTER INSERT ON conversations BEGIN
+    INSERT INTO titles_fts(rowid, title) VALUES (new.id, new.title);
+END;
+CREATE TRIGGER titles_fts_delete AFTER DELETE ON conversations BEGIN
+    INSERT INTO titles_fts(titles_fts, rowid, title) VALUES ('delete', old.id, old.title);
+END;
+CREATE TRIGGER titles_fts_update AFTER UPDATE OF title ON conversations BEGIN
+    INSERT INTO titles_fts(titles_fts, rowid, title) VALUES ('delete', old.id, old.title);
+    INSERT INTO titles_fts(rowid, title) VALUES (new.id, new.title);
+END;
+"""
+
+# v2: every conversation gets a uid (creation by uid cannot happen twice); times the list cannot
+# show (an import of an older version let "updated": 1e12 in) are brought back into range
+_SCHEMA_V2 = f"""
+ALTER TABLE conversations ADD COLUMN uid TEXT;
+UPDATE conversations SET uid = lower(hex(randomblob(16)));
+CREATE UNIQUE INDEX conversations_uid ON conversations(uid);
+UPDATE conversations SET created = 0 WHERE NOT (typeof(created) IN ('real', 'integer')
+    AND created BETWEEN 0 AND {MAX_TIME});
+UPDATE conversations SET updated = created WHERE NOT (typeof(updated) IN ('real', 'integer')
+    AND updated BETWEEN 0 AND {MAX_TIME});
+"""
+
+# v3: a reply's figures (time to first token, tokens/s) are stored with it, as JSON; NULL for the
+# messages written before, by the user, or imported
+_SCHEMA_V3 = """
+ALTER TABLE messages ADD COLUMN stats TEXT;
+"""
+
+# v4: a regenerated reply keeps every version (a JSON list of texts, oldest first; the message's
+# content is the one shown); NULL for a message never regenerated
+_SCHEMA_V4 = """
+ALTER TABLE messages ADD COLUMN versions TEXT;
+"""
+
+
+def _execute_script(db: sqlite3.Connection, script: str) -> None:
+    """Run the statements of ``script`` one by one, inside the caller's transaction (unlike
+    ``executescript``, which commits first)."""
+    statement = ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            db.execute(statement)
+            statement = ""
+    if statement.strip():
+        raise ValueError(f"incomplete SQL statement: {statement!r}")
+
+
+# MIGRATIONS[v] upgrades a database at schema version v to v + 1 (0 is a new, empty file).
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    0: lambda db: _execute_script(db, _SCHEMA_V1),
+    1: lambda db: _execute_script(db, _SCHEMA_V2),
+    2: lambda db: _execute_script(db, _SCHEMA_V3),
+    3: lambda db: _execute_script(db, _SCHEMA_V4),
+}
+
+
+def _driver(encrypted: bool) -> Any:
+    """The DB-API module: the standard sqlite3, or SQLCipher's for an encrypted database."""
+    if not encrypted:
+        return sqlite3
+    try:
+        from sqlcipher3 import dbapi2
+    except ImportError as exc:
+        raise StoreError(
+            "encrypting the conversation database needs the sqlcipher3 package, which is not installed"
+        ) from exc
+    return dbapi2
+
+
+def _db_errors() -> tuple[type[Exception], ...]:
+    try:
+        from sqlcipher3 import dbapi2
+    except ImportError:
+        return (sqlite3.Error,)
+    return (sqlite3.Error, dbapi2.Error)
+
+
+def _is_plain(path: Path) -> bool:
+    """Whether the file is an unencrypted SQLite database (an encrypted one starts with random bytes)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(len(_PLAIN_HEADER)) == _PLAIN_HEADER
+    except OSError:
+        return False
+
+
+def _apply_key(db: Any, key: bytes) -> None:
+    """SQLCipher's raw-key form (no key derivation: the key is already 256 random or scrypt bits)."""
+    if len(key) != DB_KEY_BYTES:
+        raise ValueError(f"the database key must have {DB_KEY_BYTES} bytes")
+    db.execute("PRAGMA cipher_log_level = NONE")
+    db.execute(f"PRAGMA key = \"x'{key.hex()}'\"")
+
+
+@cache
+def _fts5_available() -> bool:
+    db = sqlite3.connect(":memory:")
+    try:
+        db.execute("CREATE VIRTUAL TABLE probe USING fts5(x)")
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        db.close()
+    return True
+
+
+def _user_error(exc: Exception, path: Path) -> StoreError:
+    """What went wrong, for the user, from the SQLite result code (or, failing that, the message)."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    text = str(exc).lower()
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in text:
+        # this process has one connection (Database), so the lock is another process's
+        return StoreBusyError(
+            f"The conversation database {path} is busy: another LazyKV Chat is writing to it. "
+            "Try again in a moment."
+        )
+    if code == sqlite3.SQLITE_FULL or "disk is full" in text:
+        return StoreError(
+            f"the disk is full: could not save to the conversation database {path}; "
+            "the conversation is kept as it was before this change"
+        )
+    if (
+        code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
+        or "not a database" in text
+        or "malformed" in text
+    ):
+        return StoreError(
+            f"the conversation database {path} is damaged (not a database); "
+            "your conversations were not changed"
+        )
+    if code == sqlite3.SQLITE_READONLY:
+        return StoreReadOnlyError(f"the conversation database {path} is read-only; changes cannot be saved")
+    if code == sqlite3.SQLITE_CANTOPEN:
+        return StoreError(f"cannot open the conversation database {path}")
+    if code == sqlite3.SQLITE_IOERR:
+        return StoreError(f"could not read or write the conversation database {path} (disk error: {exc})")
+    return StoreError(f"the conversation database {path} failed: {exc}")
+
+
+def _writable(path: Path) -> bool:
+    """Whether this process may create or change ``path`` (a file or a dir that may not exist yet)."""
+    while not path.exists():
+        if path.parent == path:
+            return False
+        path = path.parent
+    return os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0))
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    _restrict(path, DIR_MODE)
+
+
+def _restrict(path: Path, mode: int) -> None:
+    """Owner-only permissions on our own file or dir (best effort: e.g. not on Windows)."""
+    try:
+        if path.stat().st_mode & 0o777 != mode:
+            path.chmod(mode)
+    except OSError:
+        pass
+
+
+def reencrypt(path: Path, old_key: bytes | None, new_key: bytes | None) -> None:
+    """Rewrite the closed database at ``path`` from ``old_key`` to ``new_key`` (None: plain), in place
+    and crash-safely: exported to a side file, which is renamed over it only once complete (a crash
+    before leaves the old file as it was; the side file is redone next time); the old WAL is
+    checkpointed and truncated first, so a stale one never meets the new file."""
+    cipher = _driver(True)
+    side = path.with_name(path.name + ".encrypting")
+    for leftover in (side, *(side.with_name(side.name + s) for s in ("-wal", "-shm", "-journal"))):
+        leftover.unlink(missing_ok=True)
+    try:
+        db = cipher.connect(path, isolation_level=None)
+        try:
+            if old_key is not None:
+                _apply_key(db, old_key)
+            db.execute("PRAGMA busy_timeout = 2000")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            os.close(os.open(side, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, FILE_MODE))
+            target = "" if new_key is None else f"x'{new_key.hex()}'"
+            db.execute("ATTACH DATABASE ? AS target KEY ?", (str(side), target))
+            db.execute("SELECT sqlcipher_export('target')").fetchone()
+            db.execute(f"PRAGMA target.user_version = {version}")
+            db.execute("DETACH DATABASE target")
+        finally:
+            db.close()
+    except _db_errors() as exc:
+        side.unlink(missing_ok=True)
+        raise _user_error(exc, path) from exc
+    with side.open("rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(side, path)
+    for stale in ("-wal", "-shm"):
+        path.with_name(path.name + stale).unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+class Connection:
+    """The conversation database on one connection: opened (encrypted or not), migrated, and its
+    transactions. ``Store`` adds the operations; use it from one thread (``Database`` does).
+
+    ``read_only`` (or a data folder this process cannot write) opens the history without changing
+    it: every write raises StoreReadOnlyError and ``notice`` says why, for the user.
+    """
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        snapshots_dir: Path | None = None,
+        *,
+        busy_timeout_ms: int = 2000,
+        read_only: bool = False,
+        key: bytes | None = None,
+    ) -> None:
+        if not _fts5_available():
+            raise StoreError(
+                "this Python's SQLite was built without FTS5 full-text search, which LazyKV Chat needs"
+            )
+        self.path = Path(path) if path is not None else data_dir() / DB_FILE
+        self.snapshots_dir = Path(snapshots_dir) if snapshots_dir is not None else data_dir() / SNAPSHOTS_DIR
+        self.read_only = read_only or not (_writable(self.path.parent) and _writable(self.path))
+        if self.read_only and key is not None and _is_plain(self.path):
+            key = None  # a plain history cannot be encrypted here: shown as it is
+        self.encrypted = key is not None
+        self._key = key
+        self._driver = _driver(self.encrypted)
+        self._last_now = 0.0
+        if not self.read_only:
+            try:
+                _private_dir(self.path.parent)
+                _private_dir(self.snapshots_dir)
+            except OSError as exc:
+                raise StoreError(f"cannot create the folder for the conversation database: {exc}") from exc
+        self._db = self._connect()
+        try:
+            with self._errors():
+                self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+                self._db.execute("PRAGMA foreign_keys = ON")
+                if self.read_only:
+                    self._check_version()
+                else:
+                    self._db.execute("PRAGMA journal_mode = WAL").fetchone()
+                    self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
+
+    @property
+    def notice(self) -> str:
+        """A sentence for the user when the history cannot be changed ("" when it can)."""
+        if not self.read_only:
+            return ""
+        return (
+            f"The conversation folder {self.path.parent} is read-only: your history is shown, "
+            "but new conversations and changes are not saved."
+        )
+
+    def close(self) -> None:
+        self._db.close()
+
+    # plumbing
+
+    def _connect(self) -> Any:
+        try:
+            if not self.read_only:
+                if not self.path.exists():  # created owner-only; SQLite gives -wal/-shm the same mode
+                    os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, FILE_MODE))
+                elif self._key is not None and self.path.stat().st_size and _is_plain(self.path):
+                    reencrypt(self.path, None, self._key)
+                _restrict(self.path, FILE_MODE)
+                return self._unlocked(self._driver.connect(self.path, isolation_level=None,
+                                                           check_same_thread=False))  # fmt: skip
+            if not self.path.exists():  # nothing saved yet and nothing can be: an empty history
+                db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+                for version in range(SCHEMA_VERSION):
+                    MIGRATIONS[version](db)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                return db
+            return self._connect_read_only()
+        except OSError as exc:
+            raise StoreError(f"cannot create the conversation database {self.path}: {exc}") from exc
+        except _db_errors() as exc:
+            raise _user_error(exc, self.path) from exc
+
+    def _unlocked(self, db: Any) -> Any:
+        """``db`` with the key applied and checked (StoreLockedError when it does not open it)."""
+        try:
+            if self._key is not None:
+                _apply_key(db, self._key)
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except _db_errors() as exc:
+            db.close()
+            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+            if code == sqlite3.SQLITE_NOTADB and self._key is not None:
+                raise StoreLockedError(
+                    f"The conversation database {self.path} is encrypted and could not be unlocked "
+                    "with this key: choose the protection it was saved with (OS keyring or passphrase)."
+                ) from exc
+            if code == sqlite3.SQLITE_NOTADB and not _is_plain(self.path):
+                raise StoreLockedError(
+                    f"the conversation database {self.path} is damaged (not a database), or encrypted "
+                    "and no key was given; your conversations were not changed"
+                ) from exc
+            raise
+        return db
+
+    def _connect_read_only(self) -> Any:
+        """Read-only, with the WAL's last transactions if SQLite can read them here; else (no -shm
+        file it could use) immutable, which no other writer can contradict in a read-only folder."""
+        uri = self.path.resolve().as_uri()
+        connect = self._driver.connect
+        try:
+            return self._unlocked(connect(uri + "?mode=ro", uri=True, isolation_level=None,
+                                          check_same_thread=False))  # fmt: skip
+        except StoreLockedError:
+            raise
+        except _db_errors():
+            pass
+        return self._unlocked(connect(uri + "?mode=ro&immutable=1", uri=True, isolation_level=None,
+                                      check_same_thread=False))  # fmt: skip
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except _db_errors() as exc:
+            raise _user_error(exc, self.path) from exc
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taking the write lock up front; rolled back on any error."""
+        if self.read_only:
+            raise StoreReadOnlyError(self.notice)
+        with self._errors():
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """Several reads that see one consistent state."""
+        with self._errors():
+            self._db.execute("BEGIN")
+            try:
+                yield self._db
+            finally:
+                if self._db.in_transaction:
+                    self._db.execute("COMMIT")
+
+    def _now(self) -> float:
+        """Wall-clock time, strictly increasing within this Store so 'most recent first' is stable."""
+        self._last_now = max(time.time(), self._last_now + 1e-6)
+        return self._last_now
+
+    def _check_version(self) -> int:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"the conversation database {self.path} was written by a newer LazyKV Chat "
+                f"(schema {version}, this version knows {SCHEMA_VERSION}); update LazyKV Chat"
+            )
+        if self.read_only and version != SCHEMA_VERSION:
+            raise StoreReadOnlyError(
+                f"{self.notice} It was written by an older LazyKV Chat and cannot be upgraded there."
+            )
+        return version
+
+    def _migrate(self) -> None:
+        if self._check_version() == SCHEMA_VERSION:
+            return
+        with self._write() as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
+            while version < SCHEMA_VERSION:
+                MIGRATIONS[version](db)
+                version += 1
+                db.execute(f"PRAGMA user_version = {version}")
+
+    @staticmethod
+    def _require(db: sqlite3.Connection, conv_id: int) -> None:
+        if db.execute("SELECT 1 FROM conversations WHERE id = ?", (conv_id,)).fetchone() is None:
+            raise ConversationNotFound(conv_id)
+

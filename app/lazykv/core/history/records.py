@@ -1,0 +1,285 @@
+"""What the history holds, as Python values: records, change sets, the errors (their messages are
+written for the user), the checks every stored value passes, and the rows of a conversation's
+messages."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sqlite3
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from lazykv.core.chat.conversation import ReplyStats
+
+DEFAULT_TITLE = "New chat"
+ROLES = ("user", "assistant", "system")
+MAX_TIME = 32503680000.0  # 3000-01-01 UTC: any time the list can show (datetime's range is wider)
+MAX_TITLE_CHARS = 1000
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class StoreError(Exception):
+    """The conversation database could not do what was asked; the message is meant for the user."""
+
+
+class ConversationNotFound(StoreError):
+    """No conversation with this id or uid (it was deleted, perhaps in another window)."""
+
+    def __init__(self, conv: int | str) -> None:
+        super().__init__("This conversation no longer exists: it was deleted.")
+        self.conv = conv
+
+
+class StoreBusyError(StoreError):
+    """Another process holds the database's write lock (this process has one connection only)."""
+
+
+class StoreReadOnlyError(StoreError):
+    """The database is open read-only (a read-only data folder); nothing can be changed."""
+
+
+class StoreLockedError(StoreError):
+    """The database is encrypted and the key given (or none) does not open it."""
+
+
+class TranscriptConflict(StoreError):
+    """The caller edited messages that another window changed meanwhile; nothing was written."""
+
+
+def new_uid() -> str:
+    """A conversation's identity, made by whoever starts the conversation (see ``sync_transcript``)."""
+    return uuid.uuid4().hex
+
+
+class Change(StrEnum):
+    """What an operation changed, for the views that show it."""
+
+    LIST = "list"  # which conversations exist, their titles or their order
+    TRANSCRIPT = "transcript"  # messages or system prompt of ``OpChanges.conv_ids``
+    SETTINGS = "settings"  # per-conversation settings of ``conv_ids``
+    SNAPSHOT = "snapshot"  # snapshot references (of ``conv_ids``, or any when pruning)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpChanges:
+    """What an operation changed (Anki's OpChanges): a view refreshes only when ``touches`` says so."""
+
+    kinds: frozenset[Change] = frozenset()
+    conv_ids: frozenset[int] = frozenset()
+
+    def touches(self, kind: Change, conv_id: int | None = None) -> bool:
+        return kind in self.kinds and (conv_id is None or conv_id in self.conv_ids)
+
+    @property
+    def empty(self) -> bool:
+        return not self.kinds
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpChangesWithId(OpChanges):
+    id: int  # the conversation the operation made or acted on
+
+
+@dataclass(frozen=True, kw_only=True)
+class Synced(OpChangesWithId):
+    """``sync_transcript``'s answer. ``messages`` is the stored transcript: the caller's sync point is
+    ``len(messages)`` and, when ``merged`` (another window's turns were kept before the caller's new
+    ones), the caller shows ``messages`` instead of its own list."""
+
+    created: bool
+    messages: list[dict]
+    merged: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deleted(OpChanges):
+    record: ConversationRecord  # for undo (``undelete``)
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    id: int
+    title: str
+    created: float
+    updated: float
+    n_messages: int
+    snippet: str = ""  # when searching: an excerpt around the match, matched words in SNIPPET_MARKS
+
+
+@dataclass(frozen=True)
+class SnapshotRef:
+    sha256: str
+    path: Path
+    size: int
+    n_tokens: int
+    header_json: str
+    last_used: float
+
+
+@dataclass
+class ConversationRecord:
+    """Everything needed to restore a conversation (also what ``Store.delete`` returns for undo)."""
+
+    id: int
+    title: str
+    created: float
+    updated: float
+    system_prompt: str
+    settings: dict
+    messages: list[dict]
+    snapshot: SnapshotRef | None
+    uid: str = field(default_factory=new_uid)
+    stats: dict[int, ReplyStats] = field(default_factory=dict)  # by index in ``messages``: replies' figures
+    versions: dict[int, list[str]] = field(default_factory=dict)  # by index: a regenerated reply's versions
+
+
+def op_changes(conv_id: int | None, *kinds: Change) -> OpChanges:
+    return OpChanges(kinds=frozenset(kinds), conv_ids=frozenset(() if conv_id is None else (conv_id,)))
+
+
+def change_fields(op: OpChanges) -> dict[str, Any]:
+    """The fields of ``op``, to build a subclass (``Deleted``, ...) with the same changes."""
+    return {"kinds": op.kinds, "conv_ids": op.conv_ids}
+
+
+def check_text(what: str, value: Any) -> str:
+    """Text SQLite can store and Qt can show: a str without unpaired surrogates."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be text, not {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not valid Unicode text (it holds an unpaired surrogate)") from None
+    return value
+
+
+def clean_title(value: Any) -> str:
+    """A title as the list shows it: one line, not empty, not huge."""
+    title = " ".join(check_text("title", value).split())[:MAX_TITLE_CHARS]
+    return title or DEFAULT_TITLE
+
+
+def check_time(what: str, value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value <= MAX_TIME
+    ):
+        raise ValueError(f"{what} must be a time in seconds between 1970 and 3000, not {value!r}")
+    return float(value)
+
+
+def shown_time(value: Any) -> float:
+    """A stored time as something the list can show, whatever the row holds."""
+    try:
+        return check_time("time", value)
+    except ValueError:
+        return 0.0
+
+
+def validate_message(index: int, message: Any) -> dict:
+    where = f"message {index + 1}"
+    if not isinstance(message, dict):
+        raise ValueError(f"{where}: expected an object with role and content, got {type(message).__name__}")
+    if set(message) != {"role", "content"}:
+        raise ValueError(f"{where}: expected exactly the fields role and content, got {sorted(message)}")
+    role, content = message["role"], message["content"]
+    if role not in ROLES:
+        raise ValueError(f"{where}: role must be one of {', '.join(ROLES)}, not {role!r}")
+    return {"role": str(role), "content": check_text(f"{where}: content", content)}
+
+
+def settings_json(settings: dict) -> str:
+    if not isinstance(settings, dict) or not all(isinstance(k, str) for k in settings):
+        raise ValueError(f"settings must be an object with text keys, got {settings!r}")
+    try:
+        text = json.dumps(settings, allow_nan=False, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"settings are not JSON: {exc}") from None
+    return check_text("settings", text)
+
+
+def json_dict(text: str) -> dict:
+    """Stored JSON (settings, a reply's stats) as a dict; a damaged value reads as none (the row still
+    shows)."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _json_texts(text: str) -> list[str]:
+    """Stored JSON (a reply's versions) as a list of texts; a damaged value reads as none."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return []
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else []
+
+
+def check_sha256(sha256: str) -> str:
+    if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+    return sha256
+
+
+def read_messages(db: sqlite3.Connection, conv_id: int) -> list[dict]:
+    rows = db.execute("SELECT role, content FROM messages WHERE conv_id = ? ORDER BY seq", (conv_id,))
+    return [{"role": role, "content": content} for role, content in rows]
+
+
+def read_stats(db: sqlite3.Connection, conv_id: int) -> dict[int, ReplyStats]:
+    rows = db.execute("SELECT stats FROM messages WHERE conv_id = ? ORDER BY seq", (conv_id,))
+    found = {i: ReplyStats.from_json(json_dict(text)) for i, (text,) in enumerate(rows) if text}
+    return {i: stats for i, stats in found.items() if stats is not None}
+
+
+def read_versions(db: sqlite3.Connection, conv_id: int) -> dict[int, list[str]]:
+    rows = db.execute("SELECT versions FROM messages WHERE conv_id = ? ORDER BY seq", (conv_id,))
+    found = {i: _json_texts(text) for i, (text,) in enumerate(rows) if text}
+    return {i: versions for i, versions in found.items() if len(versions) > 1}
+
+
+def write_versions(db: sqlite3.Connection, conv_id: int, versions: Mapping[int, Sequence[str]]) -> None:
+    """Store each regenerated reply's versions with the message at that index."""
+    if not versions:
+        return
+    seqs = [seq for (seq,) in db.execute("SELECT seq FROM messages WHERE conv_id = ? ORDER BY seq",
+                                         (conv_id,))]  # fmt: skip
+    rows = [(json.dumps([check_text("reply version", t) for t in texts], ensure_ascii=False), seqs[i])
+            for i, texts in versions.items() if 0 <= i < len(seqs)]
+    db.executemany("UPDATE messages SET versions = ? WHERE conv_id = ? AND seq = ? AND versions IS NOT ?",
+                   [(text, conv_id, seq, text) for text, seq in rows])
+
+
+def write_stats(db: sqlite3.Connection, conv_id: int, stats: Mapping[int, ReplyStats]) -> None:
+    """Store each reply's figures with the message at that index (those already stored are kept)."""
+    if not stats:
+        return
+    seqs = [seq for (seq,) in db.execute("SELECT seq FROM messages WHERE conv_id = ? ORDER BY seq",
+                                         (conv_id,))]  # fmt: skip
+    db.executemany(
+        "UPDATE messages SET stats = ? WHERE conv_id = ? AND seq = ? AND stats IS NOT ?",
+        [(text, conv_id, seqs[i], text) for i, text in
+         ((i, json.dumps(s.to_json())) for i, s in stats.items() if 0 <= i < len(seqs))],
+    )
+
+
+def insert_messages(db: sqlite3.Connection, conv_id: int, messages: Sequence[dict]) -> None:
+    """Add ``messages`` after the conversation's last one."""
+    first = db.execute("SELECT coalesce(max(seq) + 1, 0) FROM messages WHERE conv_id = ?",
+                       (conv_id,)).fetchone()[0]  # fmt: skip
+    db.executemany(
+        "INSERT INTO messages (conv_id, seq, role, content) VALUES (?, ?, ?, ?)",
+        [(conv_id, first + i, m["role"], m["content"]) for i, m in enumerate(messages)],
+    )
+

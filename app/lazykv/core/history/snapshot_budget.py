@@ -1,0 +1,166 @@
+"""The KV snapshots' references in the database and their files, kept under a size budget.
+
+Snapshot files are named ``<sha256>.lkv`` in the snapshots dir (written by ``persistence``); the
+database only points at them. ``prune_snapshots`` keeps their total size under a budget, least
+recently used first; ``clean_up`` removes what interrupted saves left behind. Transcripts are never
+touched here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lazykv.core.history.connection import Connection
+from lazykv.core.history.records import Change, OpChanges, SnapshotRef, check_sha256
+
+SNAPSHOT_SUFFIX = ".lkv"
+PENDING_PREFIX = "pending-"  # a snapshot being written: pending-<uuid>.lkv, then renamed to <sha256>.lkv
+ORPHAN_GRACE_S = 60.0  # a leftover younger than this may belong to a save still in progress
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    """Leftovers removed from the snapshots dir (not counted as pruned snapshots)."""
+
+    orphans: int = 0  # <sha256>.lkv files that no conversation references
+    unfinished: int = 0  # temp and pending-*.lkv files of saves that never finished
+    freed_bytes: int = 0
+
+    def __add__(self, other: Cleanup) -> Cleanup:
+        return Cleanup(self.orphans + other.orphans, self.unfinished + other.unfinished,
+                       self.freed_bytes + other.freed_bytes)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pruned(OpChanges):
+    pruned: list[str]  # sha256 of the snapshots dropped by the budget, least recently used first
+    cleanup: Cleanup
+
+
+def _is_temp_name(name: str) -> bool:
+    """Names a snapshot writer gives a file before renaming it to ``<sha256>.lkv``."""
+    return name.startswith((".", "tmp", PENDING_PREFIX)) or name.endswith(".tmp")
+
+
+class SnapshotBudget(Connection):
+    """The snapshot operations of ``Store``: which file a conversation's context memory is in, and
+    the budget that bounds them all."""
+
+    def snapshot_path(self, sha256: str) -> Path:
+        return self.snapshots_dir / f"{check_sha256(sha256)}{SNAPSHOT_SUFFIX}"
+
+    def _snapshot(self, db: sqlite3.Connection, conv_id: int) -> SnapshotRef | None:
+        row = db.execute(
+            "SELECT sha256, size, n_tokens, header_json, last_used FROM snapshots WHERE conv_id = ?",
+            (conv_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        sha256, size, n_tokens, header_json, last_used = row
+        return SnapshotRef(sha256, self.snapshot_path(sha256), size, n_tokens, header_json, last_used)
+
+    def set_snapshot(
+        self, conv_id: int, sha256: str, size: int, n_tokens: int, header_json: str
+    ) -> str | None:
+        """Point the conversation at the snapshot file ``snapshot_path(sha256)``; returns the sha256 it
+        pointed at before (delete that file if ``unreferenced`` says nothing else uses it)."""
+        check_sha256(sha256)
+        if size < 0 or n_tokens < 0:
+            raise ValueError(f"snapshot size and token count must not be negative ({size}, {n_tokens})")
+        with self._write() as db:
+            self._require(db, conv_id)
+            previous = db.execute("SELECT sha256 FROM snapshots WHERE conv_id = ?", (conv_id,)).fetchone()
+            db.execute(
+                "INSERT OR REPLACE INTO snapshots (conv_id, sha256, size, n_tokens, header_json, last_used)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (conv_id, sha256, int(size), int(n_tokens), header_json, self._now()),
+            )
+        return previous[0] if previous else None
+
+    def touch_snapshot(self, conv_id: int) -> None:
+        """Mark the conversation's snapshot as used now (on resume), for least-recently-used pruning."""
+        with self._write() as db:
+            db.execute("UPDATE snapshots SET last_used = ? WHERE conv_id = ?", (self._now(), conv_id))
+
+    def unreferenced(self, sha256: str) -> bool:
+        """Whether no conversation points at this snapshot."""
+        with self._errors():
+            return self._db.execute("SELECT 1 FROM snapshots WHERE sha256 = ?", (sha256,)).fetchone() is None
+
+    def prune_snapshots(self, budget_bytes: int, keep: str | None = None) -> Pruned:
+        """Delete snapshot files until the referenced ones total at most ``budget_bytes``: least
+        recently used first, clearing their references (transcripts are never touched); ``keep`` (the
+        snapshot just saved) is never pruned, even if it alone is over the budget. Then the leftovers
+        older than ORPHAN_GRACE_S go (``clean_up``), counted apart from the pruned snapshots."""
+        with self._write() as db:
+            by_age = db.execute(
+                "SELECT sha256, max(size) FROM snapshots GROUP BY sha256 ORDER BY max(last_used), sha256"
+            ).fetchall()
+            total = sum(size for _, size in by_age)
+            pruned: list[str] = []
+            for sha256, size in by_age:
+                if total <= budget_bytes:
+                    break
+                if sha256 == keep:
+                    continue
+                db.execute("DELETE FROM snapshots WHERE sha256 = ?", (sha256,))
+                pruned.append(sha256)
+                total -= size
+        # references are gone before the files: a crash in between leaves orphans, removed next time
+        for sha256 in pruned:
+            self._unlink(self.snapshot_path(sha256))
+        cleanup = self.clean_up(ORPHAN_GRACE_S)
+        conv_kinds = frozenset({Change.SNAPSHOT}) if pruned else frozenset()
+        return Pruned(pruned=pruned, cleanup=cleanup, kinds=conv_kinds)
+
+    def clean_up(self, grace_s: float = ORPHAN_GRACE_S) -> Cleanup:
+        """Remove what interrupted saves and old versions left in the snapshots dir: temp files,
+        ``pending-*.lkv`` and ``<sha256>.lkv`` files no conversation references, each older than
+        ``grace_s`` (run at start-up, also when snapshots are off; 0 when no other process can be
+        saving). Files of other names are not ours and stay."""
+        if self.read_only:
+            return Cleanup()
+        with self._errors():
+            referenced = {row[0] for row in self._db.execute("SELECT DISTINCT sha256 FROM snapshots")}
+        try:
+            entries = list(os.scandir(self.snapshots_dir))
+        except OSError:
+            return Cleanup()
+        now, total = time.time(), Cleanup()
+        for entry in entries:
+            try:
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if now - info.st_mtime < grace_s:
+                continue
+            path = Path(entry.path)
+            if _is_temp_name(entry.name):
+                found = Cleanup(unfinished=1, freed_bytes=info.st_size)
+            elif path.suffix == SNAPSHOT_SUFFIX and _SHA256.fullmatch(path.stem) and (
+                path.stem not in referenced
+            ):
+                found = Cleanup(orphans=1, freed_bytes=info.st_size)
+            else:
+                continue
+            if self._unlink(path):
+                total += found
+        return total
+
+    @staticmethod
+    def _unlink(path: Path) -> bool:
+        """Delete a file; one that cannot be deleted now (e.g. open on Windows) is left for next time."""
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            return False
+        return True
