@@ -7,6 +7,7 @@ import gc
 import re
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 from PySide6.QtCore import QPoint, QUrl
 from PySide6.QtGui import (
     QColor,
@@ -26,6 +27,7 @@ from lazykv.qt import transcript as transcript_module
 from lazykv.qt.markdown import COPY_SCHEME
 from lazykv.qt.stall_meter import StallMeter
 from lazykv.qt.transcript import TranscriptView
+from tests.support.unicode_text import ANY_TEXT, visible
 
 REPLY = """Here is **bold** and `inline code`.
 
@@ -105,6 +107,37 @@ def test_text_from_the_model_or_the_user_is_never_html(view: TranscriptView) -> 
 def test_markers_stay_inline(view: TranscriptView) -> None:
     view.add_message("assistant", "first half. second half.", [Marker(0, 12, "8-bit KV from here")])
     assert "first half. ⟨8-bit KV from here⟩ second half." in " ".join(view.toPlainText().split())
+
+
+def test_a_message_that_looks_like_a_marker_opens(view: TranscriptView, qtbot: QtBot) -> None:
+    """Issue 24: U+E000, digits, U+E001 in a message made every render of it raise, so its
+    conversation never opened again."""
+    messages = [{"role": "user", "content": "paste \ue0003\ue001 from a PDF"},
+                {"role": "assistant", "content": "echo \ue0003\ue001 and `\ue0001\ue001`"}]
+    view.show_messages(messages, [Marker(1, 5, "8-bit KV from here")])
+    qtbot.waitUntil(lambda: view.rendered_count() == 2)
+    plain = " ".join(view.toPlainText().split())
+    assert "paste \ue0003\ue001 from a PDF" in plain
+    assert "echo ⟨8-bit KV from here⟩ \ue0003\ue001 and \ue0001\ue001" in plain
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=ANY_TEXT)
+def test_any_text_is_shown_without_raising_and_kept(view: TranscriptView, qtbot: QtBot, text: str) -> None:
+    """Typed, imported or streamed: whatever a message holds is shown, copied back as it was."""
+    view.show_messages([{"role": "user", "content": text}, {"role": "assistant", "content": text}],
+                       [Marker(1, len(text) // 2, "here")])
+    qtbot.waitUntil(lambda: view.rendered_count() == 2)
+    view.begin_reply()
+    for k in range(0, len(text), 7):
+        view.append_to_reply(text[k:k + 7])
+    view.end_reply("note")
+    assert [view.message_text(i) for i in range(3)] == [text, text, text]
+    users = view.document().rootFrame().childFrames()[0]
+    cursor = users.firstCursorPosition()
+    cursor.setPosition(users.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+    assert visible(cursor.selection().toPlainText()) == visible("You" + text)  # as typed
+    assert view.toPlainText().rstrip().endswith("note")
 
 
 def test_streaming_rerenders_only_the_reply_and_is_throttled(

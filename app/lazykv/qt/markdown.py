@@ -3,7 +3,8 @@
 markdown-it-py parses, Pygments highlights fenced code (inline styles: Qt has no style sheets for
 classes). Raw HTML in the source is never passed through (``html=False``): a model, an import or a
 title that writes ``<b>`` or ``<img>`` shows those characters. Each code block gets a "Copy" link
-``lazykv-copy:<message>/<block>``; the code itself is returned next to the HTML.
+``lazykv-copy:<message>/<block>``; the code itself is returned next to the HTML. Markers (e.g. "8-bit
+KV from here") are given apart from the text, as offsets: nothing a text holds is read as a marker.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ COPY_SCHEME = "lazykv-copy"
 COMMON_LANGUAGES = ("python", "bash", "console", "javascript", "typescript", "json", "c", "cpp", "java",
                     "rust", "go", "sql", "yaml", "toml", "html", "css", "diff", "markdown")
 _preloaded = threading.Event()
-# where a marker sits in the source: private-use characters no model or keyboard produces
-_MARK = re.compile("\ue000(\\d+)\ue001")
+# the code points a marker's place can be held by while the parser runs: private-use ones, and of
+# those only the ones the text being rendered does not contain (see _free_slots)
+_SLOT_RANGES = (range(0xE000, 0xF900), range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
+_TAG = re.compile(r"<[^>]*>")  # a tag of the rendered HTML (the text's own "<" is escaped)
 
 
 @dataclass(frozen=True)
@@ -69,21 +72,56 @@ class MarkdownRenderer:
         md.renderer.rules["th_open"] = self._cell_open
         md.renderer.rules["td_open"] = self._cell_open
         md.renderer.rules["image"] = self._image
+        normalize_link = md.normalizeLink
+        md.normalizeLink = lambda url: normalize_link(self._without_slots(url))  # type: ignore[method-assign]
         self._md = md
+        self._slots: dict[str, str] = {}  # placeholder -> marker label, while render() runs
 
     def render(
         self, text: str, message_index: int = 0, markers: list[tuple[int, str]] | None = None,
         first_block: int = 0,
     ) -> Rendered:
         """``markers``: (character offset, label) shown where they are in ``text``; code blocks are
-        numbered from ``first_block`` in the Copy links (a part of a message rendered on its own)."""
+        numbered from ``first_block`` in the Copy links (a part of a message rendered on its own).
+
+        The text is never searched for markers: while markdown-it parses, each marker's place is
+        held by a code point that ``text`` does not contain, so whatever the text holds (private-use
+        characters, digits, anything) shows as itself and cannot pass for a marker. A marker whose
+        place ends up where none can be shown (inside a link's address) follows the message."""
         markers = sorted(markers or [])
-        source = _with_placeholders(text, [offset for offset, _ in markers])
-        env: dict = {"message": message_index, "codes": [], "labels": [label for _, label in markers],
-                     "first_block": first_block}
-        body = self._md.render(source, env)
-        body = _MARK.sub(lambda m: self._marker(env["labels"][int(m.group(1))]), body)
-        return Rendered(body, env["codes"])
+        slots = _free_slots(text, len(markers))
+        placed = dict(zip(slots, (label for _, label in markers), strict=False))
+        source = _with_placeholders(text, [offset for offset, _ in markers[:len(slots)]], slots)
+        env: dict = {"message": message_index, "codes": [], "slots": placed, "first_block": first_block}
+        self._slots = placed
+        try:
+            body = self._md.render(source, env)
+        finally:
+            self._slots = {}
+        shown: set[str] = set()
+        body = "".join(self._fill_slots(part, placed, shown) for part in _split_tags(body))
+        left = [label for slot, label in placed.items() if slot not in shown]
+        left += [label for _, label in markers[len(slots):]]
+        return Rendered(body + "".join(self._marker(label) for label in left), env["codes"])
+
+    def _without_slots(self, url: str) -> str:
+        """A link's address as written: a marker's place inside it is left out (the marker follows)."""
+        return "".join(c for c in url if c not in self._slots) if self._slots else url
+
+    def _fill_slots(self, part: str, placed: dict[str, str], shown: set[str]) -> str:
+        """A piece of the rendered HTML with its placeholders made markers (a tag: taken out)."""
+        if not placed or not any(slot in part for slot in placed):
+            return part
+        if part.startswith("<"):
+            return "".join(c for c in part if c not in placed)
+        out = []
+        for c in part:
+            if c in placed:
+                shown.add(c)
+                out.append(self._marker(placed[c]))
+            else:
+                out.append(c)
+        return "".join(out)
 
     def complete_prefix(self, text: str) -> int:
         """How many characters at the start of ``text`` form top-level blocks that nothing appended
@@ -97,10 +135,13 @@ class MarkdownRenderer:
 
     def plain(self, text: str, markers: list[tuple[int, str]] | None = None) -> str:
         """Text shown as typed (a user's message, a very long paste), line breaks kept."""
-        markers = sorted(markers or [])
-        escaped = html.escape(_with_placeholders(text, [offset for offset, _ in markers]))
-        escaped = _MARK.sub(lambda m: self._marker(markers[int(m.group(1))][1]), escaped)
-        return f'<p style="white-space: pre-wrap">{escaped}</p>'
+        out, done = [], 0
+        for offset, label in sorted(markers or []):
+            offset = max(done, min(offset, len(text)))
+            out += [html.escape(text[done:offset]), self._marker(label)]
+            done = offset
+        out.append(html.escape(text[done:]))
+        return f'<p style="white-space: pre-wrap">{"".join(out)}</p>'
 
     def _marker(self, label: str) -> str:
         p = self.palette
@@ -109,8 +150,10 @@ class MarkdownRenderer:
 
     def _fence(self, tokens, idx, options, env) -> str:  # noqa: ANN001 - markdown-it's rule API
         token = tokens[idx]
-        found = [int(n) for n in _MARK.findall(token.content)]
-        code = _MARK.sub("", token.content).rstrip("\n")
+        slots = env["slots"]
+        found = [c for c in token.content if c in slots]
+        code = "".join(c for c in token.content if c not in slots).rstrip("\n") if found else \
+            token.content.rstrip("\n")
         language = token.info.strip().split(maxsplit=1)[0] if token.info.strip() else ""
         block = env["first_block"] + len(env["codes"])
         env["codes"].append(code)
@@ -122,7 +165,7 @@ class MarkdownRenderer:
         lexer.stripnl = False
         highlighted = highlight(code, lexer, self._formatter).rstrip("\n")
         label = html.escape(language) if language else "code"
-        marks = "".join(self._marker(env["labels"][n]) for n in found)
+        marks = "".join(found)  # the placeholders, after the block: render() makes them markers
         return (
             f'<table width="100%" border="0" cellspacing="0" cellpadding="6" bgcolor="{p.code_background}" '
             f'style="margin-top: 4px; margin-bottom: 4px">'
@@ -176,12 +219,38 @@ def plain_rich_text(text: str) -> str:
     return f'<p style="white-space: pre-wrap">{html.escape(text)}</p>' if text else ""
 
 
-def _with_placeholders(text: str, offsets: list[int]) -> str:
-    """``text`` with a placeholder for each marker at its offset (in ascending order)."""
+def _free_slots(text: str, n: int) -> list[str]:
+    """Up to ``n`` private-use code points that ``text`` does not contain (fewer only for a text that
+    holds nearly all 137,000 of them)."""
+    if n == 0:
+        return []
+    used = set(text)
+    out: list[str] = []
+    for span in _SLOT_RANGES:
+        for point in span:
+            if chr(point) not in used:
+                out.append(chr(point))
+                if len(out) == n:
+                    return out
+    return out
+
+
+def _with_placeholders(text: str, offsets: list[int], slots: list[str]) -> str:
+    """``text`` with ``slots[k]`` at ``offsets[k]`` (offsets in ascending order)."""
     out, done = [], 0
-    for n, offset in enumerate(offsets):
+    for offset, slot in zip(offsets, slots, strict=True):
         offset = max(done, min(offset, len(text)))
-        out += [text[done:offset], f"\ue000{n}\ue001"]
+        out += [text[done:offset], slot]
         done = offset
     out.append(text[done:])
     return "".join(out)
+
+
+def _split_tags(body: str) -> list[str]:
+    """``body`` cut into its tags and the text between them, in order."""
+    out, done = [], 0
+    for match in _TAG.finditer(body):
+        out += [body[done:match.start()], match.group()]
+        done = match.end()
+    out.append(body[done:])
+    return out
