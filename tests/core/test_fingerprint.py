@@ -81,3 +81,28 @@ def test_a_cache_of_the_older_format_is_ignored(tmp_path: Path) -> None:
     info = model.stat()
     cache.write_text(f'{{"{model.resolve()}|{info.st_size}|{info.st_mtime_ns}": "{"0" * 64}"}}')
     assert model_sha256(model, cache) == expected
+
+
+def test_a_split_model_s_fingerprint_covers_every_shard(tmp_path: Path) -> None:
+    """The snapshot binding is to the whole model: a split model's sha256 is that of all its shards in
+    order, and replacing a later shard (same size, same times) changes it."""
+    names = [f"m-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
+    parts = []
+    for i, name in enumerate(names):
+        data = bytes([i + 1]) * (1024 * 1024 + i)
+        (tmp_path / name).write_bytes(data)
+        parts.append(data)
+    cache = tmp_path / "fp.json"
+    first = tmp_path / names[0]
+    assert model_sha256(first, cache) == hashlib.sha256(b"".join(parts)).hexdigest()
+    third = tmp_path / names[2]
+    before = third.stat()
+    with third.open("r+b") as f:  # other weights in the last shard only
+        f.seek(512 * 1024)
+        f.write(b"\xff" * 4096)
+    _same_times(third, before)
+    changed = parts[2][: 512 * 1024] + b"\xff" * 4096 + parts[2][512 * 1024 + 4096:]
+    assert model_sha256(first, cache) == hashlib.sha256(parts[0] + parts[1] + changed).hexdigest()
+    third.unlink()
+    with pytest.raises(FileNotFoundError):
+        model_sha256(first, cache)

@@ -5,6 +5,9 @@ the file or renaming another over it changes ctime or inode, even when mtime is 
 sampled hash (SAMPLES pieces spread over the file, for filesystems with coarse or missing ctime).
 Reading that costs a stat and about 1 MiB; when anything differs, the whole file is hashed again
 before its sha256 is trusted (e.g. before a snapshot is restored into it).
+
+A split model (``-00001-of-00003.gguf``) is all its shards: its sha256 is that of their bytes in
+order (as if joined), and its identity holds each shard's, so replacing any shard is noticed.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from lazykv.core.engine.shards import shard_paths
 from lazykv.core.files import write_text_atomic
 
 CHUNK = 4 * 1024 * 1024
@@ -21,14 +25,16 @@ SAMPLE_BYTES = 64 * 1024
 
 
 def model_sha256(path: Path, cache_file: Path | None = None) -> str:
-    """The sha256 of ``path``; a cache entry whose identity still matches avoids re-reading it."""
+    """The sha256 of the model ``path`` opens (every shard of a split model); a cache entry whose identity
+    still matches avoids re-reading it."""
     path = path.resolve()
-    identity = file_identity(path)
+    shards = shard_paths(path)
+    identity = file_identity(path) if len(shards) == 1 else {"shards": [file_identity(p) for p in shards]}
     cache = _read_cache(cache_file) if cache_file else {}
     entry = cache.get(str(path))
     if entry is not None and entry.get("identity") == identity:
         return str(entry["sha256"])
-    sha = _full_sha256(path)
+    sha = _full_sha256(shards)
     if cache_file is not None:
         cache[str(path)] = {"identity": identity, "sha256": sha}
         _write_cache(cache_file, cache)
@@ -58,11 +64,12 @@ def _sampled_sha256(path: Path, size: int) -> str:
     return digest.hexdigest()
 
 
-def _full_sha256(path: Path) -> str:
+def _full_sha256(paths: list[Path]) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
+    for path in paths:
+        with path.open("rb") as f:
+            while chunk := f.read(CHUNK):
+                digest.update(chunk)
     return digest.hexdigest()
 
 
