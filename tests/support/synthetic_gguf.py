@@ -34,11 +34,15 @@ class SyntheticShape:
         return self.embd or self.n_head * self.head_dim
 
 
-def write_llama_gguf(path: Path, shape: SyntheticShape = SyntheticShape(), seed: int = 0) -> Path:
-    """Write a random-weight llama model of `shape` to `path` and return it."""
+def write_llama_gguf(path: Path, shape: SyntheticShape = SyntheticShape(), seed: int = 0,
+                     split_max_tensors: int = 0) -> Path:
+    """Write a random-weight llama model of `shape` to `path` and return it.
+
+    ``split_max_tensors`` > 0: a split model of that many tensors per shard, as gguf-split writes it
+    (``<stem>-00001-of-0000N.gguf`` beside ``path``); the first shard is returned."""
     rng = np.random.default_rng(seed)
     arch = "llama"
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_name(shape.name or f"synthetic-llama-hd{shape.head_dim}")
     w.add_context_length(shape.n_ctx_train)
     w.add_embedding_length(shape.n_embd)
@@ -79,4 +83,6 @@ def write_llama_gguf(path: Path, shape: SyntheticShape = SyntheticShape(), seed:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split_max_tensors:
+        return next(iter(sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))))
     return path

@@ -151,6 +151,7 @@ class ModelMeta:
     n_vocab: int
     sliding_window: int
     has_chat_template: bool
+    file_type: int = -1  # general.file_type (llama_ftype: the weights' quantization); -1 when absent
 
     def kv_support(self, flash_attn: bool = True) -> KvSupport:
         """Which KV cache modes can run this model, with the reason when q8_0/lazy cannot."""
@@ -189,9 +190,16 @@ def read_model_meta(path: Path | str) -> ModelMeta:
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
-            kv, version, n_params = _parse(_Reader(f, size))
+            return read_model_meta_from(f, size, path)
     except OSError as err:
         raise GGUFError(f"Cannot read {path}: {err.strerror or err}.", repr(err)) from err
+
+
+def read_model_meta_from(f: BinaryIO, size: int, path: Path) -> ModelMeta:
+    """``read_model_meta`` of a file already open (or any seekable reader, e.g. one over HTTP range
+    requests) that is ``size`` bytes long; ``path`` names it in sentences."""
+    try:
+        kv, version, n_params = _parse(_Reader(f, size))
     except _Damaged as err:
         sentence = f"{path.name} is damaged: {err.reason}." if err.damaged else f"{path.name} {err.reason}."
         raise GGUFError(sentence, err.details) from None
@@ -335,7 +343,8 @@ class _Array:
 
 def _wanted(key: str) -> str:
     """How a key's value is kept: "value" (scalars), "array" (min/max too), "count", or "" (skipped)."""
-    if key in ("general.architecture", "general.name", "general.alignment", "tokenizer.chat_template"):
+    if key in ("general.architecture", "general.name", "general.alignment", "general.file_type",
+               "tokenizer.chat_template"):
         return "value"
     if key == "tokenizer.ggml.tokens":
         return "count"
@@ -420,7 +429,15 @@ def _meta_from(kv: dict[str, Any], path: Path, size: int, version: int, n_params
         n_vocab=n_vocab,
         sliding_window=num("attention.sliding_window"),
         has_chat_template="tokenizer.chat_template" in kv,
+        file_type=_file_type(kv.get("general.file_type")),
     )
+
+
+def _file_type(value: Any) -> int:
+    """general.file_type as a whole number, -1 when absent or not one (it only names the quantization)."""
+    if isinstance(value, _Scalar) and value.vtype in _INTEGERS and 0 <= value.value < 1 << 16:
+        return int(value.value)
+    return -1
 
 
 def _hparam_reader(kv: dict[str, Any], arch: str) -> Callable[..., int]:

@@ -1,0 +1,151 @@
+"""Models on disk and on the Hugging Face Hub: list, search, get (download), with what fits this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from lazykv.core.engine.memory import fmt_bytes
+from lazykv.core.kinds import KvMode
+from lazykv.core.models import download as downloads
+from lazykv.core.models.fit import FitReport, fit_report
+from lazykv.core.models.hub import Hub, HubError, HubModel, read_header, repo_models, search
+from lazykv.core.models.record import human_params
+from lazykv.core.models.scan import Places, scan
+
+DEFAULT_CTX = 4096
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lazykv models", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    listing = commands.add_parser("list", help="the GGUF models other tools left on disk (nothing is copied)")
+    listing.add_argument("--folder", action="append", default=[], help="also scan this folder (repeatable)")
+    finding = commands.add_parser("search", help="GGUF repos on the Hub")
+    finding.add_argument("query")
+    finding.add_argument("--limit", type=int, default=20)
+    getting = commands.add_parser("get", help="a repo's model files, or download one into the HF cache")
+    getting.add_argument("repo")
+    getting.add_argument("--file", help="the model file to download (a split model: its first shard)")
+    for sub in (listing, finding, getting):
+        sub.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    for sub in (listing, getting):
+        sub.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="the context the fit is for")
+        sub.add_argument("--kv", choices=[m.value for m in KvMode], default=KvMode.LAZY.value)
+    args = parser.parse_args(argv)
+    try:
+        return {"list": _list, "search": _search, "get": _get}[args.command](args)
+    except HubError as err:
+        print(f"models: {err}", file=sys.stderr)
+        return 1
+
+
+def _fit_json(report: FitReport | None) -> dict[str, Any] | None:
+    return report.to_json() if report is not None else None
+
+
+def _fit_text(report: FitReport | None) -> str:
+    if report is None:
+        return ""
+    longest = ", ".join(f"{mode} {n}" for mode, n in report.max_ctx.items())
+    return f"{report.word} at {report.n_ctx} ({report.kv_mode}); longest context: {longest}"
+
+
+def _list(args: argparse.Namespace) -> int:
+    result = scan(Places.current(args.folder))
+    rows = []
+    for r in result.records:
+        report = fit_report(r.meta, args.ctx, args.kv) if r.meta is not None and r.usable else None
+        rows.append((r, report))
+    if args.json:
+        print(json.dumps({"models": [{**r.to_json(), "fit": _fit_json(f)} for r, f in rows],
+                          "notes": list(result.notes)}, indent=1))
+        return 0
+    if not rows:
+        print("No GGUF models found on disk. `python -m lazykv models search QUERY` finds some on the Hub.")
+    for r, report in rows:
+        print(f"{r.name}  [{r.source}: {r.label}]")
+        if r.usable:
+            template = "chat template" if r.has_chat_template else "no chat template"
+            print(f"  {r.architecture}, {human_params(r.n_params)} parameters, {r.quant or '?'}, "
+                  f"{fmt_bytes(r.size)}, trained context {r.n_ctx_train}, {template}"
+                  + (f", {len(r.shards)} shards" if len(r.shards) > 1 else ""))
+            print(f"  {_fit_text(report)}")
+        else:
+            print(f"  not offered: {r.problem}")
+        print(f"  {r.path}")
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    found = search(args.query, args.limit, Hub.from_env())
+    if args.json:
+        print(json.dumps([r.to_json() for r in found], indent=1))
+        return 0
+    if not found:
+        print(f"No GGUF repos on the Hub match {args.query!r}.")
+    for r in found:
+        print(f"{r.repo_id}  ({r.downloads} downloads{', gated' if r.gated else ''})")
+    return 0
+
+
+def _get(args: argparse.Namespace) -> int:
+    hub = Hub.from_env()
+    if args.file:
+        return _download(args, hub)
+    models = repo_models(args.repo, hub)
+    rows = []
+    for m in models:
+        report = _hub_fit(m, hub, args) if not m.problem else None
+        rows.append((m, report))
+    if args.json:
+        print(json.dumps([{**m.to_json(), "fit": _fit_json(f)} for m, f in rows], indent=1))
+        return 0
+    if not models:
+        print(f"{args.repo} has no GGUF files.")
+    for m, report in rows:
+        shards = f", {len(m.files)} shards" if len(m.files) > 1 else ""
+        print(f"{m.name}  {m.quant or '?'}, {fmt_bytes(m.size)}{shards}")
+        print(f"  {('not offered: ' + m.problem) if m.problem else _fit_text(report)}")
+    if rows:
+        print(f"Download one with: python -m lazykv models get {args.repo} --file NAME")
+    return 0
+
+
+def _hub_fit(model: HubModel, hub: Hub, args: argparse.Namespace) -> FitReport | None:
+    try:
+        return fit_report(read_header(model, hub), args.ctx, args.kv)
+    except (HubError, ValueError):
+        return None
+
+
+def _download(args: argparse.Namespace, hub: Hub) -> int:
+    job = downloads.start(args.repo, args.file, Places.current(), hub)
+    shown = 0.0
+    try:
+        while job.running:
+            job.poll()
+            now = time.monotonic()
+            if not args.json and job.progress.total and now - shown > 0.5:
+                print(f"\r{job.progress.describe():<60}", end="", file=sys.stderr, flush=True)
+                shown = now
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        job.cancel()
+        print("\nmodels: cancelled; the next `get` of this file goes on where it stopped", file=sys.stderr)
+        return 130
+    if not args.json:
+        print(file=sys.stderr)
+    if job.state != "done" or job.path is None:
+        assert job.error is not None
+        raise job.error
+    if args.json:
+        print(json.dumps({"path": str(job.path), "size": job.progress.total}))
+    else:
+        print(job.path)
+    return 0

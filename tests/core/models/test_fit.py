@@ -1,0 +1,42 @@
+"""What fits: the library's fit and largest contexts are the memory planner's own figures."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from lazykv.core.engine import memory
+from lazykv.core.engine.memory import Fit
+from lazykv.core.engine.model_meta import CTX_PADDING, read_model_meta
+from lazykv.core.kinds import KvMode
+from lazykv.core.models.fit import fit_report
+
+GiB = 1024**3
+
+
+@pytest.mark.parametrize("available", [int(0.05 * GiB), int(0.2 * GiB), 2 * GiB, 64 * GiB])
+@pytest.mark.parametrize("kv_mode", list(KvMode))
+def test_the_fit_and_largest_contexts_are_the_planner_s(tiny_gguf: Path, available: int,
+                                                        kv_mode: KvMode) -> None:
+    # the tiny model's header with a long training context and real-model weights, so the limits bite
+    meta = replace(read_model_meta(tiny_gguf), n_ctx_train=131072, file_size=int(0.03 * GiB))
+    report = fit_report(meta, 4096, kv_mode, available)
+    assert report.estimate == memory.estimate(meta, 4096, kv_mode, available)
+    assert report.word == {Fit.GREEN: "fits", Fit.YELLOW: "tight", Fit.RED: "does not fit"}[report.fit]
+    for mode, n in report.max_ctx.items():
+        limit = memory.ctx_limit(meta)
+        if n:
+            assert memory.estimate(meta, n, mode, available).fit is not Fit.RED
+        if n < limit:  # one step more does not fit
+            assert memory.estimate(meta, n + CTX_PADDING, mode, available).fit is Fit.RED
+    assert report.max_ctx[KvMode.F16] <= report.max_ctx[KvMode.Q8_0] <= report.max_ctx[KvMode.LADDER]
+    assert report.max_ctx[KvMode.LAZY] == report.max_ctx[KvMode.Q8_0]  # allocated as q8_0
+
+
+def test_a_model_without_a_q8_0_cache_has_no_context_in_those_modes(tiny_gguf: Path) -> None:
+    meta = replace(read_model_meta(tiny_gguf), head_k=80, head_v=80)  # not a multiple of the q8_0 block
+    report = fit_report(meta, 4096, "f16", 8 * GiB)
+    assert report.max_ctx[KvMode.F16] > 0
+    assert report.max_ctx[KvMode.Q8_0] == report.max_ctx[KvMode.LAZY] == report.max_ctx[KvMode.LADDER] == 0
