@@ -168,12 +168,14 @@ def test_settings_show_the_tokens_each_mode_holds_in_the_budget(qtbot: QtBot) ->
     label, n_ctx = dialog.budget_label, dialog.editors["n_ctx"]
     # no budget: the context length's memory, in each mode
     assert label.text() == ("In 272.0 MiB of KV memory: f16 2,048 · q8_0 4,096 · <b>lazy 4,096</b> · "
-                            "ladder 7,680 tokens")
+                            "ladder 7,680 tokens<br>lazy steps: 16-bit up to 2,048 tokens, then 8-bit up to "
+                            "4,096")  # the steps the memory panel will show (issue 30)
     assert n_ctx.isEnabled()
     dialog.set_value("kv_mode", KvMode.LADDER)
     dialog.set_value("context_budget_mb", 2048)
     assert label.text() == ("In 2.0 GiB of KV memory: f16 16,384 · q8_0 30,720 · lazy 30,720 · "
-                            "<b>ladder 58,112</b> tokens")
+                            "<b>ladder 58,112</b> tokens<br>ladder steps: 16-bit up to 16,128 tokens, then "
+                            "8-bit up to 30,720, then 4-bit up to 58,112")
     assert not n_ctx.isEnabled() and "budget sets the length" in n_ctx.toolTip()
     assert "(58,112 tokens)" in dialog.estimate_label.text() and dialog.ok_button.isEnabled()
     dialog.set_value("context_budget_mb", 8)  # 256 tokens of this model's ladder cache take 9 MiB

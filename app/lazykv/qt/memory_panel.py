@@ -12,7 +12,7 @@ from PySide6.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPalette,
 from PySide6.QtWidgets import QFormLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout, QWidget
 
 from lazykv.core.engine.engine import KvStatus, ModelInfo
-from lazykv.core.engine.memory import ContextPlan, DeviceMemory, Estimate, Fit, fmt_bytes, placed
+from lazykv.core.engine.memory import CTX_PADDING, ContextPlan, DeviceMemory, Estimate, Fit, fmt_bytes, placed
 from lazykv.core.kinds import KvMode, KvPhase
 from lazykv.qt.kv_words import step_line
 
@@ -159,9 +159,19 @@ def tokens_per_mode(plan: ContextPlan) -> str:
     the mode chosen in bold; a mode capped by the model's own limit says so)."""
     parts = []
     for mode, n in plan.per_mode.items():
-        text = f"{MODE_NAMES[mode]} {n:,}" + (" (the model's limit)" if plan.at_limit(mode) else "")
+        held = f"{n:,}" if n else f"under {CTX_PADDING}"  # the engine's smallest context: 256 tokens
+        text = f"{MODE_NAMES[mode]} {held}" + (" (the model's limit)" if plan.at_limit(mode) else "")
         parts.append(f"<b>{text}</b>" if mode is plan.kv_mode else text)
-    return f"In {fmt_bytes(plan.kv_budget)} of KV memory: {' · '.join(parts)} tokens"
+    line = f"In {fmt_bytes(plan.kv_budget)} of KV memory: {' · '.join(parts)} tokens"
+    return f"{line}<br>{steps_text(plan)}" if plan.steps else line
+
+
+def steps_text(plan: ContextPlan) -> str:
+    """``ladder steps: 16-bit up to 144 tokens, then 8-bit up to 256, then 4-bit up to 512``: the steps
+    the memory panel will show once loaded, from the same planner (memory.step_cells)."""
+    (first, n_first), *rest = plan.steps
+    steps = [f"{first.words} up to {n_first:,} tokens", *(f"{p.words} up to {n:,}" for p, n in rest)]
+    return f"{MODE_NAMES[plan.kv_mode]} steps: {', then '.join(steps)}"
 
 
 def _phase_text(status: KvStatus) -> str:
