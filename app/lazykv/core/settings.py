@@ -195,6 +195,9 @@ SETTINGS: tuple[Setting, ...] = (
             "changed.", "Conversations"),
     Setting("passphrase_salt", SettingKind.STR, "", "Passphrase salt",
             "Salt of the passphrase key (not secret).", "Conversations", in_dialog=False),
+    Setting("last_conversation", SettingKind.INT, 0, "Last conversation", "The conversation on screen at "
+            "quit (its id; 0: none): the next start opens it again.", "Conversations", in_dialog=False,
+            minimum=0, maximum=1 << 62),
     # sampling
     Setting("temperature", SettingKind.FLOAT, 0.7, "Temperature", "Randomness; 0 always picks the likeliest "
             "token.", "Sampling", minimum=0.0, maximum=2.0, step=0.05, special="0 = always the likeliest"),

@@ -243,17 +243,22 @@ class Conversations(QObject):
             self.host.engine.submit(ClearKv())
 
     def set_private(self, private: bool) -> None:
-        """Private on: nothing more is saved. Off: saving starts from this point, as a new conversation
-        when turns were typed while private (they are never written)."""
+        """Private on: nothing more of this chat is saved. Off: when turns were typed while private, the
+        private chat ends (it was never written): a new, empty chat takes its place, with an empty
+        cache, so the screen, the saved history and what the model sees stay one conversation; with
+        no private turns, saving simply goes on."""
         if private == self.private:
             return
         self.private = private
-        chat = self.chat
-        if not private and chat.unsaved_private_turns:
-            chat.first_saved = len(chat.conversation)
-            chat.saved = SavedAs()
-            chat.unsaved_private_turns = False
+        ended = not private and self.chat.unsaved_private_turns
         self.private_changed.emit(private)
+        if ended:
+            n = len(self.chat.conversation)
+            self.host.stop_reply()
+            self.new_chat(self.host.setting("system_prompt"))
+            self.host.statusBar().showMessage(
+                f"Private chat closed: its {n} messages were not saved. This is a new chat, saved as usual.",
+                10_000)
 
     # -- saving ----------------------------------------------------------------------------------------
 
@@ -419,8 +424,17 @@ class Conversations(QObject):
     # -- opening ---------------------------------------------------------------------------------------
 
     def open(self, conv_id: int) -> None:
-        """Read the conversation off the GUI thread, show it, then restore or rebuild its KV cache."""
-        if not self.host.can_switch_conversation() or conv_id == self.current:
+        """Read the conversation off the GUI thread, show it, then restore or rebuild its KV cache.
+
+        Chosen while another one is re-read, it replaces it (that re-read is stopped). Refused (a reply
+        is streaming, a model reloading): the list goes back to the chat on screen, and says why."""
+        if conv_id == self.current:  # (back to) the chat on screen: a read still on its way is dropped
+            self._opening = None
+            return
+        if not self.host.can_switch_conversation():
+            self.host.conversations_panel.select(self.current)
+            self.host.statusBar().showMessage(
+                "Wait for the reply (or stop it) before opening another conversation", 5000)
             return
         self._opening = conv_id
         self.call(lambda s: _load(s, conv_id), self._show, "Opening the conversation")
@@ -434,11 +448,21 @@ class Conversations(QObject):
         self.chat = Chat(conversation, SavedAs(record.id, record.uid, len(record.messages)))
         self.host.show_chat(record.title)
         self.host.conversations_panel.select(record.id)
-        if self.host.model_info is None:
-            return
+        if self.host.model_info is not None:
+            self._resume(record.id, messages)
+        # else: resumed once a model has loaded (resume_shown)
+
+    def resume_shown(self) -> None:
+        """A model has loaded with no cache of the chat on screen (opened before it, e.g. at start-up):
+        restore the chat's snapshot or re-read it now."""
+        chat = self.chat
+        if chat.saved.id is not None and len(chat.conversation) and self.resume is None:
+            self._resume(chat.saved.id, chat.conversation.messages())
+
+    def _resume(self, conv_id: int, messages: list[dict[str, str]]) -> None:
         self.host.begin_resume()
         chat = self.chat
-        self.resume = OpenConversation(record.id, messages)
+        self.resume = OpenConversation(conv_id, messages)
         self.host.engine.submit(
             self.resume,
             lambda result: self._resumed(chat, result),
@@ -457,15 +481,21 @@ class Conversations(QObject):
 
     def _resumed(self, chat: Chat, result: OpenResult) -> None:
         if chat is not self.chat:  # replaced while it resumed: its answer only ends the wait
-            self.host.end_resume(None, Failure("", cancelled=True))
+            self._stale_resume_ended()
             return
         self.resume = None
         self.host.end_resume(result)
         self.opened.emit(chat.saved.id, result)
 
+    def _stale_resume_ended(self) -> None:
+        """The resume of a chat no longer on screen answered: it ends the wait, unless the chat on
+        screen is being resumed now (that one's answer will)."""
+        if self.resume is None:
+            self.host.end_resume(None, Failure("", cancelled=True))
+
     def _resume_failed(self, chat: Chat, failure: Failure) -> None:
         if chat is not self.chat:
-            self.host.end_resume(None, Failure("", cancelled=True))
+            self._stale_resume_ended()
             return
         self.resume = None
         self.host.end_resume(None, failure)

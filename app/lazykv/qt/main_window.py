@@ -137,6 +137,7 @@ class MainWindow(QMainWindow):
         self.resume_note = ""
         self._shut_down: bool | None = None  # after shutdown_engine: whether everything ended in time
         self._losing_unsaved_ok = False  # the user chose to quit although turns are not saved
+        self._resuming = False  # the chat on screen is being resumed (its snapshot, or re-read)
         self.ops = Operations(self)
         self.background = Background(self, self.ops)
         self.background.unhandled.connect(lambda what, err: self.show_error(f"{what} failed", str(err)))
@@ -444,6 +445,8 @@ class MainWindow(QMainWindow):
         self.open_action = self._action("&Open model…", self._choose_model, K.StandardKey.Open)
         self.info_action = self._action("Model &information…", self._show_model_info)
         self.new_chat_action = self._action("&New chat", self.new_chat, K.StandardKey.New)
+        self.new_private_action = self._action("New &private chat", self.new_private_chat, K("Ctrl+Shift+N"),
+                                               "A new chat that is never saved (untick Private to end it)")
         self.regenerate_action = self._action("&Regenerate", self.regenerate, K("Ctrl+R"),
                                               "Replace the last reply with a new one")
         self.edit_last_action = self._action("&Edit last message", self._edit_last, K("Ctrl+E"),
@@ -458,6 +461,8 @@ class MainWindow(QMainWindow):
         quit_action = self._action("&Quit", self.close, K.StandardKey.Quit)
 
         file_menu = self.menuBar().addMenu("&File")
+        file_menu.addAction(self.new_private_action)
+        file_menu.addSeparator()
         file_menu.addAction(self.open_action)
         self.recent_menu = file_menu.addMenu("Open &recent")
         self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
@@ -531,6 +536,7 @@ class MainWindow(QMainWindow):
         self.open_action.setEnabled(engine_free)
         self.recent_menu.setEnabled(engine_free)
         self.new_chat_action.setEnabled(idle)
+        self.new_private_action.setEnabled(idle)
         self.settings_action.setEnabled(engine_free)
         self.system_edit.setReadOnly(not idle)
         self.transcript.actions_enabled = ready
@@ -679,11 +685,14 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def _open_last_conversation(self) -> None:
-        """Once, at start-up: the newest conversation, unless the user has started chatting already."""
+        """Once, at start-up: the conversation on screen at the last quit (else the newest), unless the
+        user has started chatting already. While the model still loads it is shown at once, and resumed
+        (snapshot or re-read) once the model has loaded."""
         self.conversations_panel.listed.disconnect(self._open_last_conversation)
         ids = self.conversations_panel.ids()
+        last = self.settings["last_conversation"]
         if ids and len(self.conversation) == 0 and self.conversations.current is None:
-            self.conversations.open(ids[0])
+            self.conversations.open(last if last in ids else ids[0])
 
     @Slot()
     def _focus_search(self) -> None:
@@ -703,6 +712,15 @@ class MainWindow(QMainWindow):
             return
         self.conversations.new_chat(self.settings["system_prompt"])
         self.statusBar().clearMessage()
+
+    @Slot()
+    def new_private_chat(self) -> None:
+        """A new, empty chat with Private on: nothing of it is saved; unticking Private ends it."""
+        if self._state not in (UiState.NO_MODEL, UiState.READY):
+            return
+        self.conversations.new_chat(self.settings["system_prompt"])
+        self.conversations.set_private(True)
+        self.statusBar().showMessage("New private chat: nothing of it is saved", 5000)
 
     def stop_reply(self) -> None:
         """Stop the reply streaming now, if any (its answer is then abandoned when its chat is gone)."""
@@ -727,7 +745,8 @@ class MainWindow(QMainWindow):
     # -- engine answers -----------------------------------------------------------------------------
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
-        if self.model_info is not None and len(self.conversation):  # a reload: the cache is empty now
+        first = self.model_info is None
+        if not first and len(self.conversation):  # a reload: the cache is empty now
             label = (f"Context memory emptied here: {info.name} loaded with the {_KV_WORDS[info.kv_mode]} "
                      "cache; the next reply reads the conversation again")
             self._add_marker(label)
@@ -743,6 +762,8 @@ class MainWindow(QMainWindow):
         self.save_settings()
         self._set_state(UiState.READY)
         self.statusBar().showMessage(f"Loaded {info.name}", 5000)
+        if first:  # a chat opened before any model (at start-up, while it loaded) is resumed now
+            self.conversations.resume_shown()
         self.model_loaded.emit(info)
 
     def _show_unreachable(self, info: ModelInfo) -> None:
@@ -898,9 +919,13 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(" — ".join([*parts, APP_TITLE]))
 
     def can_switch_conversation(self) -> bool:
-        return self._state in (UiState.NO_MODEL, UiState.READY)
+        """Idle; re-reading a conversation (the one chosen replaces it); or loading the first model (the
+        chat chosen is resumed once it has loaded). Not while a reply streams or a model reloads."""
+        first_load = self._state is UiState.LOADING and self.model_info is None
+        return self._state in (UiState.NO_MODEL, UiState.READY) or self._resuming or first_load
 
     def begin_resume(self) -> None:
+        self._resuming = True
         self._set_state(UiState.LOADING)
         self.banner.show_progress("Resuming the conversation…", 0.0)
 
@@ -912,6 +937,7 @@ class MainWindow(QMainWindow):
     def end_resume(self, result: OpenResult | None, failure: Failure | None = None) -> None:
         """The resume answered: restored, rebuilt or empty; else stopped (the banner's Stop, or the chat
         was replaced) or failed."""
+        self._resuming = False
         self._set_state(self._idle_state())
         if result is None:
             assert failure is not None
@@ -995,8 +1021,15 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         window_state.save(self)
+        self._remember_last_conversation()
         self.shutdown_engine()
         super().closeEvent(event)
+
+    def _remember_last_conversation(self) -> None:
+        """The next start opens the chat on screen now (a private one leaves no trace: the newest then)."""
+        current = None if self.conversations.private else self.conversations.current
+        if self.settings.set("last_conversation", current or 0):
+            self.save_settings()  # shutdown_engine waits for it
 
     def _asked_before_losing_turns(self) -> bool:
         """Turns that wait for the history to open would be lost by quitting: ask first (window-modal,

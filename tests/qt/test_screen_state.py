@@ -1,0 +1,61 @@
+"""What is on screen agrees with itself and with the engine (issue 30, defects 4-9), on the fake engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtGui import QKeySequence
+from pytestqt.qtbot import QtBot
+
+from lazykv.core.engine.memory import estimate, plan_context
+from lazykv.core.engine.model_meta import read_model_meta
+from lazykv.core.kinds import KvMode
+from lazykv.core.settings import Settings
+from lazykv.qt.memory_panel import MemoryPanel
+from lazykv.qt.settings_dialog import SettingsDialog
+from tests.qt.conftest import FakeWindow
+from tests.qt.helpers import chat, settle, stored
+
+
+def test_settings_and_the_memory_panel_give_the_ladder_s_steps_from_one_plan(
+    qtbot: QtBot, fake_model: Path
+) -> None:
+    """Defect 7: ladder, 512 tokens: Settings said "f16 0" where the panel showed a 144-token 16-bit step;
+    both now show the planner's steps (the engine's own, tests/core/test_step_plan.py)."""
+    meta = read_model_meta(fake_model)
+    dialog = SettingsDialog(Settings(), meta)
+    qtbot.addWidget(dialog)
+    dialog.set_value("kv_mode", KvMode.LADDER)
+    dialog.set_value("n_ctx", 512)
+    steps = "ladder steps: 16-bit up to 144 tokens, then 8-bit up to 256, then 4-bit up to 512"
+    assert steps in dialog.budget_label.text()
+    assert "f16 0 " not in dialog.budget_label.text() and "f16 under 256" in dialog.budget_label.text()
+    panel = MemoryPanel()
+    qtbot.addWidget(panel)
+    panel.set_estimate("fake.gguf", estimate(meta, 512, KvMode.LADDER),
+                       plan=plan_context(meta, 512, KvMode.LADDER))
+    assert steps in panel.estimate_label.text()
+
+
+def test_new_private_chat_is_an_empty_chat_that_saves_nothing_until_it_ends(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    """Defect 2's entry point: File > New private chat (Ctrl+Shift+N); unticking Private ends it (a new,
+    empty chat), so what was never saved is never on screen with what is."""
+    w = fake_window()
+    chat(qtbot, w, "A saved question")
+    assert w.new_private_action.shortcut() == QKeySequence("Ctrl+Shift+N")
+    assert w.new_private_action in w.menuBar().actions()[0].menu().actions()  # the File menu
+    w.new_private_action.trigger()
+    settle(qtbot, w)
+    assert len(w.conversation) == 0 and w.conversations.private and w.private_action.isChecked()
+    assert w.conversations_panel.selected_id() is None
+    chat(qtbot, w, "A private question")
+    assert [title for title, _ in stored()] == ["A saved question"]
+    w.conversations_panel.private_box.click()
+    settle(qtbot, w)
+    assert not w.conversations.private and len(w.conversation) == 0
+    assert "not saved" in w.statusBar().currentMessage()
+    result = chat(qtbot, w, "Public again")
+    assert result.n_reused == 0  # the cache was emptied with the private chat
+    assert [title for title, _ in stored()] == ["Public again", "A saved question"]
