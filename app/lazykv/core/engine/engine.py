@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import jinja2
 import llama_cpp
 import numpy as np
 from llama_cpp import llama_chat_format
@@ -65,6 +66,10 @@ class NoModelError(EngineError):
     """A reply was requested before a model was loaded."""
 
 
+class PromptError(EngineError):
+    """The model's chat template refused the messages (e.g. roles that do not alternate)."""
+
+
 class CancelledError(EngineError):
     """The request was cancelled before it finished (what it did so far is kept, see each method)."""
 
@@ -77,6 +82,8 @@ class SamplingSettings:
     min_p: float = 0.05
     repeat_penalty: float = 1.1
     seed: int | None = None  # None: a fresh random seed for every reply
+    presence_penalty: float = 0.0  # OpenAI's penalties (the local API's requests; the app leaves them at 0)
+    frequency_penalty: float = 0.0
 
 
 # used when a GGUF file carries no chat template
@@ -164,6 +171,7 @@ class ReplyResult:
     n_prompt: int  # tokens of the prompt sent
     n_reused: int  # of those, tokens already in the KV cache (common prefix)
     dropped: list[dict[str, str]] = field(default_factory=list)  # turns left out to fit
+    n_generated: int = 0  # tokens of the reply (the limit's count when it ran to ``max_tokens``)
 
     @property
     def cancelled(self) -> bool:
@@ -569,16 +577,53 @@ class EngineSession:
         cancelled before its first piece returns empty, ``cancelled``.
         ``max_tokens=None`` lets the reply run to the end of the model's turn or of the context.
         """
-        llama, info = self._require()
+        _, info = self._require()
         fitted = fit_messages(messages, self.count_tokens, info.n_ctx, context_full, max_tokens)
         tokens, stop = self._prompt(fitted.messages)
+        result = yield from self.stream_tokens(tokens, stop, sampling, cancel, max_tokens)
+        return replace(result, dropped=fitted.dropped)
+
+    def stream_tokens(
+        self,
+        tokens: list[int],
+        stop: list[str],
+        sampling: SamplingSettings,
+        cancel: threading.Event,
+        max_tokens: int | None = None,
+    ) -> Generator[str, None, ReplyResult]:
+        """Yield the continuation of a prompt given as ``tokens`` piece by piece (see stream_reply,
+        which makes them from a conversation; the local API also sends raw prompts); return a ReplyResult.
+        The cache keeps its common prefix with ``tokens`` (``n_reused``) and reads the rest."""
+        llama, _ = self._require()
         n_reused = common_prefix(llama.input_ids[: llama.n_tokens].tolist(), tokens)
-        result = ReplyResult("", FinishReason.CANCELLED, len(tokens), n_reused, fitted.dropped)
+        result = ReplyResult("", FinishReason.CANCELLED, len(tokens), n_reused)
         if cancel.is_set():
             return result
         with self.cancellable(cancel):
             text, finish_reason = yield from self._stream(llama, tokens, stop, sampling, cancel, max_tokens)
-        return replace(result, text=text, finish_reason=finish_reason)
+        # the cache took every generated token but the last one when a limit or a stop string ended it
+        n_generated = max(0, llama.n_tokens - len(tokens))
+        if finish_reason is FinishReason.LENGTH and max_tokens:
+            n_generated = max_tokens
+        return replace(result, text=text, finish_reason=finish_reason, n_generated=n_generated)
+
+    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[str]]:
+        """The tokens of ``messages`` under the model's own chat template, ready for a reply, and the
+        template's stop strings; PromptError when the template refuses them."""
+        try:
+            return self._prompt(messages)
+        except jinja2.TemplateError as err:  # the template's raise_exception, or a broken template
+            raise PromptError(f"The model's chat template refused these messages: {err}") from err
+
+    def tokenize(self, text: str) -> list[int]:
+        """A raw prompt's tokens (with the model's BOS; special tokens in the text stay plain text)."""
+        llama, _ = self._require()
+        return llama.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+
+    def cached_tokens(self) -> list[int]:
+        """The tokens the KV cache holds now (sequence 0), in order."""
+        llama, _ = self._require()
+        return llama.input_ids[: llama.n_tokens].tolist()
 
     def _stream(
         self,
@@ -602,6 +647,8 @@ class EngineSession:
                 top_k=sampling.top_k,
                 min_p=sampling.min_p,
                 repeat_penalty=sampling.repeat_penalty,
+                presence_penalty=sampling.presence_penalty,
+                frequency_penalty=sampling.frequency_penalty,
                 seed=seed,
                 max_tokens=max_tokens if max_tokens else -1,
             )
