@@ -1,0 +1,175 @@
+"""The engine's one thread and its bounded queue: every API request is a ``Generation`` run there, in
+order, one at a time (the engine holds one sequence). A full queue is refused at once (HTTP 429);
+a generation's ``cancel`` token, set from any thread (a client gone), stops it within one token.
+
+``run_generation`` is the whole of one request's engine work (prompt, API cache, stream, save); it
+takes the session and cache it is given, so that another owner of the engine (the app's worker)
+can run it on its own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lazykv.core.chat.conversation import common_prefix
+from lazykv.core.engine.engine import EngineSession, PromptError, SamplingSettings
+from lazykv.core.errors import EngineError
+from lazykv.core.kinds import FinishReason
+from lazykv.server.prefix_cache import PrefixCache
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    text: str
+    finish_reason: FinishReason
+    n_prompt: int
+    n_cached: int  # prompt tokens found in the cache (live, or restored from the API cache)
+    n_completion: int
+    restored: bool = False  # the API cache's snapshot was restored for it
+
+
+@dataclass(frozen=True)
+class RequestFailed:
+    """A request the engine could not serve: an HTTP status and OpenAI's error fields."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    code: str | None = None
+
+
+Event = Piece | Outcome | RequestFailed
+
+
+@dataclass(eq=False)
+class Generation:
+    """One request. Exactly one Outcome or RequestFailed is emitted last (Pieces before it)."""
+
+    messages: list[dict[str, str]] | None  # a chat (the model's template), or
+    prompt: str | None  # a raw prompt
+    sampling: SamplingSettings
+    max_tokens: int
+    stop: list[str]
+    emit: Callable[[Event], None]
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class QueueFullError(Exception):
+    """As many requests as the queue holds are running or waiting."""
+
+
+def run_generation(session: EngineSession, cache: PrefixCache | None, job: Generation) -> Event:
+    """Run ``job`` on ``session`` (from the thread that owns it), emitting its pieces; return its end."""
+    if job.messages is not None:
+        tokens, stop = session.chat_prompt(job.messages)
+    else:
+        tokens, stop = session.tokenize(job.prompt or ""), []
+    n_ctx = session.model_info().n_ctx
+    if len(tokens) >= n_ctx:
+        return RequestFailed(
+            400, f"This prompt is {len(tokens)} tokens long; the server's context holds {n_ctx} tokens "
+            "(prompt and reply together). Shorten it, or start the server with a larger --ctx.",
+            code="context_length_exceeded")
+    restored = False
+    if cache is not None:
+        match = cache.best(tokens)
+        if match is not None and match.n_tokens > common_prefix(session.cached_tokens(), tokens):
+            restored = cache.restore(session, match)
+    stream = session.stream_tokens(tokens, [*stop, *job.stop], job.sampling, job.cancel,
+                                   max_tokens=min(job.max_tokens, n_ctx - len(tokens)))
+    while True:
+        try:
+            piece = next(stream)
+        except StopIteration as end:
+            result = end.value
+            break
+        job.emit(Piece(piece))
+    if cache is not None and not result.cancelled:
+        cache.save(session)
+    # a prompt found whole is read again from its last token (the engine needs fresh logits)
+    n_cached = min(result.n_reused, max(0, result.n_prompt - 1))
+    return Outcome(result.text, result.finish_reason, result.n_prompt, n_cached, result.n_generated, restored)
+
+
+class EngineAccess:
+    """Owns the session on a thread of its own; ``submit`` from any thread (the server's event loop)."""
+
+    def __init__(self, session: EngineSession, cache: PrefixCache | None, queue_size: int) -> None:
+        self.session = session
+        self.cache = cache
+        self.queue_size = queue_size
+        self._jobs: queue.Queue[Generation | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._pending = 0  # running + waiting
+        self._running: Generation | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="lazykv-api-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def submit(self, job: Generation) -> None:
+        """Queue ``job``; QueueFullError when ``queue_size`` requests are already running or waiting."""
+        with self._lock:
+            if self._closed:
+                raise QueueFullError("the server is stopping")
+            if self._pending >= self.queue_size:
+                raise QueueFullError(f"{self._pending} requests are running or waiting")
+            self._pending += 1
+        self._jobs.put(job)
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Cancel what runs and what waits, end the thread; True when it ended within ``timeout``."""
+        with self._lock:
+            self._closed = True
+            running = self._running
+        if running is not None:
+            running.cancel.set()
+        self._jobs.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            with self._lock:
+                self._running = job
+                closed = self._closed
+            try:
+                if closed or job.cancel.is_set():
+                    end: Event = RequestFailed(503, "The request was cancelled.", "server_error", "cancelled")
+                else:
+                    end = _guarded(self.session, self.cache, job)
+                job.emit(end)
+            finally:
+                with self._lock:
+                    self._running = None
+                    self._pending -= 1
+
+
+def _guarded(session: EngineSession, cache: PrefixCache | None, job: Generation) -> Event:
+    """run_generation with every failure answered: the client gets a reason, the thread lives on."""
+    try:
+        return run_generation(session, cache, job)
+    except PromptError as err:
+        return RequestFailed(400, str(err), code="invalid_messages")
+    except EngineError as err:
+        log.warning("API request failed in the engine: %s", err)
+        return RequestFailed(500, f"The engine could not answer: {err}", "server_error")
+    except Exception:
+        log.exception("API request failed")
+        return RequestFailed(500, "The server failed to answer this request (a bug; see its log).",
+                             "server_error")

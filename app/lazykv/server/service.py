@@ -1,0 +1,92 @@
+"""A loaded engine session served over HTTP: the routes, the engine's thread, the API cache and uvicorn,
+put together. ``run()`` in the foreground (``python -m lazykv serve``), ``start()`` on a thread of its
+own (tests, the benchmark)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import uvicorn
+
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.fingerprint import model_sha256
+from lazykv.core.history.connection import data_dir
+from lazykv.core.history.persistence import Crypto
+from lazykv.server.app import create_app
+from lazykv.server.engine_access import EngineAccess
+from lazykv.server.prefix_cache import Binding, PrefixCache
+from lazykv.server.settings import ServerSettings
+
+log = logging.getLogger(__name__)
+
+
+def open_cache(settings: ServerSettings, session: EngineSession, crypto: Crypto | None) -> PrefixCache | None:
+    """The API cache for the loaded model and its settings (None without a cache folder or a crypto)."""
+    if settings.cache_dir is None or crypto is None:
+        return None
+    info = session.model_info()
+    layout = session.layout()
+    binding = Binding(model_sha256=model_sha256(info.path, data_dir() / "fingerprints.json"),
+                      n_ctx=info.n_ctx, kv_mode=str(info.kv_mode),
+                      engine_version=str(layout["engine_version"]))
+    return PrefixCache(settings.cache_dir, binding, crypto, settings.cache_budget_bytes,
+                       settings.cache_min_tokens)
+
+
+class Service:
+    def __init__(self, settings: ServerSettings, session: EngineSession, crypto: Crypto | None,
+                 log_level: str = "info") -> None:
+        self.settings = settings
+        info = session.model_info()
+        self.cache = open_cache(settings, session, crypto)
+        self.access = EngineAccess(session, self.cache, settings.queue_size)
+        self.app = create_app(settings, self.access, info.name, int(time.time()))
+        self._config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level=log_level,
+                                      lifespan="off", access_log=log_level == "debug",
+                                      timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(self._config)
+        self._thread: threading.Thread | None = None
+        self.port = settings.port
+
+    def run(self) -> None:
+        """Serve until Ctrl+C / SIGTERM, then cancel the running request and free the queue."""
+        try:
+            self._server.run()
+        finally:
+            self.access.close()
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Serve on a thread of its own; returns the base URL (``.../v1``) once it accepts connections."""
+        sock = self._config.bind_socket()
+        self.port = sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name="lazykv-api-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the API server did not start")
+            time.sleep(0.01)
+        return self.base_url
+
+    @property
+    def base_url(self) -> str:
+        host = self.settings.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}/v1"
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.access.close(timeout)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (for a server started later, e.g. in another process)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

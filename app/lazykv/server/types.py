@@ -1,0 +1,207 @@
+"""OpenAI's request and response schemas, as far as this server implements them, and its error shape.
+
+Requests are validated strictly (no string where a number belongs, no NaN, bounded numbers and sizes);
+fields that real clients send and this server does not implement are accepted and ignored, as listed
+in ``IGNORED``; unknown fields are ignored, as OpenAI does. Only malformed values are refused.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+INT32_MAX = 2**31 - 1
+MAX_TEXT_CHARS = 4 * 1024 * 1024
+MAX_STOPS = 16
+
+# accepted and ignored: the API documents them, clients send them, they change nothing here
+IGNORED = ("user", "logit_bias", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
+           "parallel_tool_calls", "service_tier", "store", "metadata", "suffix", "echo", "best_of")
+
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+
+
+def _valid_unicode(text: str) -> str:
+    """Lone surrogates (a JSON escape like "\\ud800") are no text the model can read."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the text is not valid Unicode (a lone surrogate)") from None
+    return text
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: Text
+
+    _unicode = field_validator("text")(_valid_unicode)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | list[TextPart] | None = None
+    name: str | None = None  # accepted, not sent to the model
+
+    @field_validator("content")
+    @classmethod
+    def _content_unicode(cls, value: str | list[TextPart] | None) -> str | list[TextPart] | None:
+        return _valid_unicode(value) if isinstance(value, str) else value
+
+    def as_engine_message(self) -> dict[str, str]:
+        """{"role", "content"} for the chat template: text parts joined, "developer" as "system"."""
+        if isinstance(self.content, list):
+            text = "".join(part.text for part in self.content)
+        else:
+            text = self.content or ""
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class _Sampling(_Strict):
+    model: str = Field("", max_length=512)  # any name is answered by the loaded model
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    temperature: float = Field(0.8, ge=0.0, le=2.0)  # llama-cpp-python's server defaults, not OpenAI's 1/1
+    top_p: float = Field(0.95, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    stop: Text | list[Text] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1  # one choice per request
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings")
+        for stop in stops:
+            _valid_unicode(stop)
+        return value
+
+    def stop_list(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return [s for s in stops if s]
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)  # the newer name of max_tokens
+
+    def limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: Text
+
+    _unicode = field_validator("prompt")(_valid_unicode)
+
+    def limit(self) -> int | None:
+        return self.max_tokens
+
+
+# --- responses ---------------------------------------------------------------------------------------
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+    @classmethod
+    def of(cls, n_prompt: int, n_cached: int, n_completion: int) -> Usage:
+        return cls(prompt_tokens=n_prompt, completion_tokens=n_completion,
+                   total_tokens=n_prompt + n_completion,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=n_cached))
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def chat_completion(id_: str, model: str, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+    return {
+        "id": id_, "object": "chat.completion", "created": now(), "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "logprobs": None, "finish_reason": finish_reason}],
+        "usage": usage.model_dump(),
+    }
+
+
+def chat_chunk(id_: str, model: str, delta: dict[str, str], finish_reason: str | None = None,
+               usage: Usage | None = None, choices: bool = True) -> dict[str, Any]:
+    """One streamed piece; the usage chunk (stream_options.include_usage) has no choices."""
+    chunk: dict[str, Any] = {"id": id_, "object": "chat.completion.chunk", "created": now(), "model": model,
+                             "choices": []}
+    if choices:
+        chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+    if usage is not None:
+        chunk["usage"] = usage.model_dump()
+    return chunk
+
+
+def completion(id_: str, model: str, text: str, finish_reason: str | None, usage: Usage | None
+               ) -> dict[str, Any]:
+    """A text completion, or one streamed piece of it (``usage`` None)."""
+    body: dict[str, Any] = {
+        "id": id_, "object": "text_completion", "created": now(), "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+    }
+    if usage is not None:
+        body["usage"] = usage.model_dump()
+    return body
+
+
+def models_list(model: str, created: int) -> dict[str, Any]:
+    return {"object": "list",
+            "data": [{"id": model, "object": "model", "created": created, "owned_by": "lazykv"}]}
+
+
+# --- errors ------------------------------------------------------------------------------------------
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def validation_message(err: ValidationError) -> tuple[str, str | None]:
+    """The first problem of a refused body, as one sentence and the parameter it concerns."""
+    first = err.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in first.get("loc", ()) if _is_field(part))
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return f"The request body is not valid JSON: {first.get('msg', '')}", None
+    if kind in ("model_type", "model_attributes_type") and not where:
+        return "The request body must be a JSON object.", None
+    return f"Invalid value for '{where}': {first.get('msg', 'invalid')}", where or None
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_field(part: str | int) -> bool:
+    """A location part that names a field or an index, not a union member's tag ("constrained-str")."""
+    return isinstance(part, int) or (part.isidentifier() and part not in _TYPE_TAGS)

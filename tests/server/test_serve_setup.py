@@ -1,0 +1,86 @@
+"""What ``python -m lazykv serve`` refuses before it loads anything, and how the engine stops a request."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import keyring
+import pytest
+from keyring.backends import fail
+from pydantic import ValidationError
+
+from lazykv.cli import serve
+from lazykv.core.engine.engine import EngineSession, SamplingSettings
+from lazykv.core.history.snapshot import Encryption
+from lazykv.core.kinds import FinishReason
+from lazykv.server.engine_access import Generation, Outcome, Piece, run_generation
+from lazykv.server.settings import ServerSettings, is_loopback
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "::", "example.org"])
+def test_a_non_loopback_address_needs_an_api_key(host: str) -> None:
+    with pytest.raises(ValidationError, match="API key"):
+        ServerSettings(host=host)
+    assert ServerSettings(host=host, api_key="k").host == host
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_loopback_addresses_need_no_key(host: str) -> None:
+    assert is_loopback(host) and ServerSettings(host=host).api_key is None
+
+
+def test_the_key_is_kept_out_of_reprs() -> None:
+    assert "sekrit" not in repr(ServerSettings(api_key="sekrit"))
+
+
+def test_serve_refuses_a_non_loopback_bind_without_a_key(capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(serve.API_KEY_ENV, raising=False)
+    assert serve.main(["--host", "0.0.0.0", "--no-api-cache"]) == 2
+    err = capsys.readouterr().err
+    assert "0.0.0.0" in err and "--api-key" in err and "Traceback" not in err
+
+
+def test_without_a_keyring_or_passphrase_it_asks_for_a_choice(capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    keyring.set_keyring(fail.Keyring())
+    monkeypatch.delenv(serve.PASSPHRASE_ENV, raising=False)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    assert serve.main(["--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert serve.PASSPHRASE_ENV in err and "--no-encryption" in err
+
+
+def test_snapshot_protection_keyring_then_passphrase_then_none_only_when_asked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert serve.snapshot_crypto(False).scheme is Encryption.KEYRING  # the tests' in-memory keyring
+    keyring.set_keyring(fail.Keyring())
+    monkeypatch.setenv(serve.PASSPHRASE_ENV, "correct horse")
+    crypto = serve.snapshot_crypto(False)
+    assert crypto.scheme is Encryption.PASSPHRASE
+    assert serve.snapshot_crypto(False).key_for_writing() == crypto.key_for_writing()  # unlocked again
+    monkeypatch.setenv(serve.PASSPHRASE_ENV, "wrong horse")
+    with pytest.raises(serve.SetupError, match="passphrase"):
+        serve.snapshot_crypto(False)
+    assert serve.snapshot_crypto(True).scheme is Encryption.NONE
+
+
+def test_a_cancelled_generation_stops_within_one_token(smollm2_path: Path) -> None:
+    session = EngineSession()
+    session.load(smollm2_path, n_ctx=512, kv_mode="f16", n_threads=2)
+    pieces: list[str] = []
+    cancel = threading.Event()
+
+    def emit(event: object) -> None:
+        if isinstance(event, Piece):
+            pieces.append(event.text)
+            cancel.set()  # the client went away after the first piece
+
+    sampling = SamplingSettings(temperature=1.0, seed=5)
+    job = Generation(None, "Once upon a time", sampling, 200, [], emit, cancel)
+    end = run_generation(session, None, job)
+    assert isinstance(end, Outcome) and end.finish_reason is FinishReason.CANCELLED
+    assert len(pieces) == 1
+    assert len(session.cached_tokens()) <= end.n_prompt + 1  # at most the token being made when it stopped
+    session.close()
