@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtGui import QKeySequence
+from PySide6.QtWidgets import QLabel
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.memory import estimate, plan_context
@@ -14,7 +16,7 @@ from lazykv.core.settings import Settings
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.settings_dialog import SettingsDialog
 from tests.qt.conftest import FakeWindow
-from tests.qt.helpers import chat, settle, stored
+from tests.qt.helpers import FAST, WAIT_MS, chat, saved_then_new_chat, settle, stored
 
 
 def test_settings_and_the_memory_panel_give_the_ladder_s_steps_from_one_plan(
@@ -59,3 +61,37 @@ def test_new_private_chat_is_an_empty_chat_that_saves_nothing_until_it_ends(
     result = chat(qtbot, w, "Public again")
     assert result.n_reused == 0  # the cache was emptied with the private chat
     assert [title for title, _ in stored()] == ["Public again", "A saved question"]
+
+
+def test_a_delete_says_what_went_beside_its_undo_which_stays_on_hand_and_reopens_the_chat(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    """Defect 4: the Undo button covered the start of "Deleted …"; Undo expired after 10 s with no other
+    way back; an undone chat was listed but not reopened, the status bar still said "Deleted"; the
+    empty chat after a delete kept the deleted chat's "Resumed from the snapshot" banner."""
+    w = fake_window(timings=replace(FAST, undo_ms=100))
+    conv_id = saved_then_new_chat(qtbot, w, "Giraffes are tall")
+    with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS):
+        w.conversations.open(conv_id)
+    settle(qtbot, w)
+    assert w.banner.isVisible() and "Resumed from the snapshot" in w.banner.label.text()
+
+    w.conversations.delete(conv_id)
+    settle(qtbot, w)
+    assert len(w.conversation) == 0 and not w.banner.isVisible() and not w.resume_note
+    text, button = w.findChild(QLabel, "undo-text"), w.conversations.undo_button
+    assert text is not None and text.text() == "Deleted “Giraffes are tall”"
+    assert text.isVisible() and button.isVisible()
+    assert text.geometry().right() < button.geometry().left()  # side by side, never on top
+    assert w.undo_delete_action.isEnabled() and "Giraffes" in w.undo_delete_action.text()
+
+    qtbot.waitUntil(lambda: not button.isVisible(), timeout=WAIT_MS)  # the status bar's offer expired
+    assert w.undo_delete_action.isEnabled()  # the menu's stays
+    assert w.undo_delete_action.shortcut() == QKeySequence(QKeySequence.StandardKey.Undo)
+    w.undo_delete_action.trigger()
+    qtbot.waitUntil(lambda: w.conversations.current == conv_id, timeout=WAIT_MS)
+    settle(qtbot, w)
+    assert [m["content"] for m in w.conversation.turns()][0] == "Giraffes are tall"
+    assert w.conversations_panel.selected_id() == conv_id
+    assert "Deleted" not in w.statusBar().currentMessage() and not text.isVisible()
+    assert not w.undo_delete_action.isEnabled()

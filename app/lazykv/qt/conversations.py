@@ -23,7 +23,10 @@ from typing import Any, Protocol, TypeVar
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QFileDialog,
+    QFrame,
+    QHBoxLayout,
     QInputDialog,
+    QLabel,
     QLineEdit,
     QMessageBox,
     QPushButton,
@@ -52,6 +55,7 @@ from lazykv.core.history.records import (
     ConversationSummary,
     Deleted,
     OpChanges,
+    OpChangesWithId,
     StoreLockedError,
     Synced,
     new_uid,
@@ -133,6 +137,7 @@ class Conversations(QObject):
     engine worker's Persistence: the GUI knows whether snapshots are on, not the key)."""
 
     private_changed = Signal(bool)
+    undo_changed = Signal(str)  # the title of the conversation a delete's undo would restore ("": none)
     snapshots_changed = Signal(bool)  # whether snapshots are saved from now on
     saved = Signal(int)  # conversation id: its transcript was written
     snapshot_saved = Signal(int, object)  # conversation id, SaveResult
@@ -172,14 +177,24 @@ class Conversations(QObject):
         panel.private_toggled.connect(self.set_private)
         self.operation_did_execute.connect(self._show_changes)
         self._keyring_answered.connect(self._use_late_key)
+        # "Deleted “title”  [Undo]" in the status bar for a while: its own label, so the button never
+        # covers the words; Chat > Undo delete (Ctrl+Z) stays until the next delete
+        self.undo_bar = QFrame()
+        self.undo_bar.setObjectName("undo-bar")
+        self.undo_text = QLabel()
+        self.undo_text.setObjectName("undo-text")
         self.undo_button = QPushButton("Undo")
         self.undo_button.setObjectName("undo-delete")
-        self.undo_button.hide()
         self.undo_button.clicked.connect(self.undo_delete)
-        host.statusBar().addWidget(self.undo_button)
+        row = QHBoxLayout(self.undo_bar)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.undo_text)
+        row.addWidget(self.undo_button)
+        self.undo_bar.hide()
+        host.statusBar().addWidget(self.undo_bar)
         self._undo_timer = QTimer(self)
         self._undo_timer.setSingleShot(True)
-        self._undo_timer.timeout.connect(self.undo_button.hide)
+        self._undo_timer.timeout.connect(self.undo_bar.hide)
 
     @property
     def current(self) -> int | None:
@@ -523,17 +538,34 @@ class Conversations(QObject):
 
         def done(deleted: Deleted) -> None:
             record = self._deleted = deleted.record
-            self.host.statusBar().showMessage(f"Deleted “{record.title}”", self._undo_ms)
-            self.undo_button.show()
+            self.host.statusBar().clearMessage()
+            self.undo_text.setText(f"Deleted “{record.title}”")
+            self.undo_bar.show()
             self._undo_timer.start(self._undo_ms)
+            self.undo_changed.emit(record.title)
 
         self.execute(lambda s: s.delete(conv_id), done, "Deleting")
 
+    @property
+    def can_undo_delete(self) -> bool:
+        return self._deleted is not None
+
     def undo_delete(self) -> None:
+        """Put the last deleted conversation back and open it (unless a private chat with turns is on
+        screen: it is listed then, not opened)."""
         record, self._deleted = self._deleted, None
-        self.undo_button.hide()
-        if record is not None:
-            self.execute(lambda s: s.undelete(record), None, "Undoing the delete")
+        self.undo_bar.hide()
+        self._undo_timer.stop()
+        self.undo_changed.emit("")
+        if record is None:
+            return
+
+        def done(changes: OpChangesWithId) -> None:
+            self.host.statusBar().showMessage(f"Restored “{record.title}”", 5000)
+            if not (self.private and len(self.chat.conversation)):
+                self.open(changes.id)
+
+        self.execute(lambda s: s.undelete(record), done, "Undoing the delete")
 
     def export(self, conv_id: int, fmt: ExportFormat) -> None:
         path, _ = QFileDialog.getSaveFileName(

@@ -452,6 +452,9 @@ class MainWindow(QMainWindow):
         self.edit_last_action = self._action("&Edit last message", self._edit_last, K("Ctrl+E"),
                                              "Edit your last message and resend it")
         self.copy_reply_action = self._action("&Copy last reply", self.copy_last_reply, K("Ctrl+Shift+C"))
+        self.undo_delete_action = self._action("&Undo delete", lambda: self.conversations.undo_delete(),
+                                               K.StandardKey.Undo, "Bring back the conversation deleted last")
+        self.undo_delete_action.setEnabled(False)
         self.compact_action = self._action("Compact context &memory now", self.convert_now, None,
                                            "Convert the lazy KV cache to 8-bit now")
         self.settings_action = self._action("&Settings…", self._open_settings, K("Ctrl+,"))
@@ -473,7 +476,8 @@ class MainWindow(QMainWindow):
         file_menu.addAction(quit_action)
         chat_menu = self.menuBar().addMenu("&Chat")
         for action in (self.new_chat_action, self.stop_action, self.regenerate_action, self.edit_last_action,
-                       self.copy_reply_action, self.search_action, self.compact_action):
+                       self.copy_reply_action, self.undo_delete_action, self.search_action,
+                       self.compact_action):
             chat_menu.addAction(action)
         self.private_action = QAction("&Private chat (save nothing)", self)
         self.private_action.setCheckable(True)
@@ -514,7 +518,13 @@ class MainWindow(QMainWindow):
 
     def _connect_conversations(self) -> None:
         self.conversations.private_changed.connect(self._on_private_changed)
+        self.conversations.undo_changed.connect(self._on_undo_changed)
         self.ops.changed.connect(lambda _: self._set_state(self._state))
+
+    @Slot(str)
+    def _on_undo_changed(self, title: str) -> None:
+        self.undo_delete_action.setEnabled(bool(title))
+        self.undo_delete_action.setText(f"&Undo delete of “{title}”" if title else "&Undo delete")
 
     @Slot(bool)
     def _on_private_changed(self, private: bool) -> None:
@@ -729,6 +739,8 @@ class MainWindow(QMainWindow):
     def show_chat(self, title: str | None) -> None:
         """Show the chat on screen (Conversations changed it); a saved one's KV cache is resumed next."""
         self.cancel_edit()
+        self.banner.close_task()  # a note of the chat shown before ("Resumed from the snapshot…")
+        self.resume_note = ""
         self.system_edit.setText(self.conversation.system_prompt)
         self._rerender()
         self._set_state(self._state)
