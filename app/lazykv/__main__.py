@@ -18,19 +18,14 @@ from typing import TYPE_CHECKING
 from lazykv import __version__, cli, console
 from lazykv.core.engine.engine_check import EngineMissingError, check_engine
 from lazykv.core.kinds import KvMode
-from lazykv.core.models import model_fetch
+from lazykv.core.models.defaults import default_model_path
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QApplication, QWidget
 
 APP_NAME = "LazyKV Chat"
-DEFAULT_MODEL = "smollm2"
 MIN_CTX = int(SETTINGS_BY_NAME["n_ctx"].minimum or 1)
-
-
-def default_model_path() -> Path:
-    return model_fetch.models_dir() / model_fetch.MODELS[DEFAULT_MODEL].filename
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,8 +15,8 @@ from lazykv.core.history.connection import SNAPSHOTS_DIR, data_dir
 from lazykv.core.history.records import new_uid
 from lazykv.core.kinds import ExportFormat
 from lazykv.core.settings import Settings
-from lazykv.qt.conversion_banner import NoticeBanner
 from lazykv.qt.main_window import MainWindow, UiState
+from lazykv.qt.notice_banner import NoticeBanner
 from lazykv.qt.stall_meter import StallMeter
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession

@@ -67,7 +67,7 @@ from lazykv.core.kinds import ExportFormat
 from lazykv.core.settings import Settings
 from lazykv.qt.background import Background
 from lazykv.qt.conversations_panel import ConversationsPanel
-from lazykv.qt.conversion_banner import NoticeBanner
+from lazykv.qt.notice_banner import NoticeBanner
 from lazykv.qt.operations import EngineClient
 from lazykv.qt.worker import ClearKv, Failure, OpenConversation, SaveSnapshot, SetCrypto
 

@@ -1,25 +1,16 @@
-"""The window's non-modal banners: a lazy-cache conversion's progress (and its duration after), and
-notices that offer choices instead of a modal question (the chat goes on meanwhile)."""
+"""The banner of a long engine task: a lazy cache's conversion with its progress (and its duration
+after), or re-reading a conversation, which can be stopped."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
 
 from lazykv.core.engine.engine import ConversionEvent
 from lazykv.core.kinds import ConversionStage
+from lazykv.qt.notice_banner import banner_style
 
 SHOW_DONE_MS = 2500  # the finished note stays this long (a conversion itself often takes < 100 ms)
-
-
-def _banner_style(frame: QFrame, name: str) -> None:
-    frame.setObjectName(name)
-    frame.setStyleSheet(
-        f"#{name} {{ background: #fff8c5; border: 1px solid #d4a72c; border-radius: 4px; }}"
-        f"#{name} QLabel {{ color: #1f2328; }}"  # readable on the yellow in a dark theme too
-    )
 
 
 def compacted_text(event: ConversionEvent) -> str:
@@ -43,7 +34,7 @@ class ConversionBanner(QFrame):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        _banner_style(self, "conversion-banner")
+        banner_style(self, "conversion-banner")
         self.label = QLabel()
         self.bar = QProgressBar()
         self.bar.setRange(0, 100)
@@ -112,62 +103,3 @@ class ConversionBanner(QFrame):
             self.bar.setValue(percent)
             self.label.setText(f"Compacting context memory to {event.target.words}… {percent}%")
         self.show()
-
-
-Choice = tuple[str, Callable[[], None]]  # a button's text, what it does
-
-
-class NoticeBanner(QFrame):
-    """A plain sentence with choices as buttons, instead of a modal question: nothing waits for it.
-
-    A choice hides the banner, then runs; "Details" shows the technical text under the sentence;
-    "Dismiss" hides it and chooses nothing."""
-
-    def __init__(self, name: str, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        _banner_style(self, name)
-        self.label = QLabel()
-        self.label.setTextFormat(Qt.TextFormat.PlainText)
-        self.details = QLabel()
-        self.details.setTextFormat(Qt.TextFormat.PlainText)
-        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.details_button = QPushButton("Details")
-        self.details_button.setCheckable(True)
-        self.details_button.toggled.connect(self.details.setVisible)
-        dismiss = QPushButton("Dismiss")
-        dismiss.clicked.connect(self.hide)
-        self._buttons = QHBoxLayout()
-        self._buttons.addStretch()
-        row = QHBoxLayout()
-        row.addLayout(self._buttons)
-        row.addWidget(self.details_button)
-        row.addWidget(dismiss)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(8, 4, 8, 4)
-        layout.addWidget(self.label)
-        layout.addWidget(self.details)
-        layout.addLayout(row)
-        self.hide()
-
-    def show_choices(self, text: str, choices: Sequence[Choice], details: str = "") -> None:
-        while self._buttons.count() > 1:  # the stretch stays
-            item = self._buttons.takeAt(1)
-            if item.widget() is not None:
-                item.widget().deleteLater()
-        for label, action in choices:
-            button = QPushButton(label)
-            button.clicked.connect(lambda _=False, run=action: self._choose(run))
-            self._buttons.addWidget(button)
-        self.label.setText(text)
-        self.details.setText(details)
-        self.details_button.setChecked(False)
-        self.details_button.setVisible(bool(details))
-        self.details.hide()
-        self.show()
-
-    def choices(self) -> list[QPushButton]:
-        return [self._buttons.itemAt(i).widget() for i in range(1, self._buttons.count())]
-
-    def _choose(self, action: Callable[[], None]) -> None:
-        self.hide()
-        action()

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import enum
 import html
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QDeadlineTimer, Qt, QThread, QTimer, Signal, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
-    QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -21,7 +19,6 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QPushButton,
-    QSizePolicy,
     QToolBar,
     QVBoxLayout,
     QWidget,
@@ -35,37 +32,31 @@ from lazykv.core.engine.engine import (
     EngineSession,
     KvStatus,
     ModelInfo,
-    ReplyResult,
     SamplingSettings,
-    read_checked_meta,
 )
-from lazykv.core.engine.remote import UNREACHABLE_DETAILS, unreachable_text
-from lazykv.core.history.persistence import OpenHow, OpenResult
 from lazykv.core.history.store import Database
-from lazykv.core.idle import IDLE_DELAY_S, wants_idle_conversion
-from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
-from lazykv.core.models.model_fetch import models_dir
+from lazykv.core.idle import IDLE_DELAY_S
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 from lazykv.qt import theme, window_state
 from lazykv.qt.background import Background
+from lazykv.qt.chat_flow import ChatFlow
 from lazykv.qt.chat_input import ChatInput
 from lazykv.qt.context_meter import ContextMeter
 from lazykv.qt.conversations import UNDO_MS, Conversations
 from lazykv.qt.conversations_panel import ConversationsPanel
-from lazykv.qt.conversion_banner import ConversionBanner, NoticeBanner, compacted_text, marker_label
+from lazykv.qt.conversion_banner import ConversionBanner
 from lazykv.qt.memory_panel import MemoryPanel
-from lazykv.qt.model_info_dialog import ModelInfoDialog
+from lazykv.qt.model_loading import ModelLoading
+from lazykv.qt.notice_banner import NoticeBanner, wrap_without_widening
 from lazykv.qt.operations import EngineClient, Operations
 from lazykv.qt.reply_stats import ReplyClock
 from lazykv.qt.settings_dialog import SettingsDialog
 from lazykv.qt.shortcuts_dialog import ShortcutsDialog
 from lazykv.qt.transcript import TranscriptView
+from lazykv.qt.ui_state import UiState
 from lazykv.qt.worker import (
-    Convert,
-    EngineConfig,
     EngineWorker,
     Failure,
-    LoadModel,
     Reply,
     ReplyOptions,
     Request,
@@ -78,13 +69,6 @@ SAMPLE_INTERVAL_MS = 1000  # memory panel: RSS and the history graph
 SHUTDOWN_DEADLINE_MS = 10_000  # at exit, the engine thread gets this long to end (a decode aborts at once)
 
 
-class UiState(enum.Enum):
-    NO_MODEL = enum.auto()
-    LOADING = enum.auto()
-    READY = enum.auto()
-    REPLYING = enum.auto()
-
-
 @dataclass(frozen=True)
 class Timings:
     """Every delay of the window, injectable so that tests never wait in real time."""
@@ -95,7 +79,7 @@ class Timings:
     shutdown_deadline_ms: int = SHUTDOWN_DEADLINE_MS
 
 
-class MainWindow(QMainWindow):
+class MainWindow(ChatFlow, ModelLoading, QMainWindow):
     """Sends engine requests to an EngineWorker on its own QThread and never waits on it.
 
     ``overrides`` (from the command line) take precedence over the saved settings for this
@@ -178,8 +162,6 @@ class MainWindow(QMainWindow):
     def idle_conversion_pending(self) -> bool:
         return self._idle_timer.isActive()
 
-    # -- settings ---------------------------------------------------------------------------------
-
     def setting(self, name: str) -> Any:
         return self._overrides[name] if name in self._overrides else self.settings[name]
 
@@ -217,8 +199,6 @@ class MainWindow(QMainWindow):
         self.background.run(snapshot.save, on_error=lambda err: self.show_error(
             "Settings were not saved", f"{snapshot.path}: {err}"))
 
-    # -- public actions ---------------------------------------------------------------------------
-
     @property
     def worker(self) -> EngineWorker:
         return self._worker
@@ -231,117 +211,6 @@ class MainWindow(QMainWindow):
     @property
     def state(self) -> UiState:
         return self._state
-
-    def open_model(self, path: Path) -> None:
-        """Load ``path`` in the background; the current model, if any, stays until it has loaded."""
-        self._set_state(UiState.LOADING)
-        self.statusBar().showMessage(f"Loading {path.name}…")
-        config = EngineConfig(
-            model_path=str(path),
-            n_ctx=self.setting("n_ctx"),
-            kv_mode=self.setting("kv_mode"),
-            n_threads=self.setting("n_threads"),
-            n_gpu_layers=self.setting("n_gpu_layers"),
-            flash_attn=self.setting("flash_attn"),
-            rpc_servers=tuple(self.setting("rpc_servers")),
-            rpc_layers=self.setting("rpc_layers"),
-            context_budget_mb=self.setting("context_budget_mb"),
-        )
-        self._show_estimate(path, config)
-        self.engine.submit(LoadModel(config), self._on_model_loaded, self._on_load_failed)
-
-    def open_configured_model(self) -> None:
-        """The model of the settings, else the default one."""
-        path = self.setting("model_path") or (str(self.default_model) if self.default_model else "")
-        if path:
-            self.open_model(Path(path))
-        else:
-            self.statusBar().showMessage("Open a model (File > Open model…) to start chatting")
-
-    def choose_another_model(self, message: str) -> None:
-        """The model asked for at start cannot be opened: say why, then offer the file chooser (the
-        window stays, with File > Open model and Recent, if the user cancels it)."""
-        box = self.show_error("The model could not be opened", f"{message}. Choose another model.")
-        box.finished.connect(lambda _result: self._choose_model())
-        self.statusBar().showMessage("Open a model (File > Open model…) to start chatting")
-
-    def send_text(self, text: str) -> None:
-        self.input.setPlainText(text)
-        self._send()
-
-    def regenerate(self) -> None:
-        """Replace the last reply with a new one (the cache keeps the prompt up to it)."""
-        if self._state is not UiState.READY or not self._ends_with_reply():
-            return
-        self.conversation.take_back_reply()  # the new reply joins it as one more version
-        self._rerender()
-        self._request_reply()
-
-    def show_version(self, step: int) -> None:
-        """Page the last reply ``step`` versions back or on (1/3 ‹ ›): the chat continues from the
-        version shown, which is saved as the reply."""
-        if self._state is not UiState.READY or not self._ends_with_reply():
-            return
-        index = len(self.conversation) - 1
-        number = self.conversation.version_shown(index) + step
-        if 0 <= number < len(self.conversation.versions(index)):
-            self.conversation.choose_version(number)
-            self._rerender()
-            self.conversations.persist(snapshot=False)
-
-    def _update_versions_bar(self) -> None:
-        index = len(self.conversation) - 1
-        versions = self.conversation.versions(index) if self._ends_with_reply() else []
-        self.versions_bar.setVisible(len(versions) > 1)
-        if len(versions) > 1:
-            number = self.conversation.version_shown(index)
-            self.versions_label.setText(f"Reply {number + 1}/{len(versions)}")
-            ready = self._state is UiState.READY
-            self.previous_version.setEnabled(ready and number > 0)
-            self.next_version.setEnabled(ready and number < len(versions) - 1)
-
-    def edit_message(self, index: int) -> None:
-        """Put a user turn back into the composer; sending replaces it and everything after it."""
-        if self._state is not UiState.READY:
-            return
-        self._editing = index
-        self.input.setPlainText(self.conversation.turns()[index]["content"])
-        self.edit_label.setText(f"Editing message {index + 1}: sending replaces it and the turns after it.")
-        self.edit_bar.show()
-        self.input.setFocus()
-
-    def cancel_edit(self) -> None:
-        self._editing = None
-        self.edit_bar.hide()
-
-    def copy_last_reply(self) -> None:
-        index = self.conversation.last_index("assistant")
-        if index is not None:
-            QGuiApplication.clipboard().setText(self.conversation.turns()[index]["content"])
-            self.statusBar().showMessage("Reply copied", 3000)
-
-    def convert_now(self) -> None:
-        if self.model_info is not None and self.model_info.kv_mode.is_lazy:
-            self.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
-
-    # -- UI ---------------------------------------------------------------------------------------
-
-    def _build_versions_bar(self) -> None:
-        """Under a regenerated reply: which version is shown, and the way to the others."""
-        self.versions_bar = QFrame()
-        self.versions_bar.setObjectName("versions-bar")
-        self.versions_label = QLabel()
-        self.previous_version = QPushButton("‹ Previous")
-        self.previous_version.clicked.connect(lambda: self.show_version(-1))
-        self.next_version = QPushButton("Next ›")
-        self.next_version.clicked.connect(lambda: self.show_version(1))
-        row = QHBoxLayout(self.versions_bar)
-        row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(self.versions_label)
-        row.addWidget(self.previous_version)
-        row.addWidget(self.next_version)
-        row.addStretch()
-        self.versions_bar.hide()
 
     def _build_ui(self) -> None:
         self.setWindowTitle(APP_TITLE)
@@ -364,14 +233,11 @@ class MainWindow(QMainWindow):
         self.keyring_notice = NoticeBanner("keyring-banner")
         self.history_notice = NoticeBanner("history-banner")
         self.remote_notice = NoticeBanner("remote-banner")  # remote backends left out at the last load
-        for notice in (self.keyring_notice, self.history_notice, self.remote_notice):
-            _wrap_without_widening(notice.label)
-            _wrap_without_widening(notice.details)
 
         self.edit_bar = QFrame()
         self.edit_label = QLabel()
-        _wrap_without_widening(self.edit_label)
-        _wrap_without_widening(self.banner.label)
+        wrap_without_widening(self.edit_label)
+        wrap_without_widening(self.banner.label)
         cancel_edit = QPushButton("Cancel edit")
         cancel_edit.clicked.connect(self.cancel_edit)
         edit_row = QHBoxLayout(self.edit_bar)
@@ -513,6 +379,17 @@ class MainWindow(QMainWindow):
         self.engine.unhandled.connect(self._on_unhandled_failure)
         self._thread.start()
 
+    # The worker's signals arrive here: slots of this QObject, so Qt queues them to the GUI thread
+    # (a method of a mix-in is no slot, and would run on the worker's thread).
+
+    @Slot(object)
+    def _on_kv_status(self, status: KvStatus) -> None:
+        self.show_kv_status(status)
+
+    @Slot(object)
+    def _on_conversion(self, event: ConversionEvent) -> None:
+        self.show_conversion(event)
+
     def _on_unhandled_failure(self, request: Request, failure: Failure) -> None:
         self.show_error(f"{request.what} failed", failure.message, failure.details)
 
@@ -561,63 +438,8 @@ class MainWindow(QMainWindow):
         if state is not UiState.READY:
             self._idle_timer.stop()
 
-    def _update_compact_action(self, ready: bool) -> None:
-        """Enabled while a lazy cache in use can go one step down and no compaction is on its way (a
-        second click must not take a ladder two steps down); it says to which step."""
-        step = self.kv.next_rung if self.kv is not None and self.kv.n_cells_used > 0 else None
-        self.compact_action.setEnabled(ready and step is not None and not self._compacting())
-        if step is not None:
-            tip = f"Compact the context memory to {step.words} now"
-        elif self.kv is None or not self.kv.kv_mode.is_lazy:
-            tip = "Only a lazy or ladder KV cache compacts (Settings > KV cache)"
-        else:
-            tip = "Nothing to compact: the context memory is empty or at its last step"
-        self.compact_action.setStatusTip(tip)
-        self.compact_action.setToolTip(tip)
-
-    def _compacting(self) -> bool:
-        """A compaction (manual or idle) is on its way to the engine."""
-        return any(isinstance(r, Convert) for r in self.engine.pending())
-
-    def _ends_with_reply(self) -> bool:
-        n = len(self.conversation)
-        return n > 0 and self.conversation.last_index("assistant") == n - 1
-
     def _idle_state(self) -> UiState:
         return UiState.READY if self.model_info is not None else UiState.NO_MODEL
-
-    def _rerender(self) -> None:
-        self.transcript.show_messages(self.conversation.shown(), self.conversation.markers(),
-                                      self.conversation.stats())
-        self._update_versions_bar()
-
-    # -- slots: user ------------------------------------------------------------------------------
-
-    @Slot()
-    def _choose_model(self) -> None:
-        start = self.model_info.path.parent if self.model_info else models_dir()
-        dialog = QFileDialog(self, "Open model", str(start), "GGUF models (*.gguf);;All files (*)")
-        dialog.setObjectName("model-chooser")
-        dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.fileSelected.connect(lambda path: self.open_model(Path(path)))
-        dialog.open()  # window-modal, the event loop runs on (a static getOpenFileName nests one)
-
-    def _fill_recent_menu(self) -> None:
-        self.recent_menu.clear()
-        for path in self.settings["recent_models"]:
-            action = self.recent_menu.addAction(Path(path).name)
-            action.setToolTip(path)
-            action.triggered.connect(lambda _=False, p=path: self.open_model(Path(p)))
-        if not self.settings["recent_models"]:
-            self.recent_menu.addAction("(none yet)").setEnabled(False)
-
-    @Slot()
-    def _show_model_info(self) -> None:
-        if self.model_info is not None:
-            dialog = ModelInfoDialog(self.model_info.meta, self)
-            dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-            dialog.open()
 
     @Slot()
     def _open_settings(self) -> None:
@@ -628,70 +450,6 @@ class MainWindow(QMainWindow):
         dialog.accepted.connect(lambda: self.apply_settings(dialog.changed()))
         self.settings_dialog = dialog
         dialog.open()
-
-    @Slot()
-    def _system_prompt_edited(self) -> None:
-        self.conversation.system_prompt = self.system_edit.text()
-
-    @Slot()
-    def _send(self) -> None:
-        text = self.input.toPlainText().strip()
-        if not text:
-            return
-        if self._state is not UiState.READY:
-            if self._state is UiState.NO_MODEL:
-                self.statusBar().showMessage("Open a model first (File > Open model…)", 5000)
-            return
-        if self._editing is not None:
-            self.conversation.truncate(self._editing)
-            self.cancel_edit()
-            self._rerender()
-        self.conversation.system_prompt = self.system_edit.text()
-        self.conversation.add("user", text)
-        self.input.clear()
-        self.transcript.add_message("user", text)
-        self.conversations.persist(snapshot=False)
-        self._request_reply()
-
-    def _request_reply(self) -> None:
-        self._reply_markers, self._reply_text = [], ""
-        self.reply_clock = ReplyClock()
-        self.transcript.begin_reply()
-        self._set_state(UiState.REPLYING)
-        self.input.setFocus()  # a clicked Send button is disabled now: Qt would move focus elsewhere
-        self.statusBar().showMessage("Generating…")
-        self._reply = request = Reply(self.conversation.messages(), self.sampling(), self.reply_options())
-        chat = self.conversations.chat
-        self.engine.submit(
-            request,
-            lambda result: self._on_reply_finished(result) if chat is self.conversations.chat
-            else self._reply_abandoned(),
-            lambda failure: self._on_reply_failed(failure) if chat is self.conversations.chat
-            else self._reply_abandoned(),
-            self._on_token,
-        )
-
-    def _reply_abandoned(self) -> None:
-        """The reply's chat was replaced meanwhile (e.g. deleted): its answer goes nowhere."""
-        self._reply = None
-        self.transcript.end_reply()
-        self._set_state(self._idle_state())
-
-    @Slot()
-    def _edit_last(self) -> None:
-        index = self.conversation.last_index("user")
-        if index is not None:
-            self.edit_message(index)
-
-    @Slot()
-    def _stop(self) -> None:
-        """Stop the reply streaming now: its own token, so no other request is touched."""
-        if self._reply is not None:
-            self._reply.cancel.set()
-            self.stop_button.setEnabled(False)
-            self.stop_action.setEnabled(False)
-            self.input.setFocus()  # not wherever Qt moves it from the disabled button
-            self.statusBar().showMessage("Stopping…")
 
     @Slot()
     def _open_last_conversation(self) -> None:
@@ -732,10 +490,6 @@ class MainWindow(QMainWindow):
         self.conversations.set_private(True)
         self.statusBar().showMessage("New private chat: nothing of it is saved", 5000)
 
-    def stop_reply(self) -> None:
-        """Stop the reply streaming now, if any (its answer is then abandoned when its chat is gone)."""
-        self._stop()
-
     def show_chat(self, title: str | None) -> None:
         """Show the chat on screen (Conversations changed it); a saved one's KV cache is resumed next."""
         self.cancel_edit()
@@ -748,166 +502,8 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Opened “{title}”", 3000)
 
     @Slot()
-    def _convert_while_idle(self) -> None:
-        wanted = wants_idle_conversion(self.kv) and self.setting("idle_conversion") and not self._compacting()
-        if self._state is UiState.READY and wanted:
-            self.statusBar().showMessage("Compacting context memory while idle…", 3000)
-            self.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
-
-    # -- engine answers -----------------------------------------------------------------------------
-
-    def _on_model_loaded(self, info: ModelInfo) -> None:
-        first = self.model_info is None
-        if not first and len(self.conversation):  # a reload: the cache is empty now
-            label = (f"Context memory emptied here: {info.name} loaded with the {_KV_WORDS[info.kv_mode]} "
-                     "cache; the next reply reads the conversation again")
-            self._add_marker(label)
-            self.transcript.mark_here(label)
-        self.model_info = info
-        self.model_label.setText(model_summary(info))
-        self.memory_panel.set_model(info)
-        self._show_unreachable(info)
-        self.update_title()
-        self.settings.add_recent_model(str(info.path))
-        if "model_path" not in self._overrides and info.path != self.default_model:
-            self.settings.set("model_path", str(info.path))
-        self.save_settings()
-        self._set_state(UiState.READY)
-        self.statusBar().showMessage(f"Loaded {info.name}", 5000)
-        if first:  # a chat opened before any model (at start-up, while it loaded) is resumed now
-            self.conversations.resume_shown()
-        self.model_loaded.emit(info)
-
-    def _show_unreachable(self, info: ModelInfo) -> None:
-        """Remote backends left out of this load: said once, with the way to change them."""
-        if info.unreachable:
-            self.remote_notice.show_choices(unreachable_text(info.unreachable),
-                                            [("Settings…", self._open_settings)], UNREACHABLE_DETAILS)
-        else:
-            self.remote_notice.hide()
-
-    def _on_load_failed(self, failure: Failure) -> None:
-        self._set_state(self._idle_state())
-        if not failure.cancelled:
-            self.show_error("Could not load the model", failure.message, failure.details)
-
-    def _on_token(self, piece: str) -> None:
-        self._reply_text += piece
-        self.reply_clock.token()
-        self.transcript.append_to_reply(piece)
-
-    def _on_reply_finished(self, result: ReplyResult) -> None:
-        self._reply = None
-        notes = []
-        if result.dropped:
-            n = sum(1 for m in result.dropped if m["role"] != "system")
-            self.conversation.forget_oldest(n)
-            notes.append(f"context full: the {n} oldest messages were dropped to make room")
-        if ended := _how_it_ended(result, self.reply_options().max_tokens):
-            notes.append(ended)
-        note = "; ".join(notes)
-        stats = self.reply_clock.stats()
-        stats = replace(stats, note=note) if stats is not None else None
-        if result.text:
-            self.conversation.add("assistant", result.text)
-            if stats is not None:
-                self.conversation.set_stats(len(self.conversation) - 1, stats)
-        for label in self._reply_markers:  # under the reply (under the user's message if it has none)
-            self._add_marker(label)
-        self.transcript.end_reply(note or None, stats.summary() if stats else None)
-        self._set_state(UiState.READY)
-        self.conversations.persist(snapshot=True)
-        if notes:
-            self.statusBar().showMessage(notes[-1].capitalize(), 8000)
-        else:
-            self.statusBar().showMessage(
-                f"Prompt {result.n_prompt} tokens, {result.n_reused} reused from the cache", 5000
-            )
-        self._maybe_schedule_idle_conversion()
-        self.reply_finished.emit(result)
-
-    def _on_reply_failed(self, failure: Failure) -> None:
-        """Stopped before anything was read: a reply with no text. Refused: take the turn back (drop the
-        user's message from the transcript and the database, return it to the input)."""
-        if failure.cancelled:
-            self._on_reply_finished(ReplyResult("", FinishReason.CANCELLED, 0, 0))
-            return
-        self._reply = None
-        if len(self.conversation) > 0 and self.conversation.last_index("user") == len(self.conversation) - 1:
-            failed = self.conversation.pop()["content"]
-            typed_since = self.input.toPlainText()
-            self.input.setPlainText(f"{failed}\n{typed_since}" if typed_since else failed)
-            self.conversations.forget_turn()
-        self._rerender()
-        self._set_state(self._idle_state())
-        self.show_error("The reply failed", failure.message, failure.details)
-        self.reply_failed.emit(failure)
-
-    def _on_converted(self, converted: bool) -> None:
-        self.converted.emit(converted)
-
-    def _on_convert_failed(self, failure: Failure) -> None:
-        """An idle or manual conversion failed: said as such; the conversation is not touched."""
-        if not failure.cancelled:
-            self.show_error("Compacting the context memory failed", failure.message, failure.details)
-
-    @Slot(object)
-    def _on_kv_status(self, status: KvStatus) -> None:
-        self.kv = status
-        self.memory_panel.set_status(status)
-        self.context_meter.set_status(status)
-        self._set_state(self._state)
-        self._maybe_schedule_idle_conversion()
-
-    @Slot(object)
-    def _on_conversion(self, event: ConversionEvent) -> None:
-        self.banner.on_event(event)
-        if event.stage is ConversionStage.START and self.kv is not None:
-            converting = replace(self.kv, phase=KvPhase.CONVERTING, n_cells_used=event.n_cells,
-                                 target=event.target)
-            self.memory_panel.set_status(converting)
-            self.context_meter.set_status(converting)
-        if event.stage is ConversionStage.END:
-            in_reply = self._state is UiState.REPLYING and bool(self._reply_text)
-            label = marker_label(event, during_reply=in_reply)
-            if in_reply:
-                self._reply_markers.append(label)
-            else:  # idle, or while the prompt was read: a line under the last message
-                self._add_marker(label)
-            self.transcript.mark_here(label, before_reply=self._state is UiState.REPLYING and not in_reply)
-            self.statusBar().showMessage(compacted_text(event), 10_000)
-        self.conversion_shown.emit(event)
-
-    def _add_marker(self, label: str) -> None:
-        """A line under the last message (a marker at its end)."""
-        if len(self.conversation):
-            index = len(self.conversation) - 1
-            self.conversation.add_marker(index, len(self.conversation.shown()[index]["content"]), label)
-
-    def _maybe_schedule_idle_conversion(self) -> None:
-        if (self._state is UiState.READY and self.setting("idle_conversion")
-                and wants_idle_conversion(self.kv) and not self._idle_timer.isActive()):
-            self._idle_timer.start()
-
-    @Slot()
     def _sample_memory(self) -> None:
         self.memory_panel.sample(memory.process_rss())
-
-    def _show_estimate(self, path: Path, config: EngineConfig) -> None:
-        """The memory estimate of a model about to load (its header is read off the GUI thread)."""
-        title = f"{path.name}, KV {config.kv_mode}"
-
-        def done(meta: Any) -> None:
-            budget = config.context_budget_mb * memory.MiB
-            plan = memory.plan_context(meta, config.n_ctx, config.kv_mode, budget)
-            offload = memory.Offload.of(config.rpc_servers, config.rpc_layers)
-            self.memory_panel.set_estimate(f"{path.name}, ctx {plan.n_ctx}, KV {config.kv_mode}",
-                                           memory.estimate(meta, plan.n_ctx, config.kv_mode, offload=offload),
-                                           plan=plan)
-
-        self.background.run(lambda: read_checked_meta(path), done,
-                            lambda err: self.memory_panel.set_estimate(title, None, str(err)),
-                            "Reading the model's header")
 
     def show_error(self, title: str, message: str, details: str = "") -> QMessageBox:
         """Status bar plus a window-modal box that does not block the event loop; ``details`` on demand."""
@@ -922,8 +518,6 @@ class MainWindow(QMainWindow):
         box.open()
         return box
 
-    # -- conversations ----------------------------------------------------------------------------
-
     def update_title(self) -> None:
         parts = [self.model_info.name] if self.model_info else []
         if self.conversations.private:
@@ -935,53 +529,6 @@ class MainWindow(QMainWindow):
         chat chosen is resumed once it has loaded). Not while a reply streams or a model reloads."""
         first_load = self._state is UiState.LOADING and self.model_info is None
         return self._state in (UiState.NO_MODEL, UiState.READY) or self._resuming or first_load
-
-    def begin_resume(self) -> None:
-        self._resuming = True
-        self._set_state(UiState.LOADING)
-        self.banner.show_progress("Resuming the conversation…", 0.0)
-
-    def resume_progress(self, done: int, total: int) -> None:
-        fraction = done / total if total else 1.0
-        self.banner.show_progress(f"Re-reading the conversation… {done} of {total} tokens", fraction,
-                                  can_stop=True)
-
-    def end_resume(self, result: OpenResult | None, failure: Failure | None = None) -> None:
-        """The resume answered: restored, rebuilt or empty; else stopped (the banner's Stop, or the chat
-        was replaced) or failed."""
-        self._resuming = False
-        self._set_state(self._idle_state())
-        if result is None:
-            assert failure is not None
-            self.banner.close_task()
-            if failure.message and not failure.cancelled:
-                self.show_error("The conversation could not be resumed", failure.message, failure.details)
-            elif failure.message:
-                self.resume_note = "Stopped re-reading; the next reply reads the rest of the conversation"
-                self.statusBar().showMessage(self.resume_note, 10_000)
-            return
-        if result.how is OpenHow.RESTORED:
-            text = f"Resumed from the snapshot: {result.n_tokens} tokens in {1000 * result.seconds:.0f} ms"
-        elif result.how is OpenHow.REBUILT:
-            text = (f"Re-read from the transcript ({result.n_tokens} tokens in {result.seconds:.1f} s) "
-                    f"because {result.note}")
-        else:
-            text = "Empty conversation"
-        self.resume_note = text
-        self.banner.show_note(text, details=result.details)
-        self.statusBar().showMessage(text, 10_000)
-
-    # -- drag and drop, shutdown ------------------------------------------------------------------
-
-    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
-        if _dropped_model(event) is not None and self._state in (UiState.NO_MODEL, UiState.READY):
-            event.acceptProposedAction()
-
-    def dropEvent(self, event: QDropEvent) -> None:
-        path = _dropped_model(event)
-        if path is not None:
-            event.acceptProposedAction()
-            self.open_model(path)
 
     @Slot()
     def shutdown_engine(self) -> bool:
@@ -1013,20 +560,6 @@ class MainWindow(QMainWindow):
         database_done = self.database.close(max(500, deadline.remainingTime()) / 1000)
         self._shut_down = disk_done and engine_done and database_done
         return self._shut_down
-
-    def _keep_cut_reply(self) -> None:
-        """Quitting while a reply streams: what it had written is kept and saved, with a line saying
-        that closing the app stopped it (its answer will never come)."""
-        if self._reply is None or not self._reply_text:
-            return
-        self._reply = None
-        stats = self.reply_clock.stats()
-        note = "Reply stopped: the app was closed"
-        self.conversation.add("assistant", self._reply_text)
-        if stats is not None:
-            self.conversation.set_stats(len(self.conversation) - 1, replace(stats, note=note))
-        self.transcript.end_reply(note, stats.summary() if stats else None)
-        self.conversations.persist(snapshot=False)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if self._asked_before_losing_turns():
@@ -1073,46 +606,3 @@ class MainWindow(QMainWindow):
         console.say(f"quit with {self.conversations.unsaved_turns()} messages not saved "
                     f"({self.conversations.why_unsaved()})")
         self.close()
-
-
-def _wrap_without_widening(label: QLabel) -> None:
-    """A label for notes of any length: wraps at the window's width instead of asking for more."""
-    label.setWordWrap(True)
-    label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-    label.setMinimumWidth(0)
-
-
-def _dropped_model(event: QDragEnterEvent | QDropEvent) -> Path | None:
-    urls = event.mimeData().urls() if event.mimeData().hasUrls() else []
-    paths = [Path(u.toLocalFile()) for u in urls if u.isLocalFile()]
-    return paths[0] if len(paths) == 1 and paths[0].suffix.lower() == ".gguf" else None
-
-
-def model_summary(info: ModelInfo) -> str:
-    """One status-bar line, e.g. 'SmolLM2-135M-Instruct.Q4_1 · llama · 135M params · ctx 4096 · KV lazy'."""
-    return (
-        f"{info.name} · {info.architecture} · {_human_count(info.n_params)} params · "
-        f"ctx {info.n_ctx} · KV {info.kv_mode} · {info.n_threads} threads"
-    )
-
-
-def _human_count(n: int) -> str:
-    for divisor, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= divisor:
-            return f"{n / divisor:.3g}{suffix}"
-    return str(n)
-
-
-_KV_WORDS = {KvMode.F16: "16-bit", KvMode.Q8_0: "8-bit", KvMode.LAZY: "lazy (16-bit, then 8-bit)",
-             KvMode.LADDER: "ladder (16-bit, then 8-bit, then 4-bit)"}
-
-
-def _how_it_ended(result: ReplyResult, max_tokens: int | None) -> str:
-    """The line under a reply that did not end by itself ("" when it did)."""
-    if result.cancelled:
-        return "Reply stopped"
-    if result.finish_reason is FinishReason.LENGTH:
-        if max_tokens:  # the prompt was fitted to leave room for them: the limit was reached
-            return f"Reply stopped at the length limit ({max_tokens} tokens; Settings > Max reply tokens)"
-        return "Reply stopped: the context is full"
-    return ""

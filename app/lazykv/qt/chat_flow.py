@@ -1,0 +1,369 @@
+"""The chat flow, for the window: send, stream the reply, stop, regenerate, edit, versions, and the
+context memory's compaction as the chat shows it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+)
+
+from lazykv.core.engine.engine import (
+    ConversionEvent,
+    KvStatus,
+    ReplyResult,
+)
+from lazykv.core.history.persistence import OpenHow, OpenResult
+from lazykv.core.idle import wants_idle_conversion
+from lazykv.core.kinds import ConversionStage, FinishReason, KvPhase
+from lazykv.qt.conversion_banner import compacted_text, marker_label
+from lazykv.qt.reply_stats import ReplyClock
+from lazykv.qt.ui_state import UiState
+from lazykv.qt.worker import (
+    Convert,
+    Failure,
+    Reply,
+)
+
+
+class ChatFlow:
+    """The chat-flow part of ``MainWindow`` (mixed into it: it uses the window's widgets, engine client
+    and conversations)."""
+
+    def send_text(self, text: str) -> None:
+        self.input.setPlainText(text)
+        self._send()
+
+    def regenerate(self) -> None:
+        """Replace the last reply with a new one (the cache keeps the prompt up to it)."""
+        if self._state is not UiState.READY or not self._ends_with_reply():
+            return
+        self.conversation.take_back_reply()  # the new reply joins it as one more version
+        self._rerender()
+        self._request_reply()
+
+    def show_version(self, step: int) -> None:
+        """Page the last reply ``step`` versions back or on (1/3 ‹ ›): the chat continues from the
+        version shown, which is saved as the reply."""
+        if self._state is not UiState.READY or not self._ends_with_reply():
+            return
+        index = len(self.conversation) - 1
+        number = self.conversation.version_shown(index) + step
+        if 0 <= number < len(self.conversation.versions(index)):
+            self.conversation.choose_version(number)
+            self._rerender()
+            self.conversations.persist(snapshot=False)
+
+    def edit_message(self, index: int) -> None:
+        """Put a user turn back into the composer; sending replaces it and everything after it."""
+        if self._state is not UiState.READY:
+            return
+        self._editing = index
+        self.input.setPlainText(self.conversation.turns()[index]["content"])
+        self.edit_label.setText(f"Editing message {index + 1}: sending replaces it and the turns after it.")
+        self.edit_bar.show()
+        self.input.setFocus()
+
+    def cancel_edit(self) -> None:
+        self._editing = None
+        self.edit_bar.hide()
+
+    def copy_last_reply(self) -> None:
+        index = self.conversation.last_index("assistant")
+        if index is not None:
+            QGuiApplication.clipboard().setText(self.conversation.turns()[index]["content"])
+            self.statusBar().showMessage("Reply copied", 3000)
+
+    def stop_reply(self) -> None:
+        """Stop the reply streaming now, if any (its answer is then abandoned when its chat is gone)."""
+        self._stop()
+
+    def _build_versions_bar(self) -> None:
+        """Under a regenerated reply: which version is shown, and the way to the others."""
+        self.versions_bar = QFrame()
+        self.versions_bar.setObjectName("versions-bar")
+        self.versions_label = QLabel()
+        self.previous_version = QPushButton("‹ Previous")
+        self.previous_version.clicked.connect(lambda: self.show_version(-1))
+        self.next_version = QPushButton("Next ›")
+        self.next_version.clicked.connect(lambda: self.show_version(1))
+        row = QHBoxLayout(self.versions_bar)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.versions_label)
+        row.addWidget(self.previous_version)
+        row.addWidget(self.next_version)
+        row.addStretch()
+        self.versions_bar.hide()
+
+    def _update_versions_bar(self) -> None:
+        index = len(self.conversation) - 1
+        versions = self.conversation.versions(index) if self._ends_with_reply() else []
+        self.versions_bar.setVisible(len(versions) > 1)
+        if len(versions) > 1:
+            number = self.conversation.version_shown(index)
+            self.versions_label.setText(f"Reply {number + 1}/{len(versions)}")
+            ready = self._state is UiState.READY
+            self.previous_version.setEnabled(ready and number > 0)
+            self.next_version.setEnabled(ready and number < len(versions) - 1)
+
+    def _ends_with_reply(self) -> bool:
+        n = len(self.conversation)
+        return n > 0 and self.conversation.last_index("assistant") == n - 1
+
+    def _rerender(self) -> None:
+        self.transcript.show_messages(self.conversation.shown(), self.conversation.markers(),
+                                      self.conversation.stats())
+        self._update_versions_bar()
+
+    def _system_prompt_edited(self) -> None:
+        self.conversation.system_prompt = self.system_edit.text()
+
+    def _send(self) -> None:
+        text = self.input.toPlainText().strip()
+        if not text:
+            return
+        if self._state is not UiState.READY:
+            if self._state is UiState.NO_MODEL:
+                self.statusBar().showMessage("Open a model first (File > Open model…)", 5000)
+            return
+        if self._editing is not None:
+            self.conversation.truncate(self._editing)
+            self.cancel_edit()
+            self._rerender()
+        self.conversation.system_prompt = self.system_edit.text()
+        self.conversation.add("user", text)
+        self.input.clear()
+        self.transcript.add_message("user", text)
+        self.conversations.persist(snapshot=False)
+        self._request_reply()
+
+    def _request_reply(self) -> None:
+        self._reply_markers, self._reply_text = [], ""
+        self.reply_clock = ReplyClock()
+        self.transcript.begin_reply()
+        self._set_state(UiState.REPLYING)
+        self.input.setFocus()  # a clicked Send button is disabled now: Qt would move focus elsewhere
+        self.statusBar().showMessage("Generating…")
+        self._reply = request = Reply(self.conversation.messages(), self.sampling(), self.reply_options())
+        chat = self.conversations.chat
+        self.engine.submit(
+            request,
+            lambda result: self._on_reply_finished(result) if chat is self.conversations.chat
+            else self._reply_abandoned(),
+            lambda failure: self._on_reply_failed(failure) if chat is self.conversations.chat
+            else self._reply_abandoned(),
+            self._on_token,
+        )
+
+    def _reply_abandoned(self) -> None:
+        """The reply's chat was replaced meanwhile (e.g. deleted): its answer goes nowhere."""
+        self._reply = None
+        self.transcript.end_reply()
+        self._set_state(self._idle_state())
+
+    def _edit_last(self) -> None:
+        index = self.conversation.last_index("user")
+        if index is not None:
+            self.edit_message(index)
+
+    def _stop(self) -> None:
+        """Stop the reply streaming now: its own token, so no other request is touched."""
+        if self._reply is not None:
+            self._reply.cancel.set()
+            self.stop_button.setEnabled(False)
+            self.stop_action.setEnabled(False)
+            self.input.setFocus()  # not wherever Qt moves it from the disabled button
+            self.statusBar().showMessage("Stopping…")
+
+    def _on_token(self, piece: str) -> None:
+        self._reply_text += piece
+        self.reply_clock.token()
+        self.transcript.append_to_reply(piece)
+
+    def _on_reply_finished(self, result: ReplyResult) -> None:
+        self._reply = None
+        notes = []
+        if result.dropped:
+            n = sum(1 for m in result.dropped if m["role"] != "system")
+            self.conversation.forget_oldest(n)
+            notes.append(f"context full: the {n} oldest messages were dropped to make room")
+        if ended := _how_it_ended(result, self.reply_options().max_tokens):
+            notes.append(ended)
+        note = "; ".join(notes)
+        stats = self.reply_clock.stats()
+        stats = replace(stats, note=note) if stats is not None else None
+        if result.text:
+            self.conversation.add("assistant", result.text)
+            if stats is not None:
+                self.conversation.set_stats(len(self.conversation) - 1, stats)
+        for label in self._reply_markers:  # under the reply (under the user's message if it has none)
+            self._add_marker(label)
+        self.transcript.end_reply(note or None, stats.summary() if stats else None)
+        self._set_state(UiState.READY)
+        self.conversations.persist(snapshot=True)
+        if notes:
+            self.statusBar().showMessage(notes[-1].capitalize(), 8000)
+        else:
+            self.statusBar().showMessage(
+                f"Prompt {result.n_prompt} tokens, {result.n_reused} reused from the cache", 5000
+            )
+        self._maybe_schedule_idle_conversion()
+        self.reply_finished.emit(result)
+
+    def _on_reply_failed(self, failure: Failure) -> None:
+        """Stopped before anything was read: a reply with no text. Refused: take the turn back (drop the
+        user's message from the transcript and the database, return it to the input)."""
+        if failure.cancelled:
+            self._on_reply_finished(ReplyResult("", FinishReason.CANCELLED, 0, 0))
+            return
+        self._reply = None
+        if len(self.conversation) > 0 and self.conversation.last_index("user") == len(self.conversation) - 1:
+            failed = self.conversation.pop()["content"]
+            typed_since = self.input.toPlainText()
+            self.input.setPlainText(f"{failed}\n{typed_since}" if typed_since else failed)
+            self.conversations.forget_turn()
+        self._rerender()
+        self._set_state(self._idle_state())
+        self.show_error("The reply failed", failure.message, failure.details)
+        self.reply_failed.emit(failure)
+
+    def _keep_cut_reply(self) -> None:
+        """Quitting while a reply streams: what it had written is kept and saved, with a line saying
+        that closing the app stopped it (its answer will never come)."""
+        if self._reply is None or not self._reply_text:
+            return
+        self._reply = None
+        stats = self.reply_clock.stats()
+        note = "Reply stopped: the app was closed"
+        self.conversation.add("assistant", self._reply_text)
+        if stats is not None:
+            self.conversation.set_stats(len(self.conversation) - 1, replace(stats, note=note))
+        self.transcript.end_reply(note, stats.summary() if stats else None)
+        self.conversations.persist(snapshot=False)
+
+    def _add_marker(self, label: str) -> None:
+        """A line under the last message (a marker at its end)."""
+        if len(self.conversation):
+            index = len(self.conversation) - 1
+            self.conversation.add_marker(index, len(self.conversation.shown()[index]["content"]), label)
+
+    def convert_now(self) -> None:
+        if self.model_info is not None and self.model_info.kv_mode.is_lazy:
+            self.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
+
+    def _update_compact_action(self, ready: bool) -> None:
+        """Enabled while a lazy cache in use can go one step down and no compaction is on its way (a
+        second click must not take a ladder two steps down); it says to which step."""
+        step = self.kv.next_rung if self.kv is not None and self.kv.n_cells_used > 0 else None
+        self.compact_action.setEnabled(ready and step is not None and not self._compacting())
+        if step is not None:
+            tip = f"Compact the context memory to {step.words} now"
+        elif self.kv is None or not self.kv.kv_mode.is_lazy:
+            tip = "Only a lazy or ladder KV cache compacts (Settings > KV cache)"
+        else:
+            tip = "Nothing to compact: the context memory is empty or at its last step"
+        self.compact_action.setStatusTip(tip)
+        self.compact_action.setToolTip(tip)
+
+    def _compacting(self) -> bool:
+        """A compaction (manual or idle) is on its way to the engine."""
+        return any(isinstance(r, Convert) for r in self.engine.pending())
+
+    def _convert_while_idle(self) -> None:
+        wanted = wants_idle_conversion(self.kv) and self.setting("idle_conversion") and not self._compacting()
+        if self._state is UiState.READY and wanted:
+            self.statusBar().showMessage("Compacting context memory while idle…", 3000)
+            self.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
+
+    def _maybe_schedule_idle_conversion(self) -> None:
+        if (self._state is UiState.READY and self.setting("idle_conversion")
+                and wants_idle_conversion(self.kv) and not self._idle_timer.isActive()):
+            self._idle_timer.start()
+
+    def _on_converted(self, converted: bool) -> None:
+        self.converted.emit(converted)
+
+    def _on_convert_failed(self, failure: Failure) -> None:
+        """An idle or manual conversion failed: said as such; the conversation is not touched."""
+        if not failure.cancelled:
+            self.show_error("Compacting the context memory failed", failure.message, failure.details)
+
+    def show_kv_status(self, status: KvStatus) -> None:
+        """The KV cache's status, from the engine (through ``MainWindow._on_kv_status``)."""
+        self.kv = status
+        self.memory_panel.set_status(status)
+        self.context_meter.set_status(status)
+        self._set_state(self._state)
+        self._maybe_schedule_idle_conversion()
+
+    def show_conversion(self, event: ConversionEvent) -> None:
+        """A conversion of the KV cache began or ended (through ``MainWindow._on_conversion``)."""
+        self.banner.on_event(event)
+        if event.stage is ConversionStage.START and self.kv is not None:
+            converting = replace(self.kv, phase=KvPhase.CONVERTING, n_cells_used=event.n_cells,
+                                 target=event.target)
+            self.memory_panel.set_status(converting)
+            self.context_meter.set_status(converting)
+        if event.stage is ConversionStage.END:
+            in_reply = self._state is UiState.REPLYING and bool(self._reply_text)
+            label = marker_label(event, during_reply=in_reply)
+            if in_reply:
+                self._reply_markers.append(label)
+            else:  # idle, or while the prompt was read: a line under the last message
+                self._add_marker(label)
+            self.transcript.mark_here(label, before_reply=self._state is UiState.REPLYING and not in_reply)
+            self.statusBar().showMessage(compacted_text(event), 10_000)
+        self.conversion_shown.emit(event)
+
+    # -- resuming a saved chat's context memory ---------------------------------------------
+
+    def begin_resume(self) -> None:
+        self._resuming = True
+        self._set_state(UiState.LOADING)
+        self.banner.show_progress("Resuming the conversation…", 0.0)
+
+    def resume_progress(self, done: int, total: int) -> None:
+        fraction = done / total if total else 1.0
+        self.banner.show_progress(f"Re-reading the conversation… {done} of {total} tokens", fraction,
+                                  can_stop=True)
+
+    def end_resume(self, result: OpenResult | None, failure: Failure | None = None) -> None:
+        """The resume answered: restored, rebuilt or empty; else stopped (the banner's Stop, or the chat
+        was replaced) or failed."""
+        self._resuming = False
+        self._set_state(self._idle_state())
+        if result is None:
+            assert failure is not None
+            self.banner.close_task()
+            if failure.message and not failure.cancelled:
+                self.show_error("The conversation could not be resumed", failure.message, failure.details)
+            elif failure.message:
+                self.resume_note = "Stopped re-reading; the next reply reads the rest of the conversation"
+                self.statusBar().showMessage(self.resume_note, 10_000)
+            return
+        if result.how is OpenHow.RESTORED:
+            text = f"Resumed from the snapshot: {result.n_tokens} tokens in {1000 * result.seconds:.0f} ms"
+        elif result.how is OpenHow.REBUILT:
+            text = (f"Re-read from the transcript ({result.n_tokens} tokens in {result.seconds:.1f} s) "
+                    f"because {result.note}")
+        else:
+            text = "Empty conversation"
+        self.resume_note = text
+        self.banner.show_note(text, details=result.details)
+        self.statusBar().showMessage(text, 10_000)
+
+
+def _how_it_ended(result: ReplyResult, max_tokens: int | None) -> str:
+    """The line under a reply that did not end by itself ("" when it did)."""
+    if result.cancelled:
+        return "Reply stopped"
+    if result.finish_reason is FinishReason.LENGTH:
+        if max_tokens:  # the prompt was fitted to leave room for them: the limit was reached
+            return f"Reply stopped at the length limit ({max_tokens} tokens; Settings > Max reply tokens)"
+        return "Reply stopped: the context is full"
+    return ""

@@ -1,0 +1,177 @@
+"""Model loading, for the window: open a model (chooser, recent, drop), its memory estimate, and
+what the window shows once the engine has loaded it or could not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import (
+    QFileDialog,
+)
+
+from lazykv.core.engine import memory
+from lazykv.core.engine.engine import (
+    ModelInfo,
+    read_checked_meta,
+)
+from lazykv.core.engine.remote import UNREACHABLE_DETAILS, unreachable_text
+from lazykv.core.kinds import KvMode
+from lazykv.core.models.defaults import models_folder
+from lazykv.qt.model_info_dialog import ModelInfoDialog
+from lazykv.qt.ui_state import UiState
+from lazykv.qt.worker import (
+    EngineConfig,
+    Failure,
+    LoadModel,
+)
+
+
+class ModelLoading:
+    """The model-loading part of ``MainWindow`` (mixed into it: it uses the window's widgets, engine
+    client and settings)."""
+
+    def open_model(self, path: Path) -> None:
+        """Load ``path`` in the background; the current model, if any, stays until it has loaded."""
+        self._set_state(UiState.LOADING)
+        self.statusBar().showMessage(f"Loading {path.name}…")
+        config = EngineConfig(
+            model_path=str(path),
+            n_ctx=self.setting("n_ctx"),
+            kv_mode=self.setting("kv_mode"),
+            n_threads=self.setting("n_threads"),
+            n_gpu_layers=self.setting("n_gpu_layers"),
+            flash_attn=self.setting("flash_attn"),
+            rpc_servers=tuple(self.setting("rpc_servers")),
+            rpc_layers=self.setting("rpc_layers"),
+            context_budget_mb=self.setting("context_budget_mb"),
+        )
+        self._show_estimate(path, config)
+        self.engine.submit(LoadModel(config), self._on_model_loaded, self._on_load_failed)
+
+    def open_configured_model(self) -> None:
+        """The model of the settings, else the default one."""
+        path = self.setting("model_path") or (str(self.default_model) if self.default_model else "")
+        if path:
+            self.open_model(Path(path))
+        else:
+            self.statusBar().showMessage("Open a model (File > Open model…) to start chatting")
+
+    def choose_another_model(self, message: str) -> None:
+        """The model asked for at start cannot be opened: say why, then offer the file chooser (the
+        window stays, with File > Open model and Recent, if the user cancels it)."""
+        box = self.show_error("The model could not be opened", f"{message}. Choose another model.")
+        box.finished.connect(lambda _result: self._choose_model())
+        self.statusBar().showMessage("Open a model (File > Open model…) to start chatting")
+
+    def _choose_model(self) -> None:
+        start = self.model_info.path.parent if self.model_info else models_folder()
+        dialog = QFileDialog(self, "Open model", str(start), "GGUF models (*.gguf);;All files (*)")
+        dialog.setObjectName("model-chooser")
+        dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.fileSelected.connect(lambda path: self.open_model(Path(path)))
+        dialog.open()  # window-modal, the event loop runs on (a static getOpenFileName nests one)
+
+    def _fill_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        for path in self.settings["recent_models"]:
+            action = self.recent_menu.addAction(Path(path).name)
+            action.setToolTip(path)
+            action.triggered.connect(lambda _=False, p=path: self.open_model(Path(p)))
+        if not self.settings["recent_models"]:
+            self.recent_menu.addAction("(none yet)").setEnabled(False)
+
+    def _show_model_info(self) -> None:
+        if self.model_info is not None:
+            dialog = ModelInfoDialog(self.model_info.meta, self)
+            dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+            dialog.open()
+
+    def _show_estimate(self, path: Path, config: EngineConfig) -> None:
+        """The memory estimate of a model about to load (its header is read off the GUI thread)."""
+        title = f"{path.name}, KV {config.kv_mode}"
+
+        def done(meta: Any) -> None:
+            budget = config.context_budget_mb * memory.MiB
+            plan = memory.plan_context(meta, config.n_ctx, config.kv_mode, budget)
+            offload = memory.Offload.of(config.rpc_servers, config.rpc_layers)
+            self.memory_panel.set_estimate(f"{path.name}, ctx {plan.n_ctx}, KV {config.kv_mode}",
+                                           memory.estimate(meta, plan.n_ctx, config.kv_mode, offload=offload),
+                                           plan=plan)
+
+        self.background.run(lambda: read_checked_meta(path), done,
+                            lambda err: self.memory_panel.set_estimate(title, None, str(err)),
+                            "Reading the model's header")
+
+    def _on_model_loaded(self, info: ModelInfo) -> None:
+        first = self.model_info is None
+        if not first and len(self.conversation):  # a reload: the cache is empty now
+            label = (f"Context memory emptied here: {info.name} loaded with the {_KV_WORDS[info.kv_mode]} "
+                     "cache; the next reply reads the conversation again")
+            self._add_marker(label)
+            self.transcript.mark_here(label)
+        self.model_info = info
+        self.model_label.setText(model_summary(info))
+        self.memory_panel.set_model(info)
+        self._show_unreachable(info)
+        self.update_title()
+        self.settings.add_recent_model(str(info.path))
+        if "model_path" not in self._overrides and info.path != self.default_model:
+            self.settings.set("model_path", str(info.path))
+        self.save_settings()
+        self._set_state(UiState.READY)
+        self.statusBar().showMessage(f"Loaded {info.name}", 5000)
+        if first:  # a chat opened before any model (at start-up, while it loaded) is resumed now
+            self.conversations.resume_shown()
+        self.model_loaded.emit(info)
+
+    def _show_unreachable(self, info: ModelInfo) -> None:
+        """Remote backends left out of this load: said once, with the way to change them."""
+        if info.unreachable:
+            self.remote_notice.show_choices(unreachable_text(info.unreachable),
+                                            [("Settings…", self._open_settings)], UNREACHABLE_DETAILS)
+        else:
+            self.remote_notice.hide()
+
+    def _on_load_failed(self, failure: Failure) -> None:
+        self._set_state(self._idle_state())
+        if not failure.cancelled:
+            self.show_error("Could not load the model", failure.message, failure.details)
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if _dropped_model(event) is not None and self._state in (UiState.NO_MODEL, UiState.READY):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        path = _dropped_model(event)
+        if path is not None:
+            event.acceptProposedAction()
+            self.open_model(path)
+
+
+def _dropped_model(event: QDragEnterEvent | QDropEvent) -> Path | None:
+    urls = event.mimeData().urls() if event.mimeData().hasUrls() else []
+    paths = [Path(u.toLocalFile()) for u in urls if u.isLocalFile()]
+    return paths[0] if len(paths) == 1 and paths[0].suffix.lower() == ".gguf" else None
+
+
+def model_summary(info: ModelInfo) -> str:
+    """One status-bar line, e.g. 'SmolLM2-135M-Instruct.Q4_1 · llama · 135M params · ctx 4096 · KV lazy'."""
+    return (
+        f"{info.name} · {info.architecture} · {_human_count(info.n_params)} params · "
+        f"ctx {info.n_ctx} · KV {info.kv_mode} · {info.n_threads} threads"
+    )
+
+
+def _human_count(n: int) -> str:
+    for divisor, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= divisor:
+            return f"{n / divisor:.3g}{suffix}"
+    return str(n)
+
+
+_KV_WORDS = {KvMode.F16: "16-bit", KvMode.Q8_0: "8-bit", KvMode.LAZY: "lazy (16-bit, then 8-bit)",
+             KvMode.LADDER: "ladder (16-bit, then 8-bit, then 4-bit)"}

@@ -1,0 +1,12 @@
+"""The window's state, which says which actions are open: no model, loading, ready, replying."""
+
+from __future__ import annotations
+
+import enum
+
+
+class UiState(enum.Enum):
+    NO_MODEL = enum.auto()
+    LOADING = enum.auto()
+    READY = enum.auto()
+    REPLYING = enum.auto()
