@@ -16,6 +16,9 @@ import pytest
 from lazykv.core.models import model_fetch
 from tests.support.memory_keyring import MemoryKeyring
 
+# the model library's fake home and fake Hub (tests/core/models, tests/qt/test_models_dialog.py)
+pytest_plugins = ["tests.support.model_library"]
+
 REAL_MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "model_path"})
 
 

@@ -144,6 +144,8 @@ SETTINGS: tuple[Setting, ...] = (
             "(SmolLM2-135M-Instruct).", "Model", reloads_engine=True, in_dialog=False),
     Setting("recent_models", SettingKind.PATH_LIST, [], "Recent models",
             "Models opened recently, newest first.", "Model", in_dialog=False),
+    Setting("model_folders", SettingKind.PATH_LIST, [], "Model folders", "Folders the Models page scans for "
+            "GGUF files, besides other tools' own.", "Model", in_dialog=False),
     Setting("kv_mode", SettingKind.CHOICE, DEFAULT_KV_MODE, "KV cache", "How the context memory is stored: "
             "lazy q8_0 keeps full f16 precision until the f16 view is full, then compacts to 8-bit in place; "
             "the ladder goes on to 4-bit.", "Engine", choices=KV_MODE_CHOICES, choice_notes=KV_MODE_NOTES,

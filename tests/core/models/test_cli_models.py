@@ -12,8 +12,8 @@ from lazykv.core.engine import memory
 from lazykv.core.engine.memory import Fit
 from lazykv.core.models.fit import fit_report
 from lazykv.core.models.scan import Places, scan
-from tests.core.models.conftest import FakeHome
 from tests.support.fake_hub import FakeHub
+from tests.support.model_library import FakeHome
 
 
 @pytest.fixture

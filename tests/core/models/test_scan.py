@@ -17,7 +17,7 @@ from lazykv.core.models.scan import (
     Places,
     scan,
 )
-from tests.core.models.conftest import FakeHome
+from tests.support.model_library import FakeHome
 
 
 def _by_path(result) -> dict[Path, object]:  # type: ignore[no-untyped-def]

@@ -1,4 +1,6 @@
-"""The model library's fixtures: a fake home holding each tool's model folders, and a fake Hub."""
+"""The model library's fixtures: a fake home holding each tool's model folders, and a fake Hub.
+
+Shared by tests/core/models and the Models page's GUI tests (their conftest or module imports them)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,127 @@
+"""The Models page on the fake engine, the fake Hub and a fake home: search, download with progress and
+Cancel, the fit the planner gives, an unknown starter id, and the downloaded model loading in the window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from pytestqt.qtbot import QtBot
+
+from lazykv.core.kinds import KvMode
+from lazykv.core.models.fit import fit_report
+from lazykv.core.models.hub import Hub, read_header, repo_models
+from lazykv.core.models.scan import Places
+from lazykv.qt.main_window import MainWindow
+from lazykv.qt.models_dialog import ModelsDialog
+from tests.qt.conftest import FakeWindow
+from tests.support.fake_hub import FakeHub
+from tests.support.model_library import FakeHome
+
+DOWNLOAD_MS = 60_000  # a spawned worker process on a busy machine
+
+
+def _dialog(qtbot: QtBot, w: MainWindow, places: Places, hub_env: dict[str, str]) -> ModelsDialog:
+    d = ModelsDialog(w.settings, w, places=places, hub=Hub.from_env(hub_env))
+    qtbot.addWidget(d)
+    d.model_chosen.connect(w.open_model)
+    d.show()
+    qtbot.waitUntil(d.rescan_button.isEnabled)
+    return d
+
+
+def _cell(d: ModelsDialog, table: str, row: int, column: int) -> str:
+    return getattr(d, table).item(row, column).text()
+
+
+def _hub_row(d: ModelsDialog, name: str) -> int:
+    return next(r for r in range(d.hub_table.rowCount()) if _cell(d, "hub_table", r, 0) == name)
+
+
+@pytest.mark.slow
+def test_search_download_and_the_model_loads(qtbot: QtBot, fake_window: FakeWindow, hub_env: dict[str, str],
+                                             fake_hub: FakeHub, tmp_path: Path) -> None:
+    w = fake_window()
+    d = _dialog(qtbot, w, Places(tmp_path / "home", dict(hub_env)), hub_env)
+    assert d.disk_table.rowCount() == 0 and "No GGUF models on disk yet" in d.disk_note.text()
+    d.tabs.setCurrentIndex(1)
+    d.search_edit.setText("tiny")
+    qtbot.keyClick(d.search_edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: d.repo_list.count() == 1 and "acme/Tiny-GGUF" in d.repo_list.item(0).text())
+    d.repo_list.setCurrentRow(0)
+    qtbot.waitUntil(lambda: d.hub_table.rowCount() == 3
+                    and all("reading" not in _cell(d, "hub_table", r, 3) for r in range(3)), timeout=10_000)
+    assert "not offered: a projector" in _cell(d, "hub_table", _hub_row(d, "mmproj-tiny-f16.gguf"), 3)
+    # the fit shown is the planner's, from the header read over the network
+    hub = Hub.from_env(hub_env)
+    model = next(m for m in repo_models("acme/Tiny-GGUF", hub) if m.name == "tiny-Q8_0.gguf")
+    report = fit_report(read_header(model, hub), d.ctx_box.value(), str(d.kv_box.currentData()))
+    row = _hub_row(d, "tiny-Q8_0.gguf")
+    assert _cell(d, "hub_table", row, 3) == report.word
+    assert _cell(d, "hub_table", row, 4) == " / ".join(f"{n:,}" for n in report.max_ctx.values())
+    d.hub_table.sortItems(3)  # sortable by fit: the projector (not offered) sorts last
+    assert _cell(d, "hub_table", 2, 0) == "mmproj-tiny-f16.gguf"
+    assert d.select_hub_file("tiny-Q8_0.gguf")
+    assert not d.load_button.isEnabled()
+    qtbot.mouseClick(d.download_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: d.downloaded is not None, timeout=DOWNLOAD_MS)
+    assert d.downloaded.read_bytes() == fake_hub.repos["acme/Tiny-GGUF"].files["tiny-Q8_0.gguf"]
+    assert d.progress.value() == 1000 and "checked (sha256)" in d.progress_label.text()
+    qtbot.waitUntil(lambda: d.disk_table.rowCount() == 1)  # rescanned: it is on disk now
+    assert d.load_button.isEnabled()
+    with qtbot.waitSignal(w.model_loaded, timeout=10_000) as loaded:
+        qtbot.mouseClick(d.load_button, Qt.MouseButton.LeftButton)
+    assert Path(loaded.args[0].path) == d.downloaded
+    assert not d.isVisible()
+
+
+def test_cancel_stops_a_download_and_says_it_resumes(qtbot: QtBot, fake_window: FakeWindow,
+                                                     hub_env: dict[str, str], fake_hub: FakeHub,
+                                                     tmp_path: Path) -> None:
+    w = fake_window()
+    d = _dialog(qtbot, w, Places(tmp_path / "home", dict(hub_env)), hub_env)
+    fake_hub.hold_after["big-Q8_0.gguf"] = 10 * 1024 * 1024 + 1
+    d.tabs.setCurrentIndex(1)
+    d.search_edit.setText("big")
+    d.search()
+    qtbot.waitUntil(lambda: d.repo_list.count() == 1)
+    d.repo_list.setCurrentRow(0)
+    qtbot.waitUntil(lambda: d.hub_table.rowCount() == 1)
+    d.hub_table.selectRow(0)
+    qtbot.mouseClick(d.download_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: " of " in d.progress_label.text() and d.progress.value() > 0, timeout=DOWNLOAD_MS)
+    assert d.cancel_button.isEnabled() and not d.download_button.isEnabled()
+    qtbot.mouseClick(d.cancel_button, Qt.MouseButton.LeftButton)
+    assert d.download is not None and d.download.state == "cancelled"
+    assert "goes on where it stopped" in d.progress_label.text()
+    assert d.download_button.isEnabled() and not d.cancel_button.isEnabled() and d.downloaded is None
+
+
+def test_an_unknown_starter_id_says_not_found(qtbot: QtBot, fake_window: FakeWindow, hub_env: dict[str, str],
+                                              tmp_path: Path) -> None:
+    w = fake_window()
+    d = _dialog(qtbot, w, Places(tmp_path / "home", dict(hub_env)), hub_env)
+    assert d.repo_list.count() >= 10  # the starter list, before any search
+    d.repo_list.setCurrentRow(0)  # the fake Hub knows none of them
+    qtbot.waitUntil(lambda: d.repo_note.text().startswith("not found"))
+    assert d.hub_table.rowCount() == 0
+
+
+def test_the_disk_list_shows_every_tool_s_models_and_loads_one(qtbot: QtBot, fake_window: FakeWindow,
+                                                               fake_home: FakeHome,
+                                                               hub_env: dict[str, str]) -> None:
+    w = fake_window()
+    d = _dialog(qtbot, w, fake_home.places, hub_env)
+    rows = {_cell(d, "disk_table", r, 6): r for r in range(d.disk_table.rowCount())}
+    assert "Ollama: tiny:latest" in rows and "Hugging Face cache: acme/Tiny-GGUF/tiny-Q8_0.gguf" in rows
+    assert any(_cell(d, "disk_table", r, 7).startswith("not offered: a projector") for r in rows.values())
+    row = rows["Ollama: tiny:latest"]
+    record_fit = _cell(d, "disk_table", row, 7)
+    assert record_fit in {"fits", "tight", "does not fit"}
+    d.kv_box.setCurrentIndex(d.kv_box.findData(str(KvMode.F16)))  # the fit follows the chosen KV mode
+    assert d.select_path(fake_home.files["ollama"])
+    with qtbot.waitSignal(w.model_loaded, timeout=10_000) as loaded:
+        qtbot.mouseClick(d.load_button, Qt.MouseButton.LeftButton)
+    assert Path(loaded.args[0].path) == fake_home.files["ollama"]
+
