@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +35,7 @@ def test_the_app_shows_its_window_under_xcb_and_closes_cleanly(
 
     assert result.map_state == "IsViewable", result.log
     assert result.width >= 640 and result.height >= 400, (result.width, result.height)
-    assert result.colours > 16, "the screenshot is blank"
+    assert result.colours > xcb_smoke.PAINTED_COLOURS, "the screenshot is blank"
     assert "qt.qpa" not in result.log and "platform plugin" not in result.log, result.log
     assert result.exit_code == 0, result.log
 
@@ -51,7 +50,7 @@ def test_size_and_position_set_through_the_window_manager_are_kept(
 
     def move_and_resize(window: str, x_env: dict[str, str]) -> None:
         subprocess.run(["wmctrl", "-i", "-r", window, "-e", "0,120,90,900,560"], env=x_env, check=True)
-        time.sleep(1.0)  # the app sees the ConfigureNotify
+        xcb_smoke.wait_for_geometry(window, x_env, 900, 560)
 
     keyrings = tmp_path / "keyrings"  # one user's keyring across both sessions
     first = xcb_smoke.run_app(command, tmp_path / "first.png", env=env, keyring_dir=keyrings,

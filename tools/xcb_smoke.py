@@ -32,6 +32,7 @@ from pathlib import Path
 
 TITLE = r".*LazyKV Chat$"
 SCREEN = "1400x900x24"
+PAINTED_COLOURS = 16  # a desktop showing more colours than this has the window painted on it
 TOOLS = ("Xvfb", "openbox", "wmctrl", "xwininfo", "import", "convert", "dbus-run-session",
          "gnome-keyring-daemon")
 # a D-Bus session with a Secret Service, as a desktop session has; $1 is where the keyring is kept
@@ -122,11 +123,8 @@ def run_app(
             app = subprocess.Popen(list(command), env=child_env, stdout=log, stderr=subprocess.STDOUT)
             try:
                 window, title = _wait_for_window(app, x_env, title, timeout, log_path)
-                time.sleep(1.5)  # let it paint
                 info = _quiet(["xwininfo", "-id", window], x_env) or ""
-                subprocess.run(["import", "-window", "root", str(screenshot)], env=x_env, check=True)
-                colours = int(subprocess.run(["convert", str(screenshot), "-format", "%k", "info:"],
-                                             capture_output=True, text=True, check=True).stdout)
+                colours = _photograph_once_painted(screenshot, x_env)
                 if before_close is not None:
                     before_close(window, x_env)
                 subprocess.run(["wmctrl", "-i", "-c", window], env=x_env, check=True)
@@ -166,6 +164,30 @@ def _wait_for_window(app: subprocess.Popen, env: Mapping[str, str], pattern: str
         time.sleep(0.2)
     raise SmokeError(f"no window titled like {pattern!r} within {timeout:.0f} s:\n"
                      f"{log_path.read_text(errors='replace')}")
+
+
+def _photograph_once_painted(screenshot: Path, env: Mapping[str, str], timeout: float = 10) -> int:
+    """Screenshot the desktop until it shows more than a few colours (the window has painted), at most
+    ``timeout`` seconds; the number of colours of the last one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        subprocess.run(["import", "-window", "root", str(screenshot)], env=dict(env), check=True)
+        colours = int(subprocess.run(["convert", str(screenshot), "-format", "%k", "info:"],
+                                     capture_output=True, text=True, check=True).stdout)
+        if colours > PAINTED_COLOURS or time.monotonic() > deadline:
+            return colours
+        time.sleep(0.2)
+
+
+def wait_for_geometry(window: str, env: Mapping[str, str], width: int, height: int,
+                      timeout: float = 10) -> None:
+    """Until the X server has ``window`` at ``width`` x ``height`` (a window manager's move and resize
+    applied: the app's ConfigureNotify is queued before any later request to it)."""
+    def applied() -> bool:
+        info = _quiet(["xwininfo", "-id", window], env) or ""
+        return (_field(info, "Width"), _field(info, "Height")) == (str(width), str(height))
+
+    _wait(applied, timeout, f"window {window} was not resized to {width}x{height} within {timeout:.0f} s")
 
 
 def _field(xwininfo: str, name: str) -> str:

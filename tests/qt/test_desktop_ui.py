@@ -125,7 +125,7 @@ def test_long_notes_never_widen_the_window(qtbot: QtBot) -> None:
     w.edit_bar.show()
     w.model_label.setText("A-model-with-a-very-long-file-name-from-a-hub " * 6 + "· llama · ctx 4096")
     w.statusBar().showMessage("Re-read from the transcript because " + "of a long reason " * 20)
-    qtbot.wait(50)
+    QApplication.sendPostedEvents()  # the layout requests the new texts posted, handled now
     assert w.minimumSizeHint().width() == narrowest and w.width() <= screen
     w.close()
 

@@ -23,7 +23,6 @@ from pytestqt.qtbot import QtBot
 
 from lazykv.core.chat.conversation import Marker
 from lazykv.qt import theme
-from lazykv.qt import transcript as transcript_module
 from lazykv.qt.markdown import COPY_SCHEME
 from lazykv.qt.stall_meter import StallMeter
 from lazykv.qt.transcript import TranscriptView
@@ -143,23 +142,33 @@ def test_any_text_is_shown_without_raising_and_kept(view: TranscriptView, qtbot:
 def test_streaming_rerenders_only_the_reply_and_is_throttled(
     view: TranscriptView, qtbot: QtBot, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Pieces arriving faster than RENDER_INTERVAL_MS are rendered together, once the interval has
+    passed: 120 pieces are one render; the user's message is never rendered again."""
     view.add_message("user", "Write code")
     fills: list[int] = []
-    original = TranscriptView._fill
+    fill = TranscriptView._fill
     monkeypatch.setattr(TranscriptView, "_fill", lambda self, frame, index: (fills.append(index),
-                                                                               original(self, frame, index)))
+                                                                               fill(self, frame, index)))
+    renders: list[str] = []  # the reply's text at each render
+    render = TranscriptView._render_reply
+    monkeypatch.setattr(TranscriptView, "_render_reply", lambda self: (
+        renders.append(self.message_text(self._reply)) if self._reply is not None else None, render(self)))
     view.begin_reply()
+    assert fills == [1] and renders == [""]  # the reply's empty frame
     pieces = ["Sure:\n\n", "```python\n", "print(", "'hi')\n", "```\n", "Done **now**."] * 20
     for piece in pieces:
         view.append_to_reply(piece)
-    assert len(fills) <= 1  # begin_reply's empty frame; the pieces wait for the timer
-    qtbot.wait(3 * transcript_module.RENDER_INTERVAL_MS)
+    assert renders == [""]  # the pieces wait for the timer
+    qtbot.waitUntil(lambda: len(renders) == 2)
+    assert renders[1] == "".join(pieces)  # all 120 in one render
+    view.append_to_reply(" More.")
+    assert len(renders) == 2
+    qtbot.waitUntil(lambda: len(renders) == 3)
     view.end_reply("stopped")
-    assert set(fills) == {1}  # the user's message was never re-rendered
-    assert len(fills) <= 4
+    assert fills == [1] and len(renders) == 4  # end_reply's own, with the note
     text = view.toPlainText()
-    assert "print('hi')" in text and "Done now." in text and text.rstrip().endswith("stopped")
-    assert view.message_text(1) == "".join(pieces)
+    assert "print('hi')" in text and "Done now. More." in text and text.rstrip().endswith("stopped")
+    assert view.message_text(1) == "".join(pieces) + " More."
 
 
 def test_dark_theme_recolours_the_transcript(view: TranscriptView, qtbot: QtBot) -> None:
@@ -202,7 +211,7 @@ def test_opening_a_long_conversation_keeps_the_gui_responsive(
     meter = StallMeter()
     meter.start()
     view.show_messages(messages)
-    qtbot.wait(500)
+    qtbot.waitUntil(lambda: not view.laying_out())  # the view and a screen more are filled
     meter.stop()
     # the GUI thread's own work between ticks: other processes on a shared machine cannot fail it
     assert meter.max_cpu_gap_ms < 50, f"longest GUI-thread work between ticks {meter.max_cpu_gap_ms:.0f} ms"
@@ -216,13 +225,14 @@ def test_opening_a_long_conversation_keeps_the_gui_responsive(
 def test_scrolling_up_renders_older_messages_without_stalling(view: TranscriptView, qtbot: QtBot) -> None:
     view.show_messages(_messages(10))
     view.show_messages(_messages(2000))
-    qtbot.wait(200)
+    qtbot.waitUntil(lambda: not view.laying_out())
     before = view.rendered_count()
     meter = StallMeter()
     meter.start()
-    for _ in range(10):
+    for _ in range(10):  # a user scrolling up, ten times: each time, older messages come
+        shown = view.rendered_count()
         view.verticalScrollBar().setValue(0)
-        qtbot.wait(30)
+        qtbot.waitUntil(lambda shown=shown: view.rendered_count() > shown)
     meter.stop()
     # the GUI thread's own work between ticks: other processes on a shared machine cannot fail it
     assert meter.max_cpu_gap_ms < 50, f"longest GUI-thread work between ticks {meter.max_cpu_gap_ms:.0f} ms"
@@ -241,19 +251,19 @@ def test_scrolling_up_renders_older_messages_without_stalling(view: TranscriptVi
 
 def test_follows_a_streaming_reply_unless_scrolled_up(view: TranscriptView, qtbot: QtBot) -> None:
     view.show_messages(_messages(40))
-    qtbot.wait(100)
+    qtbot.waitUntil(lambda: not view.laying_out())
     bar = view.verticalScrollBar()
     assert bar.value() == bar.maximum()
     view.begin_reply()
     for _ in range(30):
         view.append_to_reply("a line of the reply\n\n")
-    qtbot.wait(3 * transcript_module.RENDER_INTERVAL_MS)
+    qtbot.waitUntil(lambda: view.toPlainText().count("a line of the reply") == 30)
     assert bar.value() == bar.maximum() and view.following()
     bar.setValue(bar.maximum() // 2)
     held = bar.value()
     for _ in range(30):
         view.append_to_reply("more text\n\n")
-    qtbot.wait(3 * transcript_module.RENDER_INTERVAL_MS)
+    qtbot.waitUntil(lambda: view.toPlainText().count("more text") == 30)
     view.end_reply()
     assert bar.value() == held and not view.following()
 

@@ -19,6 +19,7 @@ ANY_TEXT = st.lists(st.one_of(ANY_CHARACTER, st.sampled_from(LOOKALIKES)), max_s
 
 
 def visible(text: str) -> list[str]:
-    """The characters of ``text`` that are not white space, as Qt shows them: NUL and a lone surrogate
-    are each shown as U+FFFD."""
-    return [c if c != "\0" and not "\ud800" <= c <= "\udfff" else "\ufffd" for c in "".join(text.split())]
+    """The characters of ``text`` that are not white space, as Qt shows them: text is UTF-16 there,
+    so a surrogate pair is the one character it encodes; NUL and a lone surrogate show as U+FFFD."""
+    utf16 = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return [c if c != "\0" else "\ufffd" for c in "".join(utf16.split())]

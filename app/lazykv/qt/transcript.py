@@ -126,6 +126,11 @@ class TranscriptView(QTextBrowser):
         """How many of the newest messages are laid out (the rest render as the user scrolls up)."""
         return len(self._frames)
 
+    def laying_out(self) -> bool:
+        """Older messages are being laid out, a step per event-loop turn (filling the view, or the
+        user scrolled up to them)."""
+        return self._older_timer.isActive()
+
     def message_text(self, index: int) -> str:
         return self._message(index).text
 
