@@ -67,12 +67,15 @@ def test_remote_layers_take_their_share_to_the_device() -> None:
     cpu = estimate(_meta(), 8192, "f16", available=64 * 1024 * MiB)
     everything = estimate(_meta(), 8192, "f16", available=64 * 1024 * MiB, offload=Offload(("box:1",)))
     assert (everything.device_weights, everything.device_kv) == (cpu.weights, cpu.kv_cache)
-    assert everything.total == cpu.total and everything.host == cpu.compute
+    # the output layer's logits move to the device with it; the inputs stay in host memory
+    assert 0 < everything.device_compute < everything.compute
+    assert everything.host == everything.compute - everything.device_compute < cpu.compute
     assert everything.device == "device memory (remote: box:1)"
     assert everything.summary().endswith(
-        "and 4.1 GiB of device memory (remote: box:1) (weights 3.1 GiB, KV cache 1.0 GiB)")
+        "and 4.2 GiB of device memory (remote: box:1) (weights 3.1 GiB, KV cache 1.0 GiB, buffers 70.5 MiB)")
     half = estimate(_meta(), 8192, "f16", available=64 * 1024 * MiB, offload=Offload(("a:1", "b:2"), 16))
-    assert half.device_kv == cpu.kv_cache // 2 and half.device_weights == cpu.weights // 2
+    # llama.cpp's n_gpu_layers = 16 (what the engine passes): the output layer and the last 15 layers
+    assert half.device_kv == cpu.kv_cache * 15 // 32 and half.device_weights == cpu.weights * 15 // 32
     assert "(remote: a:1, b:2)" in half.summary()
     more = estimate(_meta(), 8192, "f16", available=64 * 1024 * MiB, offload=Offload(("a:1",), 99))
     assert more.device_kv == cpu.kv_cache  # asking for more layers than the model has: all of them

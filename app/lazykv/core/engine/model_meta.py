@@ -133,6 +133,46 @@ class KvSupport:
         return {"f16": self.f16, "q8_0": self.q8_0, "lazy": self.lazy, "ladder": self.lazy}[kv_mode]
 
 
+# tensor types the CPU backend repacks into its own buffer (CPU_REPACK) for its matrix kernels, on x86-64
+# with AVX2 (the engine's baseline), when the matrix has a multiple of 8 rows: Q4_0, Q4_K, IQ4_NL, MXFP4
+REPACKED_TYPES = frozenset({2, 12, 20, 39})
+
+
+@dataclass(frozen=True)
+class TensorGroup:
+    """Tensors llama.cpp places together: their bytes, and where they lie in the file's tensor data."""
+
+    nbytes: int = 0
+    repack: int = 0  # of nbytes, what the CPU backend repacks (a second copy, when in host memory)
+    start: int = 0  # offset of the first byte in the tensor data
+    end: int = 0  # one past the last byte
+
+    def add(self, offset: int, nbytes: int, repack: int) -> TensorGroup:
+        if not self.nbytes and not self.end:
+            return TensorGroup(nbytes, repack, offset, offset + nbytes)
+        return TensorGroup(self.nbytes + nbytes, self.repack + repack, min(self.start, offset),
+                           max(self.end, offset + nbytes))
+
+
+@dataclass(frozen=True)
+class TensorBytes:
+    """The model's tensors by where llama.cpp places them: the input layer (token embeddings, always in host
+    memory), each repeating layer ``blk.N`` (on a device when offloaded), the output layer (output norm and
+    matrix: on a device whenever any layer is), anything else (host memory). ``tied``: no output matrix of
+    its own; the output reuses the token embeddings, which llama.cpp then also loads with the output layer."""
+
+    token_embd: TensorGroup
+    layers: tuple[TensorGroup, ...]  # by layer index
+    output: TensorGroup
+    other: TensorGroup
+    tied: bool
+
+    @property
+    def total(self) -> int:
+        layers = sum(g.nbytes for g in self.layers)
+        return self.token_embd.nbytes + layers + self.output.nbytes + self.other.nbytes
+
+
 @dataclass(frozen=True)
 class ModelMeta:
     path: Path
@@ -152,6 +192,8 @@ class ModelMeta:
     sliding_window: int
     has_chat_template: bool
     file_type: int = -1  # general.file_type (llama_ftype: the weights' quantization); -1 when absent
+    tensors: TensorBytes | None = None  # None: not read (metadata built by hand)
+    n_ff: int = 0  # feed-forward length (the largest layer's)
 
     def kv_support(self, flash_attn: bool = True) -> KvSupport:
         """Which KV cache modes can run this model, with the reason when q8_0/lazy cannot."""
@@ -199,14 +241,14 @@ def read_model_meta_from(f: BinaryIO, size: int, path: Path) -> ModelMeta:
     """``read_model_meta`` of a file already open (or any seekable reader, e.g. one over HTTP range
     requests) that is ``size`` bytes long; ``path`` names it in sentences."""
     try:
-        kv, version, n_params = _parse(_Reader(f, size))
+        kv, version, (n_params, tensors) = _parse(_Reader(f, size))
     except _Damaged as err:
         sentence = f"{path.name} is damaged: {err.reason}." if err.damaged else f"{path.name} {err.reason}."
         raise GGUFError(sentence, err.details) from None
     except (struct.error, UnicodeDecodeError, OverflowError, MemoryError) as err:
         raise GGUFError(f"{path.name} is damaged: its GGUF header does not parse.", repr(err)) from err
     try:
-        return _meta_from(kv, path, size, version, n_params)
+        return _meta_from(kv, path, size, version, n_params, tensors)
     except _Implausible as err:
         raise ImplausibleModelError(f"{path.name} is not a usable model: it declares {err.what}.",
                                     err.details) from None
@@ -254,7 +296,7 @@ class _Reader:
         return head.decode("utf-8", errors="replace")
 
 
-def _parse(r: _Reader) -> tuple[dict[str, Any], int, int]:
+def _parse(r: _Reader) -> tuple[dict[str, Any], int, tuple[int, TensorBytes]]:
     head = r.read(4)
     if head != GGUF_MAGIC:
         raise _Damaged("is not a GGUF model file",
@@ -298,11 +340,15 @@ def _check_count(n: int, limit: int, min_bytes: int, left: int, what: str) -> No
                        f"declares; {details}", damaged=False)
 
 
-def _read_tensor_infos(r: _Reader, n_tensors: int, alignment: int) -> int:
-    """The parameter count; refuses a file too short for the tensor data its header declares."""
+def _read_tensor_infos(r: _Reader, n_tensors: int, alignment: int) -> tuple[int, TensorBytes]:
+    """The parameter count and the tensor bytes per place; refuses a file too short for the tensor data its
+    header declares."""
     n_params, data_end = 0, 0
+    embd = output = other = TensorGroup()
+    has_output = False
+    layers: dict[int, TensorGroup] = {}
     for _ in range(n_tensors):
-        r.skip(r.length(_MAX_TENSOR_NAME, "tensor name"))
+        name = _tensor_name(r)
         (n_dims,) = r.unpack("<I")
         if not 1 <= n_dims <= _MAX_DIMS:
             raise _Damaged(f"a tensor has {n_dims} dimensions", f"n_dims {n_dims} not in 1..{_MAX_DIMS}")
@@ -312,14 +358,43 @@ def _read_tensor_infos(r: _Reader, n_tensors: int, alignment: int) -> int:
         if n >= 1 << 63:
             raise _Damaged("a tensor has more elements than a file can hold", f"dims {dims}")
         n_params += n
+        nbytes = 0
         if ttype in GGML_BLOCKS:
             block, size = GGML_BLOCKS[ttype]
-            data_end = max(data_end, offset + -(-n // block) * size)
+            nbytes = -(-n // block) * size
+            data_end = max(data_end, offset + nbytes)
+        repack = nbytes if ttype in REPACKED_TYPES and n_dims == 2 and dims[1] % 8 == 0 else 0
+        layer = _layer_index(name)
+        if layer is not None:
+            layers[layer] = layers.get(layer, TensorGroup()).add(offset, nbytes, repack)
+        elif name.startswith("token_embd."):
+            embd = embd.add(offset, nbytes, 0)  # read by row (GET_ROWS): never repacked
+        elif name.startswith(("output.", "output_norm.")):
+            output = output.add(offset, nbytes, repack)
+            has_output = has_output or name == "output.weight"
+        else:
+            other = other.add(offset, nbytes, 0)
     data_start = -(-r.f.tell() // alignment) * alignment
     if data_start + data_end > r.size:
         raise _Damaged(_INCOMPLETE, f"truncated: the tensor data needs {data_start + data_end} bytes, "
                        f"the file has {r.size}", damaged=False)
-    return n_params
+    n_layers = max(layers) + 1 if layers else 0
+    per_layer = tuple(layers.get(i, TensorGroup()) for i in range(n_layers))
+    return n_params, TensorBytes(embd, per_layer, output, other, tied=not has_output)
+
+
+def _tensor_name(r: _Reader) -> str:
+    return r.read(r.length(_MAX_TENSOR_NAME, "tensor name")).decode("utf-8", errors="replace")
+
+
+def _layer_index(name: str) -> int | None:
+    """N of a ``blk.N.`` tensor (N below the engine's layer limit), else None."""
+    if not name.startswith("blk."):
+        return None
+    index, dot, _ = name[4:].partition(".")
+    if not dot or not index.isdigit() or len(index) > 3 or int(index) >= LLAMA_MAX_LAYERS:
+        return None
+    return int(index)
 
 
 _SKIPPED = object()
@@ -394,7 +469,8 @@ def _read_array(r: _Reader, etype: int, count: int, keep: str) -> Any:
     return _Array(etype, count) if keep else _SKIPPED
 
 
-def _meta_from(kv: dict[str, Any], path: Path, size: int, version: int, n_params: int) -> ModelMeta:
+def _meta_from(kv: dict[str, Any], path: Path, size: int, version: int, n_params: int,
+               tensors: TensorBytes | None = None) -> ModelMeta:
     arch_value = kv.get("general.architecture")
     if arch_value is not None and arch_value.vtype != _STRING:
         raise _Implausible("an architecture that is not a name",
@@ -430,6 +506,8 @@ def _meta_from(kv: dict[str, Any], path: Path, size: int, version: int, n_params
         sliding_window=num("attention.sliding_window"),
         has_chat_template="tokenizer.chat_template" in kv,
         file_type=_file_type(kv.get("general.file_type")),
+        tensors=tensors,
+        n_ff=num("feed_forward_length"),
     )
 
 

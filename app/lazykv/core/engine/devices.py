@@ -1,0 +1,119 @@
+"""The devices the engine can offload to, as its ggml backends report them (Qt-free).
+
+Local GPUs (CUDA, Vulkan, Metal devices of a GPU build) and the devices of llama.cpp RPC servers, each with
+the free and total memory its backend reports (``ggml_backend_dev_memory``), as ``memory.Device`` for the
+planner. The bindings expose the device list but not the memory query, so it is bound here, on the same
+ggml library instance llama.cpp uses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llama_cpp
+
+from lazykv.core.engine.engine import _remote_backends
+from lazykv.core.engine.memory import Device
+from lazykv.core.engine.remote import Unreachable
+
+# enum ggml_backend_dev_type
+DEV_CPU, DEV_GPU, DEV_IGPU, DEV_ACCEL = 0, 1, 2, 3
+GPU_BACKENDS = ("CUDA", "Vulkan", "Metal", "ROCm", "SYCL", "MUSA", "CANN", "OpenCL")
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """The devices found: local GPUs, then those of the RPC servers that answered; those that did not."""
+
+    gpu_build: str  # the GPU backend this engine was built with ("CUDA", "Vulkan", ...), "" for a CPU build
+    local: tuple[Device, ...]
+    remote: tuple[Device, ...]
+    unreachable: tuple[Unreachable, ...] = ()
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        return self.local + self.remote
+
+    def note(self) -> str:
+        """A sentence when a GPU build has no usable device (the plan is then for the CPU), else ""."""
+        if self.gpu_build and not self.local:
+            return (f"This is a {self.gpu_build} build, but {self.gpu_build} reports no usable device: "
+                    "planning for the CPU.")
+        return ""
+
+
+def _lib() -> ctypes.CDLL | None:
+    lib = getattr(llama_cpp.llama_cpp, "_ggml_lib", None)
+    if lib is None:
+        return None
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+    lib.ggml_backend_dev_memory.restype = None
+    lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_description.restype = ctypes.c_char_p
+    lib.ggml_backend_reg_count.argtypes = []
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+    return lib
+
+
+def _text(raw: bytes | None) -> str:
+    return (raw or b"").decode("utf-8", "replace")
+
+
+def _device(lib: ctypes.CDLL, dev: int) -> Device:
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    return Device(_text(llama_cpp.ggml_backend_dev_name(dev)), _text(lib.ggml_backend_dev_description(dev)),
+                  free.value, total.value)
+
+
+def _all_devices() -> list[int]:
+    if not hasattr(llama_cpp, "ggml_backend_dev_count"):
+        return []
+    return [llama_cpp.ggml_backend_dev_get(i) for i in range(llama_cpp.ggml_backend_dev_count())]
+
+
+def gpu_build() -> str:
+    """The GPU backend compiled into the engine ("CUDA", "Vulkan", "Metal", ...), "" for a CPU build."""
+    lib = _lib()
+    if lib is None:
+        return ""
+    names = [_text(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)))
+             for i in range(lib.ggml_backend_reg_count())]
+    return next((n for n in names if n in GPU_BACKENDS), "")
+
+
+def local_gpus() -> list[Device]:
+    """This machine's GPUs the engine can offload to (none on a CPU build)."""
+    lib = _lib()
+    if lib is None:
+        return []
+    return [_device(lib, dev) for dev in _all_devices()
+            if llama_cpp.ggml_backend_dev_type(dev) in (DEV_GPU, DEV_IGPU)
+            and not _text(llama_cpp.ggml_backend_dev_name(dev)).startswith("RPC")]
+
+
+def rpc_devices(endpoints: Sequence[str]) -> list[Device]:
+    """The devices of the RPC servers at ``endpoints`` that answer (probed first, then registered)."""
+    return list(discover(endpoints).remote)
+
+
+def discover(endpoints: Sequence[str] = ()) -> Discovery:
+    """Local GPUs and the devices of the RPC servers at ``endpoints`` (ValueError on a malformed endpoint)."""
+    usable, unreachable = _remote_backends(endpoints) if endpoints else ([], [])
+    lib = _lib()
+    remote: list[Device] = []
+    if lib is not None and usable:
+        for dev in _all_devices():
+            found = _device(lib, dev)
+            if found.name.startswith("RPC") and found.description in usable:
+                remote.append(found)
+    order = {endpoint: i for i, endpoint in enumerate(usable)}
+    remote.sort(key=lambda d: order.get(d.description, len(order)))
+    return Discovery(gpu_build(), tuple(local_gpus()), tuple(remote), tuple(unreachable))

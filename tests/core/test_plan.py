@@ -1,0 +1,184 @@
+"""The memory plan (issue 26): host and devices, layer by layer, auto offload within budgets, max context."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from bench import plan_accuracy
+
+from lazykv.core.engine.memory import (
+    AUTO,
+    DEVICE_HEADROOM,
+    MAX_BYTES,
+    Device,
+    Fit,
+    GiB,
+    MiB,
+    _layer_owners,
+    max_ctx,
+    max_ctx_per_mode,
+    plan,
+)
+from lazykv.core.engine.model_meta import ModelMeta, TensorBytes, TensorGroup
+from lazykv.core.kinds import KvMode
+from tests.support.rpc_server import rpc_server
+
+RAM = 64 * GiB
+LAYER = 200 * MiB
+
+
+def _meta(n_layer: int = 32, tied: bool = False) -> ModelMeta:
+    """An 8B-like model: 32 layers of 200 MiB, 500 MiB of embeddings, a 500 MiB output matrix."""
+    first = 500 * MiB
+    layers = tuple(TensorGroup(LAYER, 0, first + i * LAYER, first + (i + 1) * LAYER) for i in range(n_layer))
+    end = 500 * MiB + n_layer * LAYER
+    output = TensorGroup(MiB if tied else 501 * MiB, 0, end, end + 501 * MiB)
+    tensors = TensorBytes(TensorGroup(500 * MiB, 0, 0, 500 * MiB), layers, output, TensorGroup(), tied)
+    return ModelMeta(
+        path=Path("m.gguf"), file_size=tensors.total + MiB, gguf_version=3, architecture="llama", name="m",
+        n_params=8_000_000_000, n_ctx_train=131072, n_layer=n_layer, n_embd=4096, n_head=32, n_head_kv=8,
+        head_k=128, head_v=128, n_vocab=128256, sliding_window=0, has_chat_template=True, tensors=tensors,
+        n_ff=14336,
+    )
+
+
+def gpu(free_gib: float, total_gib: float = 8, name: str = "CUDA0") -> Device:
+    return Device(name, "NVIDIA GeForce RTX 4060 Laptop GPU", int(free_gib * GiB), int(total_gib * GiB))
+
+
+def test_without_a_device_everything_is_in_host_memory() -> None:
+    p = plan(_meta(), 8192, "f16", available=RAM)
+    assert p.n_gpu_layers == 0 and p.devices == () and "CPU" in p.reason
+    assert p.host.weights == _meta().tensors.total  # the mapped file range of every tensor
+    assert p.host.kv == 8192 * 32 * 8 * 256 * 2
+    assert p.host.compute >= 128256 * 512 * 4  # the logits of one micro-batch
+    assert p.fit is Fit.GREEN
+
+
+def test_llama_cpp_places_the_output_layer_and_the_last_layers() -> None:
+    """n_gpu_layers = k: the output layer and the last k - 1 repeating layers (llama_model::load_tensors)."""
+    one = (gpu(8),)
+    assert _layer_owners(4, 0, one) == [-1, -1, -1, -1, -1]
+    assert _layer_owners(4, 1, one) == [-1, -1, -1, -1, 0]
+    assert _layer_owners(4, 3, one) == [-1, -1, 0, 0, 0]
+    assert _layer_owners(4, 5, one) == [0, 0, 0, 0, 0] == _layer_owners(4, 99, one)
+    # two devices: split by free memory, the output on the last
+    assert _layer_owners(4, 5, (gpu(3, name="CUDA0"), gpu(1, name="CUDA1"))) == [0, 0, 0, 0, 1]
+
+
+def test_auto_offloads_as_many_layers_as_fit_leaving_headroom() -> None:
+    meta = _meta()
+    roomy = plan(meta, 8192, "f16", (gpu(24, 24),), AUTO, available=RAM)
+    assert roomy.n_gpu_layers == 33 and "every layer" in roomy.reason
+    assert roomy.host.kv == 0 and roomy.devices[0].kv == roomy.kv
+    assert roomy.host.weights == 500 * MiB  # the token embeddings stay in host memory
+    small = plan(meta, 8192, "f16", (gpu(6, 8),), AUTO, available=RAM)
+    assert 0 < small.n_gpu_layers < 33
+    dev = small.devices[0]
+    assert dev.total <= 5 * GiB == dev.budget == 6 * GiB - DEVICE_HEADROOM
+    one_more = plan(meta, 8192, "f16", (gpu(6, 8),), small.n_gpu_layers + 1, available=RAM)
+    assert one_more.devices[0].total > dev.budget and one_more.fit is Fit.RED  # auto took the most that fit
+    assert f"{small.n_gpu_layers} of 33 layers fit on the GPU" in small.reason
+
+
+def test_the_gpu_memory_limit_caps_every_device() -> None:
+    p = plan(_meta(), 8192, "q8_0", (gpu(22, 24),), AUTO, gpu_memory=3 * GiB, available=RAM)
+    assert 0 < p.n_gpu_layers < 33 and p.devices[0].total <= 3 * GiB
+    assert "at most 3.0 GiB each, as set" in p.reason
+
+
+def test_a_device_too_small_for_the_output_layer_plans_for_the_cpu_and_says_so() -> None:
+    p = plan(_meta(), 8192, "f16", (gpu(1.2, 2),), AUTO, available=RAM)
+    assert p.n_gpu_layers == 0 and p.devices[0].total == 0
+    assert "no layer fits on the GPU" in p.reason and "runs on the CPU" in p.reason
+
+
+def test_a_fixed_layer_count_over_budget_is_red_and_says_which_device() -> None:
+    p = plan(_meta(), 8192, "f16", (gpu(4, 8),), 33, available=RAM)
+    assert p.n_gpu_layers == 33 and p.fit is Fit.RED
+    assert "CUDA0 needs" in p.reason
+
+
+def test_the_lazy_cache_plans_as_q8_0_and_the_ladder_as_q4_0() -> None:
+    meta = _meta()
+    kv = {mode: plan(meta, 8192, mode, available=RAM).kv for mode in KvMode}
+    assert kv[KvMode.LAZY] == kv[KvMode.Q8_0] == kv[KvMode.F16] * 34 // 64
+    assert kv[KvMode.LADDER] == kv[KvMode.F16] * 18 // 64
+    small = (gpu(7, 8),)
+    layers = {mode: plan(meta, 32768, mode, small, AUTO, available=RAM).n_gpu_layers for mode in KvMode}
+    assert layers[KvMode.F16] < layers[KvMode.Q8_0] == layers[KvMode.LAZY] <= layers[KvMode.LADDER]
+
+
+def test_max_ctx_is_the_longest_context_that_is_not_red() -> None:
+    meta = _meta()
+    ram = 16 * GiB
+    per_mode = max_ctx_per_mode(meta, available=ram)
+    assert 0 < per_mode[KvMode.F16] < per_mode[KvMode.Q8_0] == per_mode[KvMode.LAZY] < per_mode[KvMode.LADDER]
+    for mode, n in per_mode.items():
+        assert n % 256 == 0
+        assert plan(meta, n, mode, available=ram).fit is not Fit.RED
+        if n < 131072:
+            assert plan(meta, n + 256, mode, available=ram).fit is Fit.RED
+    assert max_ctx(meta, "f16", available=GiB) == 0  # not even the weights fit
+    assert max_ctx(meta, "ladder", available=1 << 50) == 131072  # the model's limit
+
+
+def test_two_devices_share_the_layers_and_the_output_goes_to_the_last() -> None:
+    p = plan(_meta(), 4096, "q8_0", (gpu(12, 16, "CUDA0"), gpu(6, 8, "CUDA1")), 33, available=RAM)
+    first, second = p.devices
+    assert first.n_layers + second.n_layers == 32 and second.output and not first.output
+    assert first.n_layers > second.n_layers
+
+
+def test_a_device_that_reports_no_memory_is_held_to_the_limit_alone() -> None:
+    unknown = Device("RPC0", "10.0.0.7:50052")
+    assert plan(_meta(), 4096, "f16", (unknown,), AUTO, available=RAM).n_gpu_layers == 33
+    capped = plan(_meta(), 4096, "f16", (unknown,), AUTO, gpu_memory=2 * GiB, available=RAM)
+    assert 0 < capped.n_gpu_layers < 33 and capped.devices[0].total <= 2 * GiB
+
+
+def test_a_tied_output_matrix_is_loaded_again_with_the_output_layer() -> None:
+    tied = _meta(tied=True)
+    p = plan(tied, 4096, "f16", (gpu(24, 24),), 1, available=RAM)
+    assert p.devices[0].weights == MiB + 500 * MiB  # the output norm and the token embeddings again
+    assert p.host.weights == tied.tensors.total - MiB  # the host keeps mapping the embeddings
+
+
+def test_the_plan_never_raises_on_absurd_values() -> None:
+    meta = replace(_meta(), n_embd=1e308, head_k=10**400, n_layer=float("nan"), n_vocab=-1, n_ff=10**30)
+    for mode in KvMode:
+        p = plan(meta, 10**30, mode, (gpu(8),), AUTO, gpu_memory=10**40, available=10**10)
+        assert p.fit is Fit.RED and p.weights <= MAX_BYTES and p.host.total <= MAX_BYTES
+        assert max_ctx(meta, mode, (gpu(8),), available=10**10) >= 0
+
+
+def test_the_json_shape() -> None:
+    p = plan(_meta(), 4096, "lazy", (gpu(6, 8),), AUTO, available=RAM)
+    d = p.as_dict()
+    assert set(d) == {"n_gpu_layers", "fit", "host", "devices"}
+    assert set(d["host"]) == {"weights", "kv", "compute"}
+    assert set(d["devices"][0]) == {"name", "free", "total", "weights", "kv", "compute"}
+    assert d["fit"] in ("green", "yellow", "red")
+
+
+@pytest.mark.parametrize(("model", "n_ctx", "kv_mode", "placement"), [
+    ("smollm2", 1024, "q8_0", "cpu"),
+    ("smollm2", 4096, "lazy", "rpc-half"),
+    ("gemma3", 4096, "ladder", "rpc-all"),
+    ("gemma3", 8192, "f16", "cpu"),
+])
+def test_the_plan_is_within_5_percent_of_what_llama_cpp_allocates(
+    model: str, n_ctx: int, kv_mode: str, placement: str, smollm2_path: Path, gemma3_path: Path,
+    tmp_path: Path,
+) -> None:
+    """A sample of bench/plan_accuracy.py's matrix (make bench runs all of it)."""
+    case = plan_accuracy.Case(model, n_ctx, KvMode(kv_mode), placement)
+    if placement == "cpu":
+        rows = plan_accuracy.measure(case, None)
+    else:
+        with rpc_server(tmp_path / "rpc.log") as endpoint:
+            rows = plan_accuracy.measure(case, endpoint)
+    off = [(r.place, r.kind, r.measured, r.planned) for r in rows if abs(r.error) > plan_accuracy.TOLERANCE]
+    assert rows and not off
