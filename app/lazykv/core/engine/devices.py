@@ -94,8 +94,9 @@ def local_gpus() -> list[Device]:
     lib = _lib()
     if lib is None:
         return []
+    rpc = getattr(llama_cpp.llama, "_rpc_all_devices", set())
     return [_device(lib, dev) for dev in _all_devices()
-            if llama_cpp.ggml_backend_dev_type(dev) in (DEV_GPU, DEV_IGPU)
+            if llama_cpp.ggml_backend_dev_type(dev) in (DEV_GPU, DEV_IGPU) and dev not in rpc
             and not _text(llama_cpp.ggml_backend_dev_name(dev)).startswith("RPC")]
 
 
@@ -111,9 +112,11 @@ def discover(endpoints: Sequence[str] = ()) -> Discovery:
     remote: list[Device] = []
     if lib is not None and usable:
         for dev in _all_devices():
-            found = _device(lib, dev)
-            if found.name.startswith("RPC") and found.description in usable:
-                remote.append(found)
+            # only the servers that answered are asked for their memory: the RPC client ends the process
+            # on a server that went away (one registered earlier, since stopped)
+            name = _text(llama_cpp.ggml_backend_dev_name(dev))
+            if name.startswith("RPC") and _text(lib.ggml_backend_dev_description(dev)) in usable:
+                remote.append(_device(lib, dev))
     order = {endpoint: i for i, endpoint in enumerate(usable)}
     remote.sort(key=lambda d: order.get(d.description, len(order)))
     return Discovery(gpu_build(), tuple(local_gpus()), tuple(remote), tuple(unreachable))
