@@ -97,6 +97,6 @@ def test_no_layers_never_divides_by_zero() -> None:
 def test_the_cpus_repacked_weights_are_host_memory() -> None:
     """CPU_REPACK (ggml's extra buffer type for repacked weights) is not a "host" buffer to ggml, but it is
     in RAM: it used to show as a device of its own ("device memory (CPU, Intel(R) Xeon(R) ...)")."""
-    uses = [Use("CPU", "Intel(R) Xeon(R) Processor", False, 13, 0, 0), Use("CPU", "CPU_Mapped", True, 200, 0, 0),
-            Use("CPU", "CPU", True, 0, 18, 500)]
+    uses = [Use("CPU", "Intel(R) Xeon(R) Processor", False, 13, 0, 0),
+            Use("CPU", "CPU_Mapped", True, 200, 0, 0), Use("CPU", "CPU", True, 0, 18, 500)]
     assert split_by_device(uses) == (DeviceMemory("CPU", True, 213, 18, 500),)

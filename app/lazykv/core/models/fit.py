@@ -50,10 +50,7 @@ def fit_report(meta: ModelMeta, n_ctx: int, kv_mode: str, available: int | None 
 
 
 def max_ctx(meta: ModelMeta, kv_mode: str, available: int) -> int:
-    """The longest context (in the engine's 256-token steps, at most the model's limit) whose estimate is
-    not RED: what is left of ``memory.YELLOW_BELOW`` of the RAM after the weights and buffers, as KV cache."""
-    fixed = memory.estimate(meta, 0, kv_mode, available)
-    room = int(available * memory.YELLOW_BELOW) - (fixed.total - fixed.kv_cache) - 1
-    if room <= 0:
-        return 0
-    return memory.context_for_budget(meta, room, kv_mode)
+    """The longest context (in the engine's 256-token steps, at most the model's limit) whose plan is not
+    RED: ``memory.max_ctx`` (the compute buffers grow with the context up to one micro-batch, so the
+    planner searches rather than dividing what is left)."""
+    return memory.max_ctx(meta, kv_mode, available=available)
