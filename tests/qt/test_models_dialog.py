@@ -7,15 +7,19 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QPushButton
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.kinds import KvMode
 from lazykv.core.models.fit import fit_report
 from lazykv.core.models.hub import Hub, read_header, repo_models
 from lazykv.core.models.scan import Places
+from lazykv.core.settings import Settings
 from lazykv.qt.main_window import MainWindow
 from lazykv.qt.models_dialog import ModelsDialog
 from tests.qt.conftest import FakeWindow
+from tests.qt.fake_engine import FakeSession
+from tests.qt.helpers import WAIT_MS, settle
 from tests.support.fake_hub import FakeHub
 from tests.support.model_library import FakeHome
 
@@ -41,9 +45,17 @@ def _hub_row(d: ModelsDialog, name: str) -> int:
 
 @pytest.mark.slow
 def test_search_download_and_the_model_loads(qtbot: QtBot, fake_window: FakeWindow, hub_env: dict[str, str],
-                                             fake_hub: FakeHub, tmp_path: Path) -> None:
+                                             fake_hub: FakeHub, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """File > Models… (Ctrl+M) in the window: search, download, Load: the window loads it."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the page scans this home's tool folders
     w = fake_window()
-    d = _dialog(qtbot, w, Places(tmp_path / "home", dict(hub_env)), hub_env)
+    assert w.models_action.shortcut().toString() == "Ctrl+M"
+    assert w.models_action in w.menuBar().actions()[0].menu().actions()  # in the File menu
+    w.models_action.trigger()
+    d = w.findChild(ModelsDialog)
+    assert d is not None and d.isVisible()
+    qtbot.waitUntil(d.rescan_button.isEnabled)
     assert d.disk_table.rowCount() == 0 and "No GGUF models on disk yet" in d.disk_note.text()
     d.tabs.setCurrentIndex(1)
     d.search_edit.setText("tiny")
@@ -74,6 +86,32 @@ def test_search_download_and_the_model_loads(qtbot: QtBot, fake_window: FakeWind
         qtbot.mouseClick(d.load_button, Qt.MouseButton.LeftButton)
     assert Path(loaded.args[0].path) == d.downloaded
     assert not d.isVisible()
+    w.models_action.trigger()  # the same page again, its download done
+    assert w.findChildren(ModelsDialog) == [d] and d.isVisible()
+
+
+def test_the_demo_model_says_it_is_a_demo_and_points_to_the_models_page(
+        qtbot: QtBot, fake: FakeSession, fake_model: Path, tiny_gguf: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    settings = Settings()
+    settings.set("snapshot_encryption", "none")
+    w = MainWindow(settings, default_model=fake_model, session=fake)  # type: ignore[arg-type]
+    qtbot.addWidget(w)
+    w.show()
+    with qtbot.waitSignal(w.model_loaded, timeout=WAIT_MS):
+        w.open_configured_model()  # no model chosen yet: the demo
+    assert w.demo_notice.isVisible() and "small demo model" in w.demo_notice.label.text()
+    models = next(b for b in w.demo_notice.findChildren(QPushButton) if b.text() == "Models…")
+    qtbot.mouseClick(models, Qt.MouseButton.LeftButton)
+    d = w.findChild(ModelsDialog)
+    assert d is not None and d.isVisible()
+    d.close()
+    with qtbot.waitSignal(w.model_loaded, timeout=WAIT_MS):
+        w.open_model(tiny_gguf)  # a real model: the note goes
+    assert not w.demo_notice.isVisible()
+    settle(qtbot, w)
+    w.close()
 
 
 def test_cancel_stops_a_download_and_says_it_resumes(qtbot: QtBot, fake_window: FakeWindow,

@@ -47,6 +47,7 @@ from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.conversion_banner import ConversionBanner
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.model_loading import ModelLoading
+from lazykv.qt.models_dialog import ModelsDialog
 from lazykv.qt.notice_banner import NoticeBanner, wrap_without_widening
 from lazykv.qt.operations import EngineClient, Operations
 from lazykv.qt.reply_stats import ReplyClock
@@ -122,6 +123,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self._shut_down: bool | None = None  # after shutdown_engine: whether everything ended in time
         self._losing_unsaved_ok = False  # the user chose to quit although turns are not saved
         self._resuming = False  # the chat on screen is being resumed (its snapshot, or re-read)
+        self._models_dialog: ModelsDialog | None = None  # File > Models…, made when first opened
         self.ops = Operations(self)
         self.background = Background(self, self.ops)
         self.background.unhandled.connect(lambda what, err: self.show_error(f"{what} failed", str(err)))
@@ -233,6 +235,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self.keyring_notice = NoticeBanner("keyring-banner")
         self.history_notice = NoticeBanner("history-banner")
         self.remote_notice = NoticeBanner("remote-banner")  # remote backends left out at the last load
+        self.demo_notice = NoticeBanner("demo-banner")  # the demo model is loaded: where real ones are
 
         self.edit_bar = QFrame()
         self.edit_label = QLabel()
@@ -268,6 +271,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         layout.addWidget(self.history_notice)
         layout.addWidget(self.keyring_notice)
         layout.addWidget(self.remote_notice)
+        layout.addWidget(self.demo_notice)
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.banner)
         layout.addWidget(self.versions_bar)
@@ -309,6 +313,8 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
     def _build_actions(self) -> None:
         K = QKeySequence
         self.open_action = self._action("&Open model…", self._choose_model, K.StandardKey.Open)
+        self.models_action = self._action("&Models…", self.open_models, K("Ctrl+M"),
+                                          "Models on disk and on the Hugging Face Hub, and what fits")
         self.info_action = self._action("Model &information…", self._show_model_info)
         self.new_chat_action = self._action("&New chat", self.new_chat, K.StandardKey.New)
         self.new_private_action = self._action("New &private chat", self.new_private_chat, K("Ctrl+Shift+N"),
@@ -332,6 +338,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         file_menu = self.menuBar().addMenu("&File")
         file_menu.addAction(self.new_private_action)
         file_menu.addSeparator()
+        file_menu.addAction(self.models_action)
         file_menu.addAction(self.open_action)
         self.recent_menu = file_menu.addMenu("Open &recent")
         self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
@@ -541,6 +548,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
             return self._shut_down
         self._shut_down = False
         self.hide()
+        self.stop_downloads()
         self._sampler.stop()
         self._idle_timer.stop()
         self._keep_cut_reply()

@@ -21,6 +21,7 @@ from lazykv.core.engine.remote import UNREACHABLE_DETAILS, unreachable_text
 from lazykv.core.kinds import KvMode
 from lazykv.core.models.defaults import models_folder
 from lazykv.qt.model_info_dialog import ModelInfoDialog
+from lazykv.qt.models_dialog import ModelsDialog
 from lazykv.qt.ui_state import UiState
 from lazykv.qt.worker import (
     EngineConfig,
@@ -117,6 +118,7 @@ class ModelLoading:
         self.model_label.setText(model_summary(info))
         self.memory_panel.set_model(info)
         self._show_unreachable(info)
+        self._show_demo_note(info)
         self.update_title()
         self.settings.add_recent_model(str(info.path))
         if "model_path" not in self._overrides and info.path != self.default_model:
@@ -135,6 +137,36 @@ class ModelLoading:
                                             [("Settings…", self._open_settings)], UNREACHABLE_DETAILS)
         else:
             self.remote_notice.hide()
+
+    def _show_demo_note(self, info: ModelInfo) -> None:
+        """The demo model cannot hold a useful conversation: say so, and where a real one is found."""
+        if self.default_model is not None and Path(info.path) == self.default_model:
+            self.demo_notice.show_choices(DEMO_NOTE, [("Models…", self.open_models)])
+        else:
+            self.demo_notice.hide()
+
+    def open_models(self) -> None:
+        """File > Models…: one page for the window's life, so a download goes on while it is closed."""
+        if self._models_dialog is None:
+            self._models_dialog = ModelsDialog(self.settings, self)
+            self._models_dialog.model_chosen.connect(self._load_chosen_model)
+        self._models_dialog.show()
+        self._models_dialog.raise_()
+        self._models_dialog.activateWindow()
+
+    def _load_chosen_model(self, path: Path) -> None:
+        """The Models page's Load: through the same path as File > Open, once the engine is free."""
+        if self._state not in (UiState.NO_MODEL, UiState.READY) or self.engine.pending():
+            self.statusBar().showMessage("The model loads once the reply has finished: wait or Stop, then "
+                                         "Load again", 8000)
+            self.open_models()
+            return
+        self.open_model(path)
+
+    def stop_downloads(self) -> None:
+        """Quitting: a download in progress stops (the next one of the same file goes on from there)."""
+        if self._models_dialog is not None:
+            self._models_dialog.shutdown()
 
     def _on_load_failed(self, failure: Failure) -> None:
         self._set_state(self._idle_state())
@@ -172,6 +204,9 @@ def _human_count(n: int) -> str:
             return f"{n / divisor:.3g}{suffix}"
     return str(n)
 
+
+DEMO_NOTE = ("This is a small demo model: it shows the app working but cannot hold a useful conversation. "
+             "Models… (Ctrl+M) finds the models already on this computer, or downloads one that fits.")
 
 _KV_WORDS = {KvMode.F16: "16-bit", KvMode.Q8_0: "8-bit", KvMode.LAZY: "lazy (16-bit, then 8-bit)",
              KvMode.LADDER: "ladder (16-bit, then 8-bit, then 4-bit)"}
