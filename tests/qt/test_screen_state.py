@@ -11,11 +11,12 @@ from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.memory import estimate, plan_context
 from lazykv.core.engine.model_meta import read_model_meta
-from lazykv.core.kinds import KvMode
+from lazykv.core.kinds import FinishReason, KvMode
 from lazykv.core.settings import Settings
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.settings_dialog import SettingsDialog
 from tests.qt.conftest import FakeWindow
+from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import FAST, WAIT_MS, chat, saved_then_new_chat, settle, stored
 
 
@@ -95,3 +96,28 @@ def test_a_delete_says_what_went_beside_its_undo_which_stays_on_hand_and_reopens
     assert w.conversations_panel.selected_id() == conv_id
     assert "Deleted" not in w.statusBar().currentMessage() and not text.isVisible()
     assert not w.undo_delete_action.isEnabled()
+
+
+def test_paging_to_an_earlier_reply_shows_its_own_speed_and_how_it_ended(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    """Defect 5: Reply 1/2 lost its speed line and its "Reply stopped" mark once paged back to."""
+    w = fake_window()
+    fake.reply = ("Red", " is", " warm.")
+    fake.finish_reason = FinishReason.LENGTH  # the first reply is cut off
+    chat(qtbot, w, "Name a colour.")
+    first = w.conversation.stats()[1]
+    assert first.note.startswith("Reply stopped") and first.n_tokens == 3
+    fake.reply, fake.finish_reason = ("Blue.",), FinishReason.STOP
+    with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
+        w.regenerate()
+    settle(qtbot, w)
+    assert w.conversation.stats()[1].n_tokens == 1 and not w.conversation.stats()[1].note
+
+    w.previous_version.click()
+    assert w.versions_label.text() == "Reply 1/2"
+    assert w.conversation.stats()[1] == first
+    shown = w.transcript.toPlainText()
+    assert "Reply stopped" in shown and first.summary() in shown
+    w.next_version.click()
+    assert w.conversation.stats()[1].n_tokens == 1 and "Reply stopped" not in w.transcript.toPlainText()

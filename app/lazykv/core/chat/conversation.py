@@ -75,7 +75,10 @@ class Conversation:
         self._markers: list[Marker] = []
         self._stats: dict[int, ReplyStats] = {}  # by turn index: the replies' figures
         self._versions: dict[int, list[str]] = {}  # by turn index: every reply regenerated there
-        self._regenerating: tuple[int, list[str]] | None = None  # the replies a new one joins
+        # by turn index, by version number: each version's figures (this session's; the stored ones are
+        # the version shown's)
+        self._version_stats: dict[int, dict[int, ReplyStats]] = {}
+        self._regenerating: tuple[int, list[str], dict[int, ReplyStats]] | None = None  # what a new one joins
         self._first_sent = 0  # turns before this were dropped to fit the context: shown, not sent
 
     def add(self, role: Role, content: str) -> None:
@@ -85,6 +88,7 @@ class Conversation:
         pending, self._regenerating = self._regenerating, None
         if pending is not None and role == "assistant" and pending[0] == len(self._turns) - 1:
             self._versions[pending[0]] = [*pending[1], content]
+            self._version_stats[pending[0]] = pending[2]
 
     def take_back_reply(self) -> None:
         """Remove the last turn, a reply, to regenerate it: the next reply added there joins it (and
@@ -93,8 +97,11 @@ class Conversation:
         if index < 0 or self._turns[index]["role"] != "assistant":
             raise ValueError("the last turn is not a reply")
         versions = self.versions(index)
+        stats = dict(self._version_stats.get(index, {}))
+        if index in self._stats:
+            stats[self.version_shown(index)] = self._stats[index]
         self.pop()
-        self._regenerating = (index, versions)
+        self._regenerating = (index, versions, stats)
 
     def versions(self, index: int) -> list[str]:
         """Every version of the turn at ``index``, oldest first (one: its content, if never regenerated)."""
@@ -107,15 +114,19 @@ class Conversation:
         return max(i for i, text in enumerate(versions) if text == content)
 
     def choose_version(self, number: int) -> None:
-        """Show version ``number`` of the last turn, to continue from it; its markers and figures
-        belonged to the version it replaces and go."""
+        """Show version ``number`` of the last turn, to continue from it, with its own figures (its
+        speed, how it ended); the markers belonged to the version it replaces and go."""
         index = len(self._turns) - 1
         versions = self.versions(index)
         if not 0 <= number < len(versions):
             raise IndexError(f"no version {number} of turn {index}")
+        kept = self._version_stats.setdefault(index, {})
+        if index in self._stats:
+            kept[self.version_shown(index)] = self._stats.pop(index)
         self._turns[index] = {"role": self._turns[index]["role"], "content": versions[number]}
         self._markers = [m for m in self._markers if m.message_index != index]
-        self._stats.pop(index, None)
+        if number in kept:
+            self._stats[index] = kept[number]
 
     def set_versions(self, index: int, versions: Sequence[str]) -> None:
         """The versions of the turn at ``index`` (as stored); ignored unless its content is one of them."""
@@ -148,12 +159,14 @@ class Conversation:
         self._markers = [m for m in self._markers if m.message_index < n_turns]
         self._stats = {i: s for i, s in self._stats.items() if i < n_turns}
         self._versions = {i: v for i, v in self._versions.items() if i < n_turns}
+        self._version_stats = {i: v for i, v in self._version_stats.items() if i < n_turns}
 
     def clear(self) -> None:
         self._turns.clear()
         self._markers.clear()
         self._stats.clear()
         self._versions.clear()
+        self._version_stats.clear()
         self._regenerating = None
         self._first_sent = 0
 
