@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
-from PySide6.QtWidgets import QLabel
+from PySide6.QtWidgets import QInputDialog, QLabel
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.memory import estimate, plan_context
@@ -121,3 +122,30 @@ def test_paging_to_an_earlier_reply_shows_its_own_speed_and_how_it_ended(
     assert "Reply stopped" in shown and first.summary() in shown
     w.next_version.click()
     assert w.conversation.stats()[1].n_tokens == 1 and "Reply stopped" not in w.transcript.toPlainText()
+
+
+def test_f2_renames_from_the_message_box_and_esc_leaves_edit_mode(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    """Defect 9: F2 worked only with the list focused (in the message box it did nothing and the caret
+    went); Esc did not leave edit mode."""
+    w = fake_window()
+    chat(qtbot, w, "A chat to rename")
+    w.activateWindow()
+    qtbot.waitActive(w)
+    w.input.setFocus()
+    qtbot.waitUntil(w.input.hasFocus)
+    qtbot.keyClick(w.input, Qt.Key.Key_F2)
+    dialog = w.findChild(QInputDialog, "rename-dialog")
+    assert dialog is not None and dialog.isVisible() and dialog.textValue() == "A chat to rename"
+    dialog.reject()
+    qtbot.waitUntil(w.input.hasFocus)  # the caret is back in the message box
+
+    w.edit_message(0)
+    assert w.edit_bar.isVisible()
+    qtbot.keyClick(w.input, Qt.Key.Key_Escape)
+    assert not w.edit_bar.isVisible()
+    w.send_text("Not an edit")
+    qtbot.waitUntil(lambda: w.state.name == "READY", timeout=WAIT_MS)
+    settle(qtbot, w)
+    assert [t["content"] for t in w.conversation.turns()][0] == "A chat to rename"  # nothing replaced

@@ -11,6 +11,7 @@ VISIBLE_LINES = 3
 
 class ChatInput(QPlainTextEdit):
     submitted = Signal()
+    escaped = Signal()  # Esc pressed while no reply streams (Stop takes Esc then)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -23,6 +24,10 @@ class ChatInput(QPlainTextEdit):
         )
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
+        if event.key() == Qt.Key.Key_Escape:
+            self.escaped.emit()
+            event.accept()
+            return
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
             if event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
                 # a plain newline: QPlainTextEdit would insert U+2028 for Shift+Enter

@@ -67,10 +67,10 @@ class ConversationsPanel(QWidget):
         self.list.itemClicked.connect(self._activated)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._context_menu)
-        keys = ((Qt.Key.Key_F2, self.rename_requested.emit), (Qt.Key.Key_Delete, self._delete))
-        for key, slot in keys:
-            shortcut = QShortcut(QKeySequence(key), self.list, context=Qt.ShortcutContext.WidgetShortcut)
-            shortcut.activated.connect(lambda slot=slot: self._with_selected(slot))
+        # F2 (rename) is the window's: it works from the message box too (issue 30)
+        delete = QShortcut(QKeySequence(Qt.Key.Key_Delete), self.list,
+                           context=Qt.ShortcutContext.WidgetShortcut)
+        delete.activated.connect(lambda: self._with_selected(self._delete))
 
         self.new_button = QPushButton("New")
         self.new_button.clicked.connect(self.new_requested.emit)

@@ -252,6 +252,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
 
         self.input = ChatInput()
         self.input.submitted.connect(self._send)
+        self.input.escaped.connect(self._escape_in_input)
         self.send_button = QPushButton("Send")
         self.send_button.setDefault(True)
         self.send_button.clicked.connect(self._send)
@@ -332,6 +333,9 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self.settings_action = self._action("&Settings…", self._open_settings, K("Ctrl+,"))
         self.stop_action = self._action("&Stop generating", self._stop, K(Qt.Key.Key_Escape))
         self.search_action = self._action("&Search conversations", self._focus_search, K.StandardKey.Find)
+        self.rename_action = self._action("Re&name conversation…", self._rename_current, K(Qt.Key.Key_F2),
+                                          "Rename the conversation selected in the list, else the one on "
+                                          "screen")
         self.shortcuts_action = self._action("&Keyboard shortcuts", self._show_shortcuts, K("Ctrl+/"))
         quit_action = self._action("&Quit", self.close, K.StandardKey.Quit)
 
@@ -349,8 +353,8 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         file_menu.addAction(quit_action)
         chat_menu = self.menuBar().addMenu("&Chat")
         for action in (self.new_chat_action, self.stop_action, self.regenerate_action, self.edit_last_action,
-                       self.copy_reply_action, self.undo_delete_action, self.search_action,
-                       self.compact_action):
+                       self.copy_reply_action, self.rename_action, self.undo_delete_action,
+                       self.search_action, self.compact_action):
             chat_menu.addAction(action)
         self.private_action = QAction("&Private chat (save nothing)", self)
         self.private_action.setCheckable(True)
@@ -468,6 +472,22 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         last = self.settings["last_conversation"]
         if ids and len(self.conversation) == 0 and self.conversations.current is None:
             self.conversations.open(last if last in ids else ids[0])
+
+    @Slot()
+    def _escape_in_input(self) -> None:
+        """Esc in the message box: leaves edit mode (as Cancel edit does)."""
+        if self._editing is not None:
+            self.cancel_edit()
+
+    @Slot()
+    def _rename_current(self) -> None:
+        """F2 anywhere in the window: rename the conversation selected in the list, else the one on
+        screen; the focus comes back where it was."""
+        conv_id = self.conversations_panel.selected_id() or self.conversations.current
+        if conv_id is None:
+            self.statusBar().showMessage("This chat is not saved yet: there is nothing to rename", 3000)
+            return
+        self.conversations.ask_rename(conv_id)
 
     @Slot()
     def _focus_search(self) -> None:

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTableWidget, QTableWid
 WIDGET_KEYS = [
     ("Send the message", "Enter"),
     ("New line in the message", "Shift+Enter"),
-    ("Rename the selected conversation", "F2"),
+    ("Leave editing a message (in the message box)", "Esc"),
     ("Delete the selected conversation", "Del"),
 ]
 
