@@ -15,7 +15,8 @@ from lazykv.core.kinds import KvMode
 from lazykv.qt.main_window import MainWindow, UiState
 from lazykv.qt.model_info_dialog import ModelInfoDialog
 from tests.qt.conftest import FakeWindow
-from tests.qt.helpers import WAIT_MS, chat, error_box
+from tests.qt.fake_engine import FakeSession
+from tests.qt.helpers import WAIT_MS, chat, error_box, held, settle
 from tests.support.synthetic_gguf import write_llama_gguf
 
 
@@ -109,6 +110,30 @@ def test_dropping_a_gguf_file_opens_it_and_other_files_are_ignored(
     assert loaded.args[0].path == other and w.settings["recent_models"][0] == str(other)
     w.recent_menu.aboutToShow.emit()
     assert [a.text() for a in w.recent_menu.actions()][:2] == ["other.gguf", "fake.gguf"]
+
+
+def test_a_model_dropped_during_a_reply_is_not_loaded_and_the_user_is_told_why(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession, tmp_path: Path
+) -> None:
+    """Issue 24, point 8: the drop bypassed the check that the engine is free."""
+    w = fake_window()
+    other = write_llama_gguf(tmp_path / "other.gguf")
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(other))])
+    held(qtbot, fake, lambda: w.send_text("Hello"))
+    assert w.state is UiState.REPLYING
+    drop = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                      Qt.KeyboardModifier.NoModifier)
+    w.dropEvent(drop)
+    assert not drop.isAccepted() and w.state is UiState.REPLYING
+    assert w.statusBar().currentMessage() == ("other.gguf was not opened: a reply is being written: stop it "
+                                              "or let it finish, then drop it again.")
+    fake.release()
+    qtbot.waitUntil(lambda: w.state is UiState.READY, timeout=WAIT_MS)
+    settle(qtbot, w)
+    assert fake.calls.count("load") == 1 and w.model_info is not None
+    assert w.model_info.path.name == "fake.gguf"
+    assert w.conversation.turns()[-1]["content"] == "Fake reply text."
 
 
 def test_a_bad_model_file_is_reported_and_the_loaded_model_stays(

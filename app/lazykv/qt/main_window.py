@@ -427,7 +427,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self._state = state
         ready = state is UiState.READY
         idle = state in (UiState.NO_MODEL, UiState.READY)
-        engine_free = idle and not self.engine.pending()  # e.g. no snapshot being saved, no compaction
+        engine_free = not self.engine_busy()  # idle, and e.g. no snapshot being saved, no compaction
         self.send_button.setEnabled(ready)
         self.stop_button.setEnabled(state is UiState.REPLYING)
         self.stop_action.setEnabled(state is UiState.REPLYING)

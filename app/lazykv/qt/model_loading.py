@@ -173,15 +173,33 @@ class ModelLoading:
         if not failure.cancelled:
             self.show_error("Could not load the model", failure.message, failure.details)
 
+    def engine_busy(self) -> str:
+        """Why no model can be opened now ("" when one can): the check behind File > Open model, the
+        recent models and a dropped file alike."""
+        if self._state is UiState.REPLYING:
+            return "a reply is being written: stop it or let it finish"
+        if self._state is UiState.LOADING:
+            return "the engine is loading a model or re-reading a conversation: wait until it is done"
+        if self.engine.pending():
+            return "the engine is busy (saving a snapshot or compacting the context memory): wait a moment"
+        return ""
+
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
-        if _dropped_model(event) is not None and self._state in (UiState.NO_MODEL, UiState.READY):
+        if _dropped_model(event) is not None and not self.engine_busy():
             event.acceptProposedAction()
 
     def dropEvent(self, event: QDropEvent) -> None:
+        """A dropped .gguf file opens, unless the engine is busy: then it is refused, and said why (a
+        drag that entered while the engine was free can end after a reply began)."""
         path = _dropped_model(event)
-        if path is not None:
-            event.acceptProposedAction()
-            self.open_model(path)
+        if path is None:
+            return
+        if busy := self.engine_busy():
+            event.ignore()
+            self.statusBar().showMessage(f"{path.name} was not opened: {busy}, then drop it again.", 10_000)
+            return
+        event.acceptProposedAction()
+        self.open_model(path)
 
 
 def _dropped_model(event: QDragEnterEvent | QDropEvent) -> Path | None:
