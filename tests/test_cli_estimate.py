@@ -1,0 +1,100 @@
+"""``python -m lazykv estimate MODEL`` (issue 26): the user's view of the memory plan, text or JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lazykv.cli import estimate
+from lazykv.core.engine.memory import MiB, max_ctx_per_mode, plan
+from lazykv.core.engine.model_meta import read_model_meta
+from tests.support.rpc_server import rpc_server
+
+KEYS = {"n_gpu_layers", "fit", "host", "devices", "max_ctx"}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = estimate.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_is_one_object_with_the_plans_figures(tiny_gguf: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, str(tiny_gguf), "--ctx", "2048", "--kv", "ladder", "--json")
+    assert code == 0
+    got = json.loads(out)
+    assert set(got) == KEYS and set(got["host"]) == {"weights", "kv", "compute"}
+    assert set(got["max_ctx"]) == {"f16", "q8_0", "lazy", "ladder"}
+    meta = read_model_meta(tiny_gguf)
+    p = plan(meta, 2048, "ladder")
+    assert got["n_gpu_layers"] == 0 and got["devices"] == []  # a CPU build: no GPU here
+    assert got["host"] == {"weights": p.host.weights, "kv": p.host.kv, "compute": p.host.compute}
+    assert got["fit"] in ("green", "yellow", "red")
+    longest = got["max_ctx"]
+    assert longest["ladder"] >= longest["q8_0"] == longest["lazy"] >= longest["f16"]
+
+
+def test_text_says_the_layers_the_places_and_the_longest_contexts(
+    tiny_gguf: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, str(tiny_gguf), "--ctx", "1024", "--kv", "f16")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{tiny_gguf.name}, context 1024, KV f16: ")
+    assert lines[1].startswith("n_gpu_layers 0 of ") and "runs on the CPU" in lines[1]
+    assert lines[2].startswith("host memory (CPU): weights ")
+    assert lines[-1].startswith("longest context: f16 ")
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--gpu-layers", "most"], "neither auto nor a number"),
+    (["--gpu-layers", "-1"], "cannot be negative"),
+    (["--gpu-memory", "0"], "more than 0 MiB"),
+    (["--ctx", "0"], "positive number of tokens"),
+])
+def test_bad_options_say_why(tiny_gguf: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                             says: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        estimate.main([str(tiny_gguf), *argv])
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_file_that_is_not_a_model_and_a_bad_endpoint_are_one_sentence(
+    tiny_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello")
+    code, out, err = run(capsys, str(text))
+    assert code == 1 and out == "" and err.startswith("estimate: ") and err.count("\n") == 1
+    code, out, err = run(capsys, str(tiny_gguf), "--rpc", "[::1]:50052")
+    assert code == 1 and "takes no IPv6" in err
+
+
+def test_over_rpc_auto_offloads_within_the_gpu_memory_limit(
+    smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama.cpp's RPC server on 127.0.0.1 is the device: its free/total come from the engine."""
+    meta = read_model_meta(smollm2_path)
+    with rpc_server(tmp_path / "rpc.log") as endpoint:
+        code, out, _ = run(capsys, str(smollm2_path), "--ctx", "4096", "--rpc", endpoint, "--json")
+        assert code == 0
+        everything = json.loads(out)
+        (device,) = everything["devices"]
+        assert device["name"].startswith("RPC") and 0 < device["free"] <= device["total"]
+        assert everything["n_gpu_layers"] == meta.n_layer + 1  # the server has the machine's RAM
+        assert everything["host"]["kv"] == 0 and device["kv"] > 0
+        code, out, _ = run(capsys, str(smollm2_path), "--ctx", "4096", "--rpc", endpoint, "--json",
+                           "--gpu-memory", "150")
+        capped = json.loads(out)
+        (device,) = capped["devices"]
+        assert 0 < capped["n_gpu_layers"] < meta.n_layer + 1
+        assert device["weights"] + device["kv"] + device["compute"] <= 150 * MiB
+        code, out, _ = run(capsys, str(smollm2_path), "--ctx", "4096", "--rpc", endpoint,
+                           "--gpu-layers", "11")
+        assert "n_gpu_layers 11 of 31: 11 of 31 layers on the GPU, as set" in out
+        assert f"RPC0 ({endpoint}): weights " in out
+    longest = max_ctx_per_mode(meta, available=1 << 50)
+    assert all(n > 0 for n in longest.values())
