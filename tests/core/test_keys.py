@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import base64
+import errno
+import hashlib
+import hmac
+import json
 import os
 import stat
 import subprocess
@@ -16,6 +20,7 @@ from pathlib import Path
 import keyring
 import keyring.errors
 import pytest
+from argon2.low_level import Type, hash_secret_raw
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from keyring.backend import KeyringBackend
 from keyring.backends import fail, null
@@ -24,12 +29,14 @@ from lazykv.core.history import keys
 from lazykv.core.history.keys import (
     KEY_NAME,
     SERVICE,
+    Kdf,
     KeyringTimeoutError,
     KeyringUnavailableError,
     PassphraseError,
     PassphraseLock,
     PassphraseMismatchError,
     WrongPassphraseError,
+    database_key,
     key_from_passphrase,
     keyring_available,
     load_or_create_key,
@@ -38,6 +45,8 @@ from lazykv.core.history.keys import (
 from lazykv.core.history.records import new_uid
 from lazykv.core.history.store import Database
 from tests.support.history import stored_messages
+
+FAST_KDF = Kdf("argon2id", memory_kib=64, time_cost=1, lanes=1)  # tests only: the product's is 64 MiB
 
 
 class MemoryKeyring(KeyringBackend):
@@ -144,30 +153,38 @@ def test_backend_that_drops_writes(use_keyring: Callable[[KeyringBackend], None]
 
 def test_passphrase_key_is_deterministic() -> None:
     salt = bytes(16)
-    key = key_from_passphrase("correct horse", salt)
+    key = key_from_passphrase("correct horse", salt, FAST_KDF)
     assert len(key) == 32
-    assert key_from_passphrase("correct horse", salt) == key
-    assert key_from_passphrase("correct horse", b"\x01" + bytes(15)) != key
-    assert key_from_passphrase("correct horsf", salt) != key
+    assert key_from_passphrase("correct horse", salt, FAST_KDF) == key
+    assert key_from_passphrase("correct horse", b"\x01" + bytes(15), FAST_KDF) != key
+    assert key_from_passphrase("correct horsf", salt, FAST_KDF) != key
 
 
 def test_passphrase_is_unicode_normalized() -> None:
     salt = b"s" * 16
-    assert key_from_passphrase("caf\u00e9", salt) == key_from_passphrase("cafe\u0301", salt)
+    for kdf in (FAST_KDF, keys.LEGACY_SCRYPT):
+        assert key_from_passphrase("caf\u00e9", salt, kdf) == key_from_passphrase("cafe\u0301", salt, kdf)
 
 
-def test_passphrase_kdf_parameters() -> None:
-    assert (keys.SCRYPT_N, keys.SCRYPT_R, keys.SCRYPT_P) == (2**15, 8, 1)
+def test_the_passphrase_kdf_is_argon2id_at_owasp_strength_or_more() -> None:
+    """Issue 24.11: Argon2id with at least OWASP's m=19 MiB, t=2, p=1 (scrypt N=2**15 was below)."""
+    kdf = keys.ARGON2ID
+    assert kdf.name == "argon2id" and kdf.lanes == 1
+    assert kdf.memory_kib >= 19 * 1024 and kdf.time_cost >= 2
+    assert PassphraseLock(Path("unused")).kdf == kdf  # what the app's lock uses
     salt = b"0123456789abcdef"
-    expected = Scrypt(salt=salt, length=32, n=2**15, r=8, p=1).derive(b"pw")
+    expected = hash_secret_raw(b"pw", salt, time_cost=kdf.time_cost, memory_cost=kdf.memory_kib,
+                               parallelism=1, hash_len=32, type=Type.ID)  # fmt: skip
     assert key_from_passphrase("pw", salt) == expected
+    scrypt = Scrypt(salt=salt, length=32, n=2**15, r=8, p=1)
+    assert keys.LEGACY_SCRYPT.derive("pw", salt) == scrypt.derive(b"pw")
 
 
 def test_passphrase_arguments_are_checked() -> None:
     with pytest.raises(ValueError):
-        key_from_passphrase("", bytes(16))
+        key_from_passphrase("", bytes(16), FAST_KDF)
     with pytest.raises(ValueError):
-        key_from_passphrase("pw", bytes(8))
+        key_from_passphrase("pw", bytes(8), FAST_KDF)
 
 
 def test_new_salt() -> None:
@@ -252,31 +269,107 @@ def test_keyring_errors_still_arrive_through_the_keyring_thread(
 
 
 def test_a_new_passphrase_must_be_typed_twice(tmp_path: Path) -> None:
-    lock = PassphraseLock(tmp_path / "sub" / "passphrase.json")
+    lock = PassphraseLock(tmp_path / "sub" / "passphrase.json", FAST_KDF)
     assert not lock.is_set()
     with pytest.raises(PassphraseMismatchError, match="differ"):
         lock.create("correct horse", "correct hrose")
     assert not lock.is_set()
     unlocked = lock.create("correct horse", "correct horse")
-    assert lock.is_set() and unlocked.key == key_from_passphrase("correct horse", unlocked.salt)
+    assert lock.is_set() and len(unlocked.key) == 32
     assert stat.S_IMODE(lock.path.stat().st_mode) == 0o600
-    assert b"horse" not in lock.path.read_bytes()
+    assert b"horse" not in lock.path.read_bytes() and unlocked.key.hex() not in lock.path.read_text()
+    record = json.loads(lock.path.read_text())
+    assert record["version"] == 2 and record["kdf"] == FAST_KDF.to_json()  # the parameters are stored
 
 
 def test_a_typo_is_refused_and_the_right_passphrase_can_be_retried(tmp_path: Path) -> None:
-    lock = PassphraseLock(tmp_path / "passphrase.json")
+    lock = PassphraseLock(tmp_path / "passphrase.json", FAST_KDF)
     chosen = lock.create("correct horse", "correct horse")
     for typo in ("correct hrose", "Correct horse", ""):
         with pytest.raises(WrongPassphraseError):
             lock.unlock(typo)
     again = lock.unlock("correct horse")
-    assert again == chosen
+    assert again == chosen and not again.upgraded
 
 
-def test_an_existing_salt_is_kept_for_older_snapshots(tmp_path: Path) -> None:
+def test_an_existing_salt_keeps_the_key_older_data_was_saved_with(tmp_path: Path) -> None:
     salt = bytes(range(16))
-    unlocked = PassphraseLock(tmp_path / "p.json").create("pw", "pw", salt)
-    assert unlocked.salt == salt and PassphraseLock(tmp_path / "p.json").unlock("pw").salt == salt
+    unlocked = PassphraseLock(tmp_path / "p.json", FAST_KDF).create("pw", "pw", salt)
+    assert unlocked.key == Scrypt(salt=salt, length=32, n=2**15, r=8, p=1).derive(b"pw")
+    assert PassphraseLock(tmp_path / "p.json", FAST_KDF).unlock("pw").key == unlocked.key
+
+
+def _old_record(path: Path, passphrase: str) -> bytes:
+    """A passphrase record as the releases before Argon2id wrote it (keys.py at 245602d): scrypt
+    N=2**15 of the passphrase is the key itself, an HMAC of it the verifier. Returns that key."""
+    salt = os.urandom(16)
+    key = Scrypt(salt=salt, length=32, n=2**15, r=8, p=1).derive(passphrase.encode())
+    verifier = hmac.new(key, b"lazykv passphrase verifier v1", hashlib.sha256).digest()
+    path.write_text(json.dumps({"version": 1, "salt": salt.hex(), "verifier": verifier.hex()}))
+    return key
+
+
+def test_an_old_scrypt_record_still_opens_and_is_upgraded_to_argon2id_at_its_next_unlock(
+    tmp_path: Path,
+) -> None:
+    """Issue 24.11: what an older release saved (a scrypt record and a history encrypted with its key)
+    opens; the record is rewritten with Argon2id at that unlock, the data keeps its key."""
+    path = tmp_path / "passphrase.json"
+    old_key = _old_record(path, "correct horse")
+    db = Database(tmp_path / "c.sqlite3", tmp_path / "snaps", key=database_key(old_key))
+    conv = db.call(lambda s: s.sync_transcript(new_uid(), [{"role": "user", "content": "saved"}], 0,
+                                               create=True)).id  # fmt: skip
+    db.close(10)
+    lock = PassphraseLock(path, FAST_KDF)
+    with pytest.raises(WrongPassphraseError):
+        lock.unlock("correct hrose")
+    assert json.loads(path.read_text())["version"] == 1  # a wrong passphrase changes nothing
+    unlocked = lock.unlock("correct horse")
+    assert unlocked.key == old_key and unlocked.upgraded
+    record = json.loads(path.read_text())
+    assert record["version"] == 2 and record["kdf"]["name"] == "argon2id" and "verifier" not in record
+    again = PassphraseLock(path, FAST_KDF).unlock("correct horse")
+    assert again.key == old_key and not again.upgraded
+    with pytest.raises(WrongPassphraseError):
+        lock.unlock("correct hrose")
+    db = Database(tmp_path / "c.sqlite3", tmp_path / "snaps", key=database_key(again.key))
+    assert db.call(lambda s: s.messages(conv)) == [{"role": "user", "content": "saved"}]
+    db.close(10)
+
+
+def test_a_record_with_weaker_parameters_is_upgraded_and_a_failed_upgrade_still_unlocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "passphrase.json"
+    made = PassphraseLock(path, FAST_KDF).create("pw", "pw")
+    stronger = Kdf("argon2id", memory_kib=128, time_cost=2, lanes=1)
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(keys, "write_text_atomic", full)
+    failed = PassphraseLock(path, stronger).unlock("pw")
+    assert failed.key == made.key and not failed.upgraded  # tried again at the next unlock
+    monkeypatch.undo()
+    upgraded = PassphraseLock(path, stronger).unlock("pw")
+    assert upgraded.key == made.key and upgraded.upgraded
+    assert json.loads(path.read_text())["kdf"] == stronger.to_json()
+
+
+@pytest.mark.parametrize("kdf", [
+    {"name": "argon2id", "m": 2**40, "t": 3, "p": 1},
+    {"name": "argon2id", "m": 65536, "t": 0, "p": 1},
+    {"name": "scrypt", "n": 3, "r": 8, "p": 1},
+    {"name": "bcrypt", "m": 1, "t": 1, "p": 1},
+    {"name": "argon2id", "m": "64", "t": 3, "p": 1},
+])
+def test_stored_kdf_parameters_out_of_bounds_are_refused(tmp_path: Path, kdf: dict) -> None:
+    path = tmp_path / "passphrase.json"
+    PassphraseLock(path, FAST_KDF).create("pw", "pw")
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "kdf": kdf}))
+    with pytest.raises(PassphraseError, match="move it away"):
+        PassphraseLock(path, FAST_KDF).unlock("pw")
 
 
 def test_a_damaged_passphrase_file_says_what_to_do(tmp_path: Path) -> None:

@@ -14,14 +14,19 @@ from typing import Any
 import pytest
 
 from lazykv.core.engine.engine import EngineSession, SamplingSettings
-from lazykv.core.history.keys import PassphraseLock
+from lazykv.core.history import snapshot
+from lazykv.core.history.keys import Kdf, PassphraseLock
 from lazykv.core.history.persistence import Crypto, OpenResult, Persistence
 from lazykv.core.history.records import new_uid
 from lazykv.core.history.snapshot import (
     ENCRYPTION_KEYRING,
     ENCRYPTION_NONE,
     ENCRYPTION_PASSPHRASE,
+    Binding,
     SnapshotError,
+    read_snapshot,
+    transcript_digest,
+    write_snapshot,
 )
 from lazykv.core.history.store import Database
 
@@ -31,6 +36,7 @@ LONG = "Here is a list: " + ", ".join(f"item {i}" for i in range(120)) + ". Whic
 CASES = {"f16": ("f16", SHORT), "q8_0": ("q8_0", SHORT), "lazy-before": ("lazy", SHORT),
          "lazy-after": ("lazy", LONG)}
 KEY = bytes(range(32))
+FAST_KDF = Kdf("argon2id", memory_kib=64, time_cost=1, lanes=1)  # tests only: the product's is 64 MiB
 
 
 def reply(session: EngineSession, messages: list[dict[str, str]], n: int = 12) -> str:
@@ -261,7 +267,7 @@ def test_rotation_disabled_on_one_side_falls_back(
 def test_future_format_version_falls_back(data: tuple[Path, int], smollm2_path: Path) -> None:
     path = snapshot_file(data[0])
     raw = path.read_bytes()
-    marker = b'"format_version":2'
+    marker = b'"format_version":3'
     path.write_bytes(raw.replace(marker, marker[:-1] + b"9", 1))
     result = open_after(*data, smollm2_path)
     assert result.how == "rebuilt" and "newer" in result.note
@@ -293,7 +299,7 @@ def test_disk_full_while_saving_keeps_the_previous_snapshot(
 
 @pytest.mark.parametrize("scheme", [ENCRYPTION_PASSPHRASE, ENCRYPTION_NONE])
 def test_passphrase_and_unencrypted_schemes(tmp_path: Path, smollm2_path: Path, scheme: str) -> None:
-    lock = PassphraseLock(tmp_path / "passphrase.json")
+    lock = PassphraseLock(tmp_path / "passphrase.json", FAST_KDF)
     unlocked = lock.create("correct horse", "correct horse")
     crypto = Crypto(scheme, unlocked=unlocked if scheme == ENCRYPTION_PASSPHRASE else None)
     first = App(tmp_path, smollm2_path, "f16", crypto=crypto)
@@ -301,7 +307,7 @@ def test_passphrase_and_unencrypted_schemes(tmp_path: Path, smollm2_path: Path, 
     first.close()
     assert open_after(tmp_path, conv, smollm2_path, "f16", crypto=crypto).how == "restored"
     if scheme == ENCRYPTION_PASSPHRASE:
-        other = PassphraseLock(tmp_path / "other.json").create("wrong", "wrong")
+        other = PassphraseLock(tmp_path / "other.json", FAST_KDF).create("wrong", "wrong")
         wrong = Crypto(scheme, unlocked=other)
         assert open_after(tmp_path, conv, smollm2_path, "f16", crypto=wrong).how == "rebuilt"
 
@@ -417,11 +423,80 @@ def test_a_passphrase_crypto_cannot_be_made_without_the_checked_passphrase() -> 
         Crypto(ENCRYPTION_KEYRING)
 
 
-def test_a_format_1_snapshot_is_refused_as_older(data: tuple[Path, int], smollm2_path: Path) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_format_snapshot_is_refused_as_older(
+    data: tuple[Path, int], smollm2_path: Path, version: int
+) -> None:
     path = snapshot_file(data[0])
     raw = path.read_bytes()
-    marker = b'"format_version":2'
+    marker = b'"format_version":3'
     assert marker in raw
-    path.write_bytes(raw.replace(marker, b'"format_version":1', 1))
+    path.write_bytes(raw.replace(marker, b'"format_version":%d' % version, 1))
     result = open_after(*data, smollm2_path)
     assert result.how == "rebuilt" and result.note == "its snapshot was saved by an older LazyKV Chat"
+
+
+class _Spy:
+    """The tokens the engine was given by each restore."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.restored: list[list[int]] = []
+        real = EngineSession.restore_kv
+
+        def restore_kv(session: EngineSession, tokens: list[int], state: Any) -> None:
+            self.restored.append(list(tokens))
+            real(session, tokens, state)
+
+        monkeypatch.setattr(EngineSession, "restore_kv", restore_kv)
+
+
+def test_a_snapshot_swapped_in_while_it_is_restored_is_not_restored(
+    app: App, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24.5: another valid snapshot under the same key, put in place of the file just after the
+    restore opened it, is not what is restored: the file is read once, and the header checked is the
+    one whose bytes are restored."""
+    conv_a, more = app.chat_and_save(SHORT)
+    conv_b, _ = app.chat_and_save("What is the sea? Tell me in many words, please, at some length.")
+    a, b = app.store.conversation(conv_a).snapshot, app.store.conversation(conv_b).snapshot
+    a_tokens = read_snapshot(a.path, KEY, Binding(conv_a, transcript_digest(more[:2])))[1]
+    swapped: list[Path] = []
+    real_open = snapshot._open
+
+    def open_then_swap(path: Path) -> Any:
+        f = real_open(path)
+        if Path(path) == a.path and not swapped:  # the file is replaced right after the first open
+            shutil.copyfile(b.path, tmp_path / "swap")
+            os.replace(tmp_path / "swap", a.path)
+            swapped.append(path)
+        return f
+
+    monkeypatch.setattr(snapshot, "_open", open_then_swap)
+    spy = _Spy(monkeypatch)
+    result = app.open(conv_a)
+    assert swapped
+    assert result.how == "restored" and spy.restored == [a_tokens]  # A's own bytes, never B's
+    result = app.open(conv_a)  # the file is B's now: refused
+    assert result.how == "rebuilt" and "not the one saved" in result.note
+
+
+def test_an_unencrypted_snapshot_is_bound_to_the_sha256_its_row_recorded(
+    tmp_path: Path, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24.5: without encryption anyone can write a well-formed file with the recorded header and a
+    checksum that matches; its bytes still differ from the ones the row recorded, so it is refused."""
+    app = App(tmp_path, smollm2_path, "q8_0", crypto=Crypto(ENCRYPTION_NONE))
+    try:
+        conv, more = app.chat_and_save(SHORT)
+        ref = app.store.conversation(conv).snapshot
+        binding = Binding(conv, transcript_digest(more[:2]))
+        header, tokens, state = read_snapshot(ref.path, None, binding)
+        forged = [*tokens[:-1], (tokens[-1] + 1) % 1000]  # another reply, under the same header
+        write_snapshot(ref.path, header, forged, bytes(state), None)
+        assert read_snapshot(ref.path, None, binding)[0] == header  # well-formed, checksum and all
+        spy = _Spy(monkeypatch)
+        result = app.open(conv)
+        assert spy.restored == [] and result.how == "rebuilt"
+        assert "could not be authenticated" in result.note
+    finally:
+        app.close()

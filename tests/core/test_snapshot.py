@@ -21,7 +21,9 @@ from lazykv.core.history.snapshot import (
     ENCRYPTION_PASSPHRASE,
     FORMAT_VERSION,
     MAGIC,
+    Binding,
     SnapshotAuthError,
+    SnapshotBindingError,
     SnapshotCorruptError,
     SnapshotError,
     SnapshotHeader,
@@ -35,11 +37,12 @@ from lazykv.core.history.snapshot import (
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
-SALT_HEX = "00112233445566778899aabbccddeeff"
+BINDING = Binding(7, "cd" * 32)  # make_header's conversation and transcript
 TOKENS = [1, 15043, 3186, 29991, 0, 2**31 - 1, 7, 7, 7]
 STATE = bytes(range(256)) * 40 + os.urandom(3000)  # compressible part and random part
 SCHEMES = [ENCRYPTION_KEYRING, ENCRYPTION_PASSPHRASE, ENCRYPTION_NONE]
 DAMAGED = (SnapshotAuthError, SnapshotCorruptError)
+REFUSED = (*DAMAGED, SnapshotVersionError, SnapshotOldFormatError, SnapshotBindingError)
 
 
 def make_header(encryption: str = ENCRYPTION_KEYRING, n_tokens: int = len(TOKENS)) -> SnapshotHeader:
@@ -60,7 +63,6 @@ def make_header(encryption: str = ENCRYPTION_KEYRING, n_tokens: int = len(TOKENS
         conversation_id=7,
         n_messages=2,
         transcript_sha256="cd" * 32,
-        kdf_salt=SALT_HEX if encryption == ENCRYPTION_PASSPHRASE else "",
         created=1_700_000_000.5,
     )
 
@@ -90,7 +92,7 @@ def test_round_trip(tmp_path: Path, encryption: str) -> None:
     path = tmp_path / "chat.lkv"
     digest = write(path, encryption)
     assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
-    header, tokens, state = read_snapshot(path, key_for(encryption))
+    header, tokens, state = read_snapshot(path, key_for(encryption), BINDING)
     assert header == make_header(encryption)
     assert tokens == TOKENS
     assert state == STATE
@@ -101,7 +103,7 @@ def test_round_trip(tmp_path: Path, encryption: str) -> None:
 def test_round_trip_empty(tmp_path: Path, encryption: str) -> None:
     path = tmp_path / "empty.lkv"
     write_snapshot(path, make_header(encryption, n_tokens=0), [], b"", key_for(encryption))
-    assert read_snapshot(path, key_for(encryption))[1:] == ([], b"")
+    assert read_snapshot(path, key_for(encryption), BINDING)[1:] == ([], b"")
 
 
 def test_layout_is_as_documented(tmp_path: Path) -> None:
@@ -145,14 +147,14 @@ def test_wrong_key(tmp_path: Path, encryption: str) -> None:
     path = tmp_path / "chat.lkv"
     write(path, encryption)
     with pytest.raises(SnapshotAuthError, match="wrong key"):
-        read_snapshot(path, OTHER_KEY)
+        read_snapshot(path, OTHER_KEY, BINDING)
 
 
 def test_encrypted_file_needs_a_key(tmp_path: Path) -> None:
     path = tmp_path / "chat.lkv"
     write(path)
     with pytest.raises(SnapshotAuthError):
-        read_snapshot(path, None)
+        read_snapshot(path, None, BINDING)
 
 
 def test_plain_file_refused_when_a_key_is_expected(tmp_path: Path) -> None:
@@ -160,7 +162,7 @@ def test_plain_file_refused_when_a_key_is_expected(tmp_path: Path) -> None:
     path = tmp_path / "chat.lkv"
     write(path, ENCRYPTION_NONE)
     with pytest.raises(SnapshotAuthError):
-        read_snapshot(path, KEY)
+        read_snapshot(path, KEY, BINDING)
 
 
 def test_key_must_match_the_scheme(tmp_path: Path) -> None:
@@ -184,8 +186,8 @@ def test_bit_flips_are_refused(tmp_path: Path, encryption: str) -> None:
     path = tmp_path / "chat.lkv"
     write(path, encryption)
     good = path.read_bytes()
-    # a flip that turns format_version 2 into 3, 6 reads as a file from a newer version
-    version_digit = good.index(b'"format_version":2') + len(b'"format_version":')
+    # a flip that turns format_version 3 into 2 or 1 reads as an older file, into 7 as a newer one
+    version_digit = good.index(b'"format_version":3') + len(b'"format_version":')
     header_end = len(MAGIC) + 4 + split_file(good)[0]
     offsets = [
         *range(header_end + 64),
@@ -196,9 +198,10 @@ def test_bit_flips_are_refused(tmp_path: Path, encryption: str) -> None:
         bad = bytearray(good)
         bad[offset] ^= 1 << (offset % 8)
         path.write_bytes(bad)
-        with pytest.raises(DAMAGED + (SnapshotVersionError,)) as info:
-            read_snapshot(path, key_for(encryption))
-        assert offset == version_digit or not isinstance(info.value, SnapshotVersionError)
+        with pytest.raises(REFUSED) as info:
+            read_snapshot(path, key_for(encryption), BINDING)
+        versions = (SnapshotVersionError, SnapshotOldFormatError)
+        assert offset == version_digit or not isinstance(info.value, versions)
 
 
 @pytest.mark.parametrize("encryption", SCHEMES)
@@ -209,7 +212,7 @@ def test_truncation_is_refused(tmp_path: Path, encryption: str) -> None:
     for size in [*range(0, 400, 3), *range(400, len(good), 97), *range(len(good) - 40, len(good))]:
         path.write_bytes(good[:size])
         with pytest.raises(DAMAGED):
-            read_snapshot(path, key_for(encryption))
+            read_snapshot(path, key_for(encryption), BINDING)
         if size < len(MAGIC) + 4 + split_file(good)[0]:
             with pytest.raises(SnapshotCorruptError):
                 read_header(path)
@@ -221,7 +224,7 @@ def test_appended_bytes_are_refused(tmp_path: Path, encryption: str) -> None:
     write(path, encryption)
     path.write_bytes(path.read_bytes() + b"\0")
     with pytest.raises(DAMAGED):
-        read_snapshot(path, key_for(encryption))
+        read_snapshot(path, key_for(encryption), BINDING)
 
 
 @pytest.mark.parametrize("encryption", [ENCRYPTION_KEYRING, ENCRYPTION_PASSPHRASE])
@@ -237,7 +240,7 @@ def test_tampered_header_field_fails_authentication(tmp_path: Path, encryption: 
     path.write_bytes(with_header(data, tampered))
     assert read_header(path).n_ctx == 40960  # parses: only authentication can catch it
     with pytest.raises(SnapshotAuthError):
-        read_snapshot(path, KEY)
+        read_snapshot(path, KEY, BINDING)
 
 
 def test_tampered_header_of_plain_file_is_detected(tmp_path: Path) -> None:
@@ -247,12 +250,13 @@ def test_tampered_header_of_plain_file_is_detected(tmp_path: Path) -> None:
     tampered = split_file(data)[1].replace(b'"n_ctx":4096', b'"n_ctx":8192')
     path.write_bytes(with_header(data, tampered))
     with pytest.raises(SnapshotCorruptError, match="checksum"):
-        read_snapshot(path, None)
+        read_snapshot(path, None, BINDING)
 
 
-def test_a_format_1_header_is_refused_as_older() -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_format_headers_are_refused_as_older(version: int) -> None:
     fields = json.loads(make_header().to_bytes())
-    fields["format_version"] = 1
+    fields["format_version"] = version
     with pytest.raises(SnapshotOldFormatError, match="older LazyKV Chat"):
         SnapshotHeader.from_bytes(json.dumps(fields).encode())
 
@@ -278,11 +282,11 @@ def test_future_format_version(tmp_path: Path) -> None:
     with pytest.raises(SnapshotVersionError):
         read_header(path)
     with pytest.raises(SnapshotVersionError):
-        read_snapshot(path, KEY)
+        read_snapshot(path, KEY, BINDING)
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    for read in (read_header, lambda p: read_snapshot(p, KEY)):
+    for read in (read_header, lambda p: read_snapshot(p, KEY, BINDING)):
         with pytest.raises(SnapshotError, match="snapshot file missing"):
             read(tmp_path / "nope.lkv")
 
@@ -310,7 +314,6 @@ def _header_variants() -> list[tuple[str, object]]:
         ("kv_mode", "LAZY"),
         ("lazy_phase", "converting"),
         ("encryption", "rot13"),
-        ("kdf_salt", "00ff"),
         ("model_sha256", "AB" * 32),
         ("model_sha256", "ab" * 31),
         ("app_version", ""),
@@ -389,18 +392,18 @@ def test_decompression_is_bounded(tmp_path: Path) -> None:
     _plain_file(path, struct.pack("<I", 0) + bytes(20_000_000), n_tokens=0)
     assert path.stat().st_size < 100_000
     with pytest.raises(SnapshotCorruptError, match="limit"):
-        read_snapshot(path, None, max_payload_bytes=1_000_000)
-    assert len(read_snapshot(path, None, max_payload_bytes=20_000_004)[2]) == 20_000_000
+        read_snapshot(path, None, BINDING, max_payload_bytes=1_000_000)
+    assert len(read_snapshot(path, None, BINDING, max_payload_bytes=20_000_004)[2]) == 20_000_000
 
 
 def test_token_count_must_match_header(tmp_path: Path) -> None:
     path = tmp_path / "count.lkv"
     _plain_file(path, struct.pack("<I2i", 2, 5, 6), n_tokens=3)
     with pytest.raises(SnapshotCorruptError, match="token count"):
-        read_snapshot(path, None)
+        read_snapshot(path, None, BINDING)
     _plain_file(path, struct.pack("<Ii", 2, 5), n_tokens=2)
     with pytest.raises(SnapshotCorruptError, match="truncated"):
-        read_snapshot(path, None)
+        read_snapshot(path, None, BINDING)
 
 
 # --- atomic saves ----------------------------------------------------------------------------------
@@ -459,7 +462,7 @@ def test_saved_file_is_private_and_replaces_the_old_one(tmp_path: Path) -> None:
     path = tmp_path / "chat.lkv"
     path.write_bytes(b"old")
     write(path)
-    assert read_snapshot(path, KEY)[1] == TOKENS
+    assert read_snapshot(path, KEY, BINDING)[1] == TOKENS
     if os.name == "posix":
         assert path.stat().st_mode & 0o077 == 0
     assert [p.name for p in tmp_path.iterdir()] == ["chat.lkv"]
@@ -482,7 +485,7 @@ def valid_files(fuzz_dir: Path) -> dict[str, bytes]:
     for scheme in SCHEMES:
         path = fuzz_dir / "valid.lkv"
         write(path, scheme)
-        assert read_snapshot(path, key_for(scheme))[1] == TOKENS
+        assert read_snapshot(path, key_for(scheme), BINDING)[1] == TOKENS
         files[scheme] = path.read_bytes()
     return files
 
@@ -512,7 +515,8 @@ def mutations(draw: st.DrawFn, data: bytes) -> bytes:
 def test_fuzz_arbitrary_bytes(fuzz_dir: Path, data: bytes, prefix: bytes) -> None:
     path = fuzz_dir / "fuzz.lkv"
     path.write_bytes(prefix + data)
-    for read in (read_header, lambda p: read_snapshot(p, KEY), lambda p: read_snapshot(p, None)):
+    for read in (read_header, lambda p: read_snapshot(p, KEY, BINDING),
+                 lambda p: read_snapshot(p, None, BINDING)):
         try:
             read(path)
         except SnapshotError:
@@ -534,7 +538,7 @@ def test_fuzz_mutated_files_never_open(
         pass
     for key in (KEY, None):
         with pytest.raises(SnapshotError):
-            read_snapshot(path, key)
+            read_snapshot(path, key, BINDING)
 
 
 @_FUZZ
@@ -553,4 +557,29 @@ def test_fuzz_mutated_header_values(
     path = fuzz_dir / "fuzz.lkv"
     path.write_bytes(with_header(good, json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()))
     with pytest.raises(SnapshotError):
-        read_snapshot(path, KEY)
+        read_snapshot(path, KEY, BINDING)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scheme=st.sampled_from(SCHEMES), where=st.floats(0, 1, exclude_max=True), xor=st.integers(1, 255),
+       flip=st.sampled_from(["file", "conversation", "transcript"]))
+def test_snapshot_binding_refuses_any_single_flipped_byte(
+    fuzz_dir: Path, valid_files: dict[str, bytes], scheme: str, where: float, xor: int, flip: str
+) -> None:
+    """One byte of the file, or of the binding the reader expects, changed: never opened. An unencrypted
+    file is read as the app reads it, against the sha256 its database row recorded."""
+    good = valid_files[scheme]
+    recorded = hashlib.sha256(good).hexdigest() if scheme == ENCRYPTION_NONE else None
+    data, binding = bytearray(good), BINDING
+    if flip == "file":
+        data[int(where * len(data))] ^= xor
+    elif flip == "conversation":
+        binding = Binding(BINDING.conversation_id ^ xor, BINDING.transcript_sha256)
+    else:
+        digest = bytearray(bytes.fromhex(BINDING.transcript_sha256))
+        digest[int(where * len(digest))] ^= xor
+        binding = Binding(BINDING.conversation_id, digest.hex())
+    path = fuzz_dir / "flipped.lkv"
+    path.write_bytes(data)
+    with pytest.raises(SnapshotError):
+        read_snapshot(path, key_for(scheme), binding, sha256=recorded)

@@ -1,14 +1,17 @@
-"""The snapshot encryption key: kept in the OS keyring, or derived from a passphrase.
+"""The master key of the history and snapshots: kept in the OS keyring, or unwrapped with a passphrase.
 
 The keyring key is 32 random bytes stored base64-encoded under SERVICE / KEY_NAME; it is created on
 first use and never written anywhere else by the app. Keyring calls run on a thread of their own
 and are given up after a timeout (an unlock prompt nobody answers must not hold anything else up,
 nor the app's exit). Without a usable OS keyring (e.g. headless Linux without a Secret Service)
-the user can pick a passphrase (scrypt) or save unencrypted.
+the user can pick a passphrase or save unencrypted.
 
-A passphrase is checked before anything is written under it: ``PassphraseLock`` keeps its salt and
-a verifier (an HMAC made with the derived key, which reveals nothing faster than scrypt does) in a
-small owner-only file; a new passphrase must be typed twice, a wrong one can be retried.
+A passphrase is checked before anything is written under it: ``PassphraseLock`` keeps a small
+owner-only record of the KDF (Argon2id) with its parameters, a salt and the master key wrapped
+under the key derived from the passphrase (the wrapping's tag is the verifier: it reveals nothing
+faster than the KDF does); a new passphrase must be typed twice, a wrong one can be retried.
+Records of older releases (scrypt N=2**15) still open and are upgraded at their next unlock.
+No object here shows a key or a passphrase in its repr.
 """
 
 from __future__ import annotations
@@ -23,13 +26,16 @@ import threading
 import unicodedata
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import keyring
 import keyring.errors
+from argon2.low_level import Type, hash_secret_raw
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from keyring.backends import chainer, fail, null
@@ -45,7 +51,10 @@ SCRYPT_R = 8
 SCRYPT_P = 1
 KEYRING_TIMEOUT_S = 10.0
 PASSPHRASE_FILE = "passphrase.json"
+NONCE_BYTES = 12
+TAG_BYTES = 16
 _VERIFIER_LABEL = b"lazykv passphrase verifier v1"
+_RECORD_LABEL = b"lazykv passphrase record v2|"
 _T = TypeVar("_T")
 
 _NO_KEYRING = "Your system's keyring (where passwords are kept) is not available."
@@ -160,86 +169,210 @@ def _decode_key(stored: str) -> bytes:
     return key
 
 
-def key_from_passphrase(passphrase: str, salt: bytes) -> bytes:
-    """A 32-byte key from ``passphrase`` (Unicode NFC-normalized) with scrypt n=2**15, r=8, p=1."""
-    if not passphrase:
-        raise ValueError("the passphrase is empty")
-    if len(salt) < SALT_BYTES:
-        raise ValueError(f"the salt must have at least {SALT_BYTES} bytes")
-    kdf = Scrypt(salt=bytes(salt), length=KEY_BYTES, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P)
-    return kdf.derive(unicodedata.normalize("NFC", passphrase).encode("utf-8"))
+def key_from_passphrase(passphrase: str, salt: bytes, kdf: Kdf | None = None) -> bytes:
+    """A 32-byte key from ``passphrase`` (Unicode NFC-normalized) with ``kdf`` (Argon2id by default)."""
+    return (kdf or ARGON2ID).derive(passphrase, salt)
 
 
 def database_key(key: bytes) -> bytes:
-    """The conversation database's key, derived from the snapshot key of the scheme the user chose
-    (keyring key or passphrase key): one secret to keep, two keys that never meet."""
-    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
-                info=b"lazykv conversation database v1").derive(key)  # fmt: skip
+    """The conversation database's key, derived from the master key of the scheme the user chose
+    (keyring key or passphrase key): one secret to keep, keys that never meet."""
+    return _subkey(key, b"lazykv conversation database v1")
+
+
+def wrapping_key(key: bytes) -> bytes:
+    """The key that wraps each snapshot's own key (see ``Crypto.wrap``), derived from the master key."""
+    return _subkey(key, b"lazykv snapshot key wrapping v1")
+
+
+def _subkey(key: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(key)
 
 
 def new_salt() -> bytes:
-    """16 random bytes for key_from_passphrase (stored hex-encoded in the snapshot header)."""
+    """16 random bytes for a passphrase KDF."""
     return os.urandom(SALT_BYTES)
 
 
 @dataclass(frozen=True)
-class UnlockedPassphrase:
-    """A passphrase that was checked (or confirmed when new), its salt and the key derived from it."""
+class Kdf:
+    """A passphrase KDF and its parameters. They are stored with each passphrase record, so a record
+    opens with the parameters it was made with, whatever the defaults are now."""
 
-    passphrase: str
-    salt: bytes
-    key: bytes
+    name: str  # ARGON2ID_NAME or SCRYPT_NAME
+    memory_kib: int = 0  # Argon2id: memory in KiB
+    time_cost: int = 0  # Argon2id: passes
+    lanes: int = 1  # Argon2id: parallelism; scrypt: p
+    n: int = 0  # scrypt: CPU/memory cost
+    r: int = 0  # scrypt: block size
+
+    def derive(self, passphrase: str, salt: bytes) -> bytes:
+        if not passphrase:
+            raise ValueError("the passphrase is empty")
+        if len(salt) < SALT_BYTES:
+            raise ValueError(f"the salt must have at least {SALT_BYTES} bytes")
+        secret = unicodedata.normalize("NFC", passphrase).encode("utf-8")
+        if self.name == SCRYPT_NAME:
+            return Scrypt(salt=bytes(salt), length=KEY_BYTES, n=self.n, r=self.r, p=self.lanes).derive(secret)
+        return hash_secret_raw(secret, bytes(salt), time_cost=self.time_cost, memory_cost=self.memory_kib,
+                               parallelism=self.lanes, hash_len=KEY_BYTES, type=Type.ID)  # fmt: skip
+
+    def to_json(self) -> dict[str, int | str]:
+        if self.name == SCRYPT_NAME:
+            return {"name": self.name, "n": self.n, "r": self.r, "p": self.lanes}
+        return {"name": self.name, "m": self.memory_kib, "t": self.time_cost, "p": self.lanes}
+
+    @classmethod
+    def from_json(cls, obj: object) -> Kdf:
+        """The parameters of a stored record, in sane bounds (ValueError otherwise: a damaged file
+        must not make the app allocate terabytes)."""
+        if not isinstance(obj, dict) or not all(isinstance(v, int) for k, v in obj.items() if k != "name"):
+            raise ValueError("the KDF parameters are not a JSON object of integers")
+        if obj.get("name") == SCRYPT_NAME and set(obj) == {"name", "n", "r", "p"}:
+            n, r, p = obj["n"], obj["r"], obj["p"]
+            if n < 2 or n & (n - 1) or n > 2**22 or not 1 <= r <= 32 or not 1 <= p <= 16:
+                raise ValueError("the scrypt parameters are out of range")
+            return cls(SCRYPT_NAME, n=n, r=r, lanes=p)
+        if obj.get("name") == ARGON2ID_NAME and set(obj) == {"name", "m", "t", "p"}:
+            m, t, p = obj["m"], obj["t"], obj["p"]
+            if not 1 <= p <= 64 or not 8 * p <= m <= 4 * 1024 * 1024 or not 1 <= t <= 64:
+                raise ValueError("the Argon2id parameters are out of range")
+            return cls(ARGON2ID_NAME, memory_kib=m, time_cost=t, lanes=p)
+        raise ValueError("unknown KDF")
+
+
+ARGON2ID_NAME, SCRYPT_NAME = "argon2id", "scrypt"
+# OWASP's floor for Argon2id is m=19 MiB, t=2, p=1; a desktop affords more: 64 MiB, 3 passes (about
+# 0.2 s on one core of a 2020s laptop), one lane so the time does not depend on the cores there are
+ARGON2ID = Kdf(ARGON2ID_NAME, memory_kib=64 * 1024, time_cost=3, lanes=1)
+# what passphrase records of version 1 used (below current guidance: upgraded at their next unlock)
+LEGACY_SCRYPT = Kdf(SCRYPT_NAME, n=SCRYPT_N, r=SCRYPT_R, lanes=SCRYPT_P)
+
+
+@dataclass(frozen=True)
+class UnlockedPassphrase:
+    """A passphrase that was checked (or confirmed when new): the master key it unwraps. The
+    passphrase itself is not kept; the key never shows in a repr (logs, tracebacks)."""
+
+    key: bytes = field(repr=False)
+    upgraded: bool = False  # the record was rewritten with the current KDF at this unlock
+
+    def __repr__(self) -> str:
+        return f"UnlockedPassphrase(key=<{len(self.key)} bytes hidden>, upgraded={self.upgraded})"
 
 
 class PassphraseLock:
-    """The passphrase's salt and verifier in ``path`` (owner-only JSON), never the passphrase."""
+    """The passphrase record in ``path`` (owner-only JSON), never the passphrase.
 
-    def __init__(self, path: Path) -> None:
+    Version 2 (written now): the KDF and its parameters, a salt, and the master key wrapped (AES-GCM)
+    under the key the KDF derives from the passphrase: the tag is the verifier, and a passphrase or
+    KDF change rewraps the master key without touching the data it protects. Version 1 (older
+    releases): scrypt N=2**15 and an HMAC verifier, the derived key being the master key itself; it
+    still opens, and is rewritten as version 2 (same master key) at its first unlock. ``kdf`` is what
+    new and upgraded records use (tests pass cheaper parameters).
+    """
+
+    def __init__(self, path: Path, kdf: Kdf = ARGON2ID) -> None:
         self.path = Path(path)
+        self.kdf = kdf
 
     def is_set(self) -> bool:
         """Whether a passphrase was chosen (then ``unlock``; else ``create``)."""
         return self.path.exists()
 
-    def create(self, passphrase: str, confirmation: str, salt: bytes | None = None) -> UnlockedPassphrase:
-        """Choose a new passphrase, typed twice (PassphraseMismatchError when the two differ).
-        ``salt`` keeps an existing one (snapshots saved before the verifier existed stay readable)."""
+    def create(
+        self, passphrase: str, confirmation: str, legacy_salt: bytes | None = None
+    ) -> UnlockedPassphrase:
+        """Choose a new passphrase, typed twice (PassphraseMismatchError when the two differ). A new
+        master key is random; with ``legacy_salt`` (a passphrase chosen before records existed) it is
+        what scrypt derived with that salt, so what was saved under it stays readable."""
         if not passphrase:
             raise PassphraseError("The passphrase is empty.")
         if unicodedata.normalize("NFC", passphrase) != unicodedata.normalize("NFC", confirmation):
             raise PassphraseMismatchError("The two passphrases differ. Type the same one twice.")
-        salt = new_salt() if salt is None else bytes(salt)
-        key = key_from_passphrase(passphrase, salt)
-        record = {"version": 1, "salt": salt.hex(), "verifier": _verifier(key).hex()}
-        write_text_atomic(self.path, json.dumps(record))
-        return UnlockedPassphrase(passphrase, salt, key)
+        if legacy_salt is None:
+            master = os.urandom(KEY_BYTES)
+        else:
+            master = LEGACY_SCRYPT.derive(passphrase, bytes(legacy_salt))
+        self._write(passphrase, master)
+        return UnlockedPassphrase(master)
 
     def unlock(self, passphrase: str) -> UnlockedPassphrase:
-        """The key for ``passphrase`` if it is the one chosen; WrongPassphraseError otherwise (the user
-        may try again: each try costs one scrypt derivation)."""
-        salt, verifier = self._read()
+        """The master key if ``passphrase`` is the one chosen; WrongPassphraseError otherwise (the user
+        may try again: each try costs one KDF run). A record made with another KDF than ``kdf``
+        (version 1's scrypt, older parameters) is rewritten with ``kdf`` now, atomically (a failure to
+        write it is tried again next time: the old record still opens)."""
+        record = self._read()
         if not passphrase:
             raise WrongPassphraseError("The passphrase is empty.")
-        key = key_from_passphrase(passphrase, salt)
-        if not hmac.compare_digest(_verifier(key), verifier):
-            raise WrongPassphraseError("That is not the passphrase of these snapshots. Try again.")
-        return UnlockedPassphrase(passphrase, salt, key)
-
-    def _read(self) -> tuple[bytes, bytes]:
+        if record.version == 1:
+            master = record.kdf.derive(passphrase, record.salt)
+            if not hmac.compare_digest(_verifier(master), record.wrapped):
+                raise _wrong()
+        else:
+            kek = AESGCM(record.kdf.derive(passphrase, record.salt))
+            try:
+                master = kek.decrypt(record.nonce, record.wrapped, _record_aad(record.kdf, record.salt))
+            except InvalidTag:
+                raise _wrong() from None
+        if record.version == 2 and record.kdf == self.kdf:
+            return UnlockedPassphrase(master)
         try:
-            record = json.loads(self.path.read_text(encoding="utf-8"))
-            salt, verifier = bytes.fromhex(record["salt"]), bytes.fromhex(record["verifier"])
+            self._write(passphrase, master)
+        except OSError:
+            return UnlockedPassphrase(master)
+        return UnlockedPassphrase(master, upgraded=True)
+
+    def _write(self, passphrase: str, master: bytes) -> None:
+        salt, nonce = new_salt(), os.urandom(NONCE_BYTES)
+        kek = AESGCM(self.kdf.derive(passphrase, salt))
+        wrapped = kek.encrypt(nonce, master, _record_aad(self.kdf, salt))
+        record = {"version": 2, "kdf": self.kdf.to_json(), "salt": salt.hex(), "nonce": nonce.hex(),
+                  "wrapped": wrapped.hex()}  # fmt: skip
+        write_text_atomic(self.path, json.dumps(record))
+
+    def _read(self) -> _Record:
+        try:
+            obj = json.loads(self.path.read_text(encoding="utf-8"))
+            if obj["version"] == 1:
+                record = _Record(1, LEGACY_SCRYPT, bytes.fromhex(obj["salt"]), b"",
+                                 bytes.fromhex(obj["verifier"]))  # fmt: skip
+            elif obj["version"] == 2:
+                record = _Record(2, Kdf.from_json(obj["kdf"]), bytes.fromhex(obj["salt"]),
+                                 bytes.fromhex(obj["nonce"]), bytes.fromhex(obj["wrapped"]))  # fmt: skip
+            else:
+                raise ValueError(f"unknown version {obj['version']!r}")
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise PassphraseError(
                 f"The passphrase check file {self.path} cannot be read ({err}); "
                 "move it away to choose the passphrase again."
             ) from err
-        if len(salt) < SALT_BYTES or len(verifier) != hashlib.sha256().digest_size:
+        expected = hashlib.sha256().digest_size if record.version == 1 else KEY_BYTES + TAG_BYTES
+        if len(record.salt) < SALT_BYTES or len(record.wrapped) != expected or (
+                record.version == 2 and len(record.nonce) != NONCE_BYTES):
             raise PassphraseError(
                 f"The passphrase check file {self.path} is damaged; "
                 "move it away to choose the passphrase again."
             )
-        return salt, verifier
+        return record
+
+
+@dataclass(frozen=True)
+class _Record:
+    version: int
+    kdf: Kdf
+    salt: bytes
+    nonce: bytes  # version 2
+    wrapped: bytes  # version 2: the wrapped master key and its tag; version 1: the HMAC verifier
+
+
+def _record_aad(kdf: Kdf, salt: bytes) -> bytes:
+    """What the wrapped master key is bound to: the record's version, KDF parameters and salt."""
+    return _RECORD_LABEL + json.dumps(kdf.to_json(), sort_keys=True).encode() + salt
+
+
+def _wrong() -> WrongPassphraseError:
+    return WrongPassphraseError("That is not the passphrase of these snapshots. Try again.")
 
 
 def _verifier(key: bytes) -> bytes:

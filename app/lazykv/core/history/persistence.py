@@ -29,17 +29,18 @@ from pathlib import Path
 from lazykv import __version__
 from lazykv.core.engine.engine import EngineSession, KvRestoreError
 from lazykv.core.engine.fingerprint import model_sha256
-from lazykv.core.history.keys import UnlockedPassphrase, database_key, key_from_passphrase
-from lazykv.core.history.records import Change, OpChanges
+from lazykv.core.history.keys import UnlockedPassphrase, database_key
+from lazykv.core.history.records import Change, OpChanges, SnapshotRef
 from lazykv.core.history.snapshot import (
+    Binding,
     Encryption,
     SnapshotAuthError,
+    SnapshotBindingError,
     SnapshotCorruptError,
     SnapshotError,
     SnapshotHeader,
     SnapshotOldFormatError,
     SnapshotVersionError,
-    read_header,
     read_snapshot,
     transcript_digest,
     write_snapshot,
@@ -54,19 +55,18 @@ class SnapshotsOffError(SnapshotError):
     """No snapshot protection is set (``set_crypto(None)``), so no snapshot is written."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Crypto:
-    """How snapshots are protected. Keys live in memory only.
+    """How snapshots are protected. Keys live in memory only, and never show in a repr.
 
     The keyring scheme needs its ``key``; the passphrase scheme an ``UnlockedPassphrase``, which
-    only ``keys.PassphraseLock`` makes (after checking the passphrase against its verifier, or
-    after a new one was typed twice): nothing is ever written under an unverified passphrase.
+    only ``keys.PassphraseLock`` makes (after checking the passphrase against its record, or after
+    a new one was typed twice): nothing is ever written under an unverified passphrase.
     """
 
     scheme: Encryption
-    key: bytes | None = None  # the keyring key
-    unlocked: UnlockedPassphrase | None = None
-    _derived: dict[str, bytes] = field(default_factory=dict, repr=False)
+    key: bytes | None = field(default=None, repr=False)  # the keyring key
+    unlocked: UnlockedPassphrase | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.scheme = Encryption(self.scheme)
@@ -75,7 +75,12 @@ class Crypto:
         if self.scheme is Encryption.PASSPHRASE and not isinstance(self.unlocked, UnlockedPassphrase):
             raise ValueError("the passphrase scheme needs a checked passphrase (keys.PassphraseLock)")
 
-    def key_for_writing(self) -> bytes | None:
+    def __repr__(self) -> str:
+        held = "none" if self.master() is None else "<hidden>"
+        return f"Crypto(scheme={self.scheme.value!r}, key={held})"
+
+    def master(self) -> bytes | None:
+        """The master key of this scheme (None: nothing is encrypted)."""
         if self.scheme is Encryption.KEYRING:
             return self.key
         if self.scheme is Encryption.PASSPHRASE:
@@ -83,31 +88,23 @@ class Crypto:
             return self.unlocked.key
         return None
 
+    def key_for_writing(self) -> bytes | None:
+        return self.master()
+
     def database_key(self) -> bytes | None:
         """The conversation database's key under this scheme (None: the history is not encrypted)."""
-        key = self.key_for_writing()
+        key = self.master()
         return None if key is None else database_key(key)
 
-    def salt_hex(self) -> str:
-        """The salt new passphrase snapshots record ("" for the other schemes)."""
-        return self.unlocked.salt.hex() if self.scheme is Encryption.PASSPHRASE and self.unlocked else ""
-
-    def key_for_reading(self, header: SnapshotHeader) -> bytes | None:
-        if header.encryption == Encryption.NONE:
+    def key_for_reading(self, encryption: str) -> bytes | None:
+        """The key for a snapshot saved under ``encryption`` (None for an unencrypted one)."""
+        if encryption == Encryption.NONE:
             return None
-        if header.encryption == Encryption.KEYRING:
-            if self.key is None:
+        if encryption != self.scheme:
+            if encryption == Encryption.KEYRING:
                 raise SnapshotError("it is encrypted with the keyring key, which is not available now")
-            return self.key
-        if self.unlocked is None:
             raise SnapshotError("it is protected by a passphrase, which was not given in this session")
-        if header.kdf_salt == self.unlocked.salt.hex():
-            return self.unlocked.key
-        if header.kdf_salt not in self._derived:
-            self._derived[header.kdf_salt] = key_from_passphrase(
-                self.unlocked.passphrase, bytes.fromhex(header.kdf_salt)
-            )
-        return self._derived[header.kdf_salt]
+        return self.master()
 
 
 class OpenHow(StrEnum):
@@ -224,7 +221,6 @@ class Persistence:
             conversation_id=conv_id,
             n_messages=len(messages),
             transcript_sha256=transcript_digest(messages),
-            kdf_salt=crypto.salt_hex(),
             created=time.time(),
         )
 
@@ -238,7 +234,7 @@ class Persistence:
         note, details = "no snapshot was saved", ""
         if record.snapshot is not None:
             try:
-                n = self._restore(record.snapshot.path, record.snapshot.header_json, conv_id, messages)
+                n = self._restore(record.snapshot, conv_id, messages)
             except _Refused as refused:
                 note, details = refused.note, refused.details
             else:
@@ -276,39 +272,40 @@ class Persistence:
             )
         return None
 
-    def _restore(
-        self, path: Path, header_json: str, conv_id: int, messages: Sequence[dict[str, str]]
-    ) -> int:
-        """``header_json`` is the header the database recorded when the snapshot was saved: a file
-        with any other header (a forged unencrypted one, an older snapshot, another conversation's)
-        is refused, and so is one that holds anything but exactly ``messages``."""
-        if not path.exists():
+    def _restore(self, ref: SnapshotRef, conv_id: int, messages: Sequence[dict[str, str]]) -> int:
+        """``ref`` is what the database recorded when the snapshot was saved: a file with any other
+        header (a forged unencrypted one, an older snapshot, another conversation's) is refused, and
+        so is one that holds anything but exactly ``messages``. The file is read once: the header
+        checked is the one whose bytes are restored; an unencrypted file must hash to ``ref.sha256``."""
+        if not ref.path.exists():
             raise _Refused("its snapshot file is missing")
-        try:
-            header = read_header(path)
-            _check_binding(header, header_json, conv_id, messages)
+        recorded = _recorded_header(ref.header_json)
+        binding = Binding(conv_id, transcript_digest(messages))
+
+        def check(header: SnapshotHeader) -> None:  # before anything is decrypted
+            _check_binding(header, recorded, binding, len(messages))
             refused = self.mismatch(header)
             if refused is not None:
                 raise refused
-            crypto = self._crypto or Crypto(Encryption.NONE)
-            _, tokens, state = read_snapshot(path, crypto.key_for_reading(header))
+
+        try:
+            key = (self._crypto or Crypto(Encryption.NONE)).key_for_reading(str(recorded.get("encryption")))
+            _, tokens, state = read_snapshot(ref.path, key, binding, check=check,
+                                             sha256=ref.sha256 if key is None else None)  # fmt: skip
             self.engine.restore_kv(tokens, state)
         except (SnapshotError, KvRestoreError, OSError) as err:
             raise _refusal(err) from err
         return len(tokens)
 
 
-def _check_binding(
-    header: SnapshotHeader, header_json: str, conv_id: int, messages: Sequence[dict[str, str]]
-) -> None:
-    recorded = _recorded_header(header_json)
+def _check_binding(header: SnapshotHeader, recorded: dict, binding: Binding, n_messages: int) -> None:
     if recorded.get("encryption") != header.encryption:
         raise _Refused("its snapshot file is not the one saved (its protection differs)")
     if recorded != asdict(header):
         raise _Refused("its snapshot file is not the one saved for it (replaced or older)")
-    if header.conversation_id != conv_id:
+    if header.conversation_id != binding.conversation_id:
         raise _Refused("its snapshot belongs to another conversation")
-    if header.n_messages != len(messages) or transcript_digest(messages) != header.transcript_sha256:
+    if header.n_messages != n_messages or header.transcript_sha256 != binding.transcript_sha256:
         raise _Refused("its snapshot holds another version of this conversation")
 
 
@@ -323,6 +320,7 @@ def _recorded_header(header_json: str) -> dict:
 # the user's note for each kind of refused snapshot, the first matching class wins
 _REFUSAL_NOTES: tuple[tuple[type[Exception], str], ...] = (
     (SnapshotVersionError, "its snapshot was saved by a newer LazyKV Chat"),
+    (SnapshotBindingError, "its snapshot belongs to another conversation or another version of it"),
     (SnapshotOldFormatError, "its snapshot was saved by an older LazyKV Chat"),
     (SnapshotAuthError,
      "its snapshot could not be authenticated (wrong key, or the file was modified or damaged)"),

@@ -5,13 +5,19 @@ Layout::
     MAGIC | u32 LE header length | header (canonical JSON) | body
 
     body, encrypted schemes:  12-byte nonce | AES-256-GCM(compressed payload) | 16-byte tag
-                              (the associated data is MAGIC | length | header, so the header is
-                              authenticated too)
+                              (the associated data is MAGIC | length | header | binding: the header
+                              is authenticated too, and so is the binding the reader expects)
     body, ENCRYPTION_NONE:    compressed payload | sha256(MAGIC | length | header | compressed payload)
-                              (detects corruption; not tamper-proof: anyone can recompute the hash)
+                              (detects corruption; not tamper-proof: anyone can recompute the hash;
+                              the reader checks the whole file against the sha256 its database row
+                              recorded instead)
 
     compressed payload = zlib(payload, COMPRESS_LEVEL)
     payload            = u32 LE n_tokens | n_tokens * i32 LE | engine state bytes
+
+The binding is (conversation id, sha256 of the transcript the tokens were made from): a file read
+for another conversation, or for another version of it, fails authentication. A file is read once:
+the header that is checked is the one whose bytes are decrypted and returned.
 
 The header is parsed strictly before anything else, and nothing is returned (let alone passed to
 native code) unless the tag (or the hash) checks out. Decompression is bounded, so a crafted file
@@ -29,7 +35,7 @@ import re
 import struct
 import tempfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 from pathlib import Path
@@ -43,14 +49,16 @@ from lazykv.core.files import fsync_dir
 from lazykv.core.kinds import KvMode, KvPhase
 
 MAGIC = b"LKVSNAP\x00"
-# 2: the header binds the snapshot to its conversation and the transcript it holds (format 1 files
-# are refused as older: the transcript is re-read and saved again in format 2)
-FORMAT_VERSION = 2
+# 2: the header binds the snapshot to its conversation and the transcript it holds
+# 3: the binding is in the associated data, each file has its own key (wrapped by the master key in
+#    the database row), no KDF salt (the passphrase record keeps it). Older files are refused as older:
+#    the transcript is re-read and saved again in the current format.
+FORMAT_VERSION = 3
 
 
 class Encryption(StrEnum):
     KEYRING = "aes-256-gcm/keyring"
-    PASSPHRASE = "aes-256-gcm/scrypt"
+    PASSPHRASE = "aes-256-gcm/passphrase"
     NONE = "none"
 
 
@@ -76,7 +84,6 @@ _CHUNK = 16 * 1024 * 1024  # encryption/decryption step; the streaming GCM API h
 _INFLATE_CHUNK = 1024 * 1024
 _AES_BLOCK = 16
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_HEX = re.compile(r"(?:[0-9a-f]{2})+")
 _MAX_TEXT = 256
 _INT32_MAX = 2**31 - 1
 _UINT32_MAX = 2**32 - 1
@@ -106,6 +113,25 @@ class SnapshotOldFormatError(SnapshotError):
     """The file was written in an older format that this version no longer opens."""
 
 
+class SnapshotBindingError(SnapshotError):
+    """The file is bound to another conversation, or to another version of its transcript."""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a snapshot is bound to: its conversation and the transcript its tokens were made from."""
+
+    conversation_id: int
+    transcript_sha256: str
+
+    @classmethod
+    def of(cls, header: SnapshotHeader) -> Binding:
+        return cls(header.conversation_id, header.transcript_sha256)
+
+    def to_bytes(self) -> bytes:
+        return b"lazykv snapshot binding v1|%d|%s" % (self.conversation_id, self.transcript_sha256.encode())
+
+
 class _Invalid(Exception):
     """A header field is out of range (turned into SnapshotCorruptError or ValueError)."""
 
@@ -128,7 +154,6 @@ class SnapshotHeader:
     conversation_id: int  # the conversation it was saved for: another one's file is refused
     n_messages: int  # how many of the conversation's messages (as sent to the engine) it holds
     transcript_sha256: str  # transcript_digest() of those messages: an older or other transcript is refused
-    kdf_salt: str = ""  # hex, only for ENCRYPTION_PASSPHRASE
     created: float = 0.0  # unix time
     format_version: int = FORMAT_VERSION
 
@@ -158,7 +183,7 @@ class SnapshotHeader:
         if _is_int(version) and 0 < version < FORMAT_VERSION:
             raise SnapshotOldFormatError(
                 f"This snapshot was made by an older LazyKV Chat (snapshot format {version}), "
-                "before snapshots were bound to their conversation; it is not opened."
+                "before each snapshot had its own key bound to its conversation; it is not opened."
             )
         try:
             _check_fields(obj)
@@ -226,12 +251,6 @@ def _check_fields(obj: dict[str, Any]) -> None:
     choice("kv_mode", KV_MODES)
     choice("lazy_phase", LAZY_PHASES)
     choice("encryption", ENCRYPTIONS)
-    salt = obj["kdf_salt"]
-    if obj["encryption"] == ENCRYPTION_PASSPHRASE:
-        if not isinstance(salt, str) or not 32 <= len(salt) <= 128 or not _HEX.fullmatch(salt):
-            raise _Invalid("kdf_salt is not 16 to 64 bytes of lowercase hex")
-    elif salt != "":
-        raise _Invalid("kdf_salt is set without passphrase encryption")
     created = obj["created"]
     if (
         isinstance(created, bool)
@@ -281,7 +300,7 @@ def write_snapshot(
                     checksum.update(piece)
                 _write_all(fd, checksum.digest(), digest)
             else:
-                _write_encrypted(fd, key, prefix, compressed, digest)
+                _write_encrypted(fd, key, prefix + Binding.of(header).to_bytes(), compressed, digest)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -330,10 +349,10 @@ def _compress(tokens: Sequence[int], state: bytes) -> list[bytes]:
     return [compressor.compress(token_bytes), compressor.compress(state), compressor.flush()]
 
 
-def _write_encrypted(fd: int, key: bytes, prefix: bytes, compressed: list[bytes], digest: Any) -> None:
+def _write_encrypted(fd: int, key: bytes, aad: bytes, compressed: list[bytes], digest: Any) -> None:
     nonce = os.urandom(NONCE_BYTES)
     encryptor = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
-    encryptor.authenticate_additional_data(prefix)
+    encryptor.authenticate_additional_data(aad)
     _write_all(fd, nonce, digest)
     for piece in compressed:
         view = memoryview(piece)
@@ -377,9 +396,22 @@ def read_header(path: Path) -> SnapshotHeader:
 
 
 def read_snapshot(
-    path: Path, key: bytes | None, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    path: Path,
+    key: bytes | None,
+    binding: Binding,
+    *,
+    sha256: str | None = None,
+    check: Callable[[SnapshotHeader], None] | None = None,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> tuple[SnapshotHeader, list[int], memoryview]:
-    """Read and authenticate; returns (header, tokens, state) only if the file checks out.
+    """Read once and authenticate; returns (header, tokens, state) only if the file checks out.
+
+    The file is opened once: ``check`` (e.g. "does this header fit the loaded engine", raising to
+    refuse) sees the header whose bytes are then authenticated and returned, before anything is
+    decrypted. ``binding`` is what the caller expects the file to be bound to: a header bound to
+    anything else is refused (SnapshotBindingError), and the binding is part of the associated data.
+    ``sha256`` (the file's recorded digest): the file's bytes must hash to it, the only check an
+    unencrypted file can have against being swapped for another well-formed one.
 
     ``key`` must be given for encrypted files and None for unencrypted ones: a key with an
     unencrypted file is refused (SnapshotAuthError), so an encrypted file cannot be swapped for a
@@ -389,17 +421,30 @@ def read_snapshot(
     """
     with _open(path) as f:
         header, prefix = _read_prefix(f)
-        body = _read_rest(f, path)
-    if header.encryption == ENCRYPTION_NONE:
-        if key is not None:
+        if check is not None:
+            check(header)
+        if Binding.of(header) != binding:
+            raise SnapshotBindingError(
+                "This snapshot belongs to another conversation, or to another version of it; it was "
+                "not opened."
+            )
+        if header.encryption == ENCRYPTION_NONE and key is not None:
             raise SnapshotAuthError(
                 "This snapshot is not encrypted, but an encrypted one was expected; it was not opened."
             )
+        if header.encryption != ENCRYPTION_NONE and (key is None or len(key) != KEY_BYTES):
+            raise SnapshotAuthError("This snapshot is encrypted; it cannot be opened without its key.")
+        body = _read_rest(f, path)
+    if sha256 is not None:
+        digest = hashlib.sha256(prefix)
+        digest.update(body)
+        if digest.hexdigest() != sha256:
+            raise SnapshotAuthError("This snapshot file is not the one that was saved; it was not opened.")
+    if header.encryption == ENCRYPTION_NONE:
         compressed = _check_hash(prefix, body)
     else:
-        if key is None or len(key) != KEY_BYTES:
-            raise SnapshotAuthError("This snapshot is encrypted; it cannot be opened without its key.")
-        compressed = _decrypt(key, prefix, body)
+        assert key is not None
+        compressed = _decrypt(key, prefix + binding.to_bytes(), body)
         del body  # the ciphertext: free it before the payload is allocated
     payload = _decompress(compressed, max_payload_bytes)
     tokens, state = _split_payload(payload, header.n_tokens)
@@ -465,13 +510,13 @@ def _check_hash(prefix: bytes, body: memoryview) -> memoryview:
     return compressed
 
 
-def _decrypt(key: bytes, prefix: bytes, body: memoryview) -> bytearray:
+def _decrypt(key: bytes, aad: bytes, body: memoryview) -> bytearray:
     if len(body) < NONCE_BYTES + TAG_BYTES:
         raise SnapshotCorruptError("The snapshot file is damaged: it is truncated.")
     nonce, tag = bytes(body[:NONCE_BYTES]), bytes(body[-TAG_BYTES:])
     ciphertext = body[NONCE_BYTES:-TAG_BYTES]
     decryptor = Cipher(algorithms.AES(key), modes.GCM(nonce)).decryptor()
-    decryptor.authenticate_additional_data(prefix)
+    decryptor.authenticate_additional_data(aad)
     plain = _buffer(len(ciphertext) + _AES_BLOCK - 1)  # update_into wants one block of headroom
     n = 0
     for start in range(0, len(ciphertext), _CHUNK):
