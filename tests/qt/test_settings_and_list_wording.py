@@ -7,7 +7,7 @@ from pathlib import Path
 
 import keyring
 from keyring.backends import fail
-from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QInputDialog, QSpinBox
+from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QInputDialog, QLabel, QSpinBox
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.model_meta import read_model_meta
@@ -146,3 +146,17 @@ def test_a_re_read_says_why_in_plain_words_and_the_layout_on_demand(
     assert technical in banner.label.text() and not banner.details_button.isVisible()
     w.end_resume(OpenResult(OpenHow.RESTORED, "", 12, 0.01))  # no details: no button
     assert not banner.details_button.isVisible()
+
+
+def test_settings_say_what_no_encryption_does_not_protect_against(qtbot: QtBot) -> None:
+    """Issue 24.5: without encryption a snapshot can only be bound to the sha256 its database row records;
+    the dialog says, under the choice, what that leaves open."""
+    dialog = SettingsDialog(Settings())
+    qtbot.addWidget(dialog)
+    note = dialog.findChild(QLabel, "snapshot_encryption-note")
+    assert note is not None
+    dialog.set_value("snapshot_encryption", "none")
+    assert note.text().startswith("Not protected against anyone who can read or change your files")
+    assert "change a snapshot together with its record" in note.text()
+    dialog.set_value("snapshot_encryption", "passphrase")
+    assert "encrypted under your passphrase" in note.text()

@@ -133,6 +133,14 @@ SNAPSHOT_CHOICES = (
     ("passphrase", "encrypted with a passphrase"),
     ("none", "not encrypted"),
 )
+SNAPSHOT_NOTES = (
+    ("keyring", "Conversations and snapshots are encrypted; the key is kept by your system's keyring."),
+    ("passphrase", "Conversations and snapshots are encrypted under your passphrase, asked once per "
+                   "session; without it they cannot be read."),
+    ("none", "Not protected against anyone who can read or change your files: they can read your "
+             "conversations, and change a snapshot together with its record in the conversation "
+             "database so that a chat resumes from it. Damaged or swapped snapshot files are refused."),
+)
 
 REMOTE_GROUP = "Remote backends (llama.cpp RPC servers)"
 
@@ -187,7 +195,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("snapshot_encryption", SettingKind.CHOICE, "keyring", "Snapshot protection", "How saved KV "
             "snapshots (which contain the conversation) are protected: a key kept in the OS keyring, a "
             "passphrase asked once per session, or no encryption.", "Conversations",
-            choices=SNAPSHOT_CHOICES),
+            choices=SNAPSHOT_CHOICES, choice_notes=SNAPSHOT_NOTES),
     Setting("snapshot_budget_mb", SettingKind.INT, 2048, "Snapshot disk budget (MiB)", "Snapshots beyond "
             "this are deleted, least recently used first; transcripts are never deleted.", "Conversations",
             minimum=16, maximum=1_000_000, step=64),
