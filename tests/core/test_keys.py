@@ -333,7 +333,7 @@ def test_an_old_scrypt_record_still_opens_and_is_upgraded_to_argon2id_at_its_nex
     with pytest.raises(WrongPassphraseError):
         lock.unlock("correct hrose")
     db = Database(tmp_path / "c.sqlite3", tmp_path / "snaps", key=database_key(again.key))
-    assert db.call(lambda s: s.messages(conv)) == [{"role": "user", "content": "saved"}]
+    assert db.call(lambda s: s.conversation(conv).messages) == [{"role": "user", "content": "saved"}]
     db.close(10)
 
 
