@@ -3,7 +3,8 @@
 chatting (with the context indicator), a Markdown reply with code, the dark theme, conversion in
 progress, the memory panel after the conversion, the settings dialog; then the ladder: the settings
 with a context memory budget, and one conversation on each of its steps (16-bit, 8-bit, 4-bit) and
-while it is compacted to 4-bit. Runs on Qt's real xcb
+while it is compacted to 4-bit; the Models page (``python tools/screenshots.py models``: that one
+alone, no model loaded). Runs on Qt's real xcb
 platform under a private Xvfb display with a window manager (tools/xcb_smoke.py) when those are
 installed, else offscreen; settings and conversations go to temporary dirs.
 """
@@ -79,13 +80,14 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import xcb_smoke
 
+    shots = shoot_models if sys.argv[1:] == ["models"] else shoot_all
     if xcb_smoke.missing_tools():
         print(f"screenshots: offscreen ({', '.join(xcb_smoke.missing_tools())} missing)")
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
-        return shoot_all()
+        return shots()
     with xcb_smoke.x_desktop() as display:
         os.environ.update(DISPLAY=display, QT_QPA_PLATFORM="xcb")
-        return shoot_all()
+        return shots()
 
 
 def shoot_all() -> int:
@@ -150,7 +152,38 @@ def shoot_all() -> int:
     ladder_shots = shoot_ladder(window)
     window.close()
     pause(200)  # let the closed dialog's deferred delete run while Qt is still up
-    return 0 if shots and ladder_shots else 1
+    return 0 if shots and ladder_shots and shoot_models() == 0 else 1
+
+
+def shoot_models() -> int:
+    """The Models page on what this machine has (the models `make models` fetched at least), the fit
+    at 8,192 tokens in the ladder; the Hub tab needs the network, so it is not in the picture."""
+    from lazykv.core.settings import Settings
+    from lazykv.qt.models_dialog import ModelsDialog
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("LazyKV Chat")
+    settings = Settings()
+    settings.set("n_ctx", 8192)
+    settings.set("kv_mode", "ladder")
+    dialog = ModelsDialog(settings)
+    dialog.resize(1180, 520)
+    dialog.show()
+    loop = QEventLoop()
+    QTimer.singleShot(TIMEOUT_MS, loop.quit)
+    poll = QTimer()
+    poll.timeout.connect(lambda: dialog.rescan_button.isEnabled() and loop.quit())
+    poll.start(50)
+    loop.exec()
+    poll.stop()
+    found = dialog.disk_table.rowCount()
+    if found:
+        dialog.disk_table.selectRow(0)
+    pause(300)
+    shoot(dialog, "screenshot-models.png")
+    dialog.close()
+    pause(200)
+    return 0 if found else 1
 
 
 LADDER_BUDGET_MB = 13  # SmolLM2's ladder cache: 6,480 bytes a token, 2,048 tokens in 13 MiB

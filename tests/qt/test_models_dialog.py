@@ -71,7 +71,8 @@ def test_search_download_and_the_model_loads(qtbot: QtBot, fake_window: FakeWind
     report = fit_report(read_header(model, hub), d.ctx_box.value(), str(d.kv_box.currentData()))
     row = _hub_row(d, "tiny-Q8_0.gguf")
     assert _cell(d, "hub_table", row, 3) == report.word
-    assert _cell(d, "hub_table", row, 4) == " / ".join(f"{n:,}" for n in report.max_ctx.values())
+    longest = [_cell(d, "hub_table", row, 4 + i) for i in range(4)]
+    assert longest == [f"{n:,}" for n in report.max_ctx.values()]
     d.hub_table.sortItems(3)  # sortable by fit: the projector (not offered) sorts last
     assert _cell(d, "hub_table", 2, 0) == "mmproj-tiny-f16.gguf"
     assert d.select_hub_file("tiny-Q8_0.gguf")
@@ -151,13 +152,14 @@ def test_the_disk_list_shows_every_tool_s_models_and_loads_one(qtbot: QtBot, fak
                                                                hub_env: dict[str, str]) -> None:
     w = fake_window()
     d = _dialog(qtbot, w, fake_home.places, hub_env)
-    rows = {_cell(d, "disk_table", r, 6): r for r in range(d.disk_table.rowCount())}
+    rows = {_cell(d, "disk_table", r, 11): r for r in range(d.disk_table.rowCount())}
     assert "Ollama: tiny:latest" in rows and "Hugging Face cache: acme/Tiny-GGUF/tiny-Q8_0.gguf" in rows
-    assert any(_cell(d, "disk_table", r, 7).startswith("not offered: a projector") for r in rows.values())
+    assert any(_cell(d, "disk_table", r, 6).startswith("not offered: a projector") for r in rows.values())
     row = rows["Ollama: tiny:latest"]
-    record_fit = _cell(d, "disk_table", row, 7)
-    assert record_fit in {"fits", "tight", "does not fit"}
-    d.kv_box.setCurrentIndex(d.kv_box.findData(str(KvMode.F16)))  # the fit follows the chosen KV mode
+    assert _cell(d, "disk_table", row, 6) in {"fits", "tight", "does not fit"}
+    d.ctx_box.setValue(131072)  # the fit follows the context chosen: the tiny model's 4,096 at most
+    assert _cell(d, "disk_table", rows["Ollama: tiny:latest"], 7) == "4,096"
+    d.kv_box.setCurrentIndex(d.kv_box.findData(str(KvMode.F16)))
     assert d.select_path(fake_home.files["ollama"])
     with qtbot.waitSignal(w.model_loaded, timeout=10_000) as loaded:
         qtbot.mouseClick(d.load_button, Qt.MouseButton.LeftButton)

@@ -103,6 +103,10 @@ def fake_home(tmp_path: Path, tiny_gguf: Path, split_shards: dict[str, bytes]) -
     files["foreign"].write_text("not a model, only a name that says it is\n")
     files["llamacpp"] = llama_cache / "acme_Tiny-GGUF_tiny-Q5_0.gguf"
     files["llamacpp"].write_bytes(data + b"\0\0\0\0")
+    own = home / ".cache" / "lazykv" / "models"  # what `make models` fetched
+    own.mkdir(parents=True)
+    files["lazykv"] = own / "demo.Q4_1.gguf"
+    files["lazykv"].write_bytes(data + b"\0" * 6)
     folder = tmp_path / "my-models"
     folder.mkdir()
     files["folder"] = folder / "mine-F16.gguf"

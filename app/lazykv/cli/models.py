@@ -15,6 +15,7 @@ from lazykv.core.models.fit import FitReport, fit_report
 from lazykv.core.models.hub import Hub, HubError, HubModel, read_header, repo_models, search
 from lazykv.core.models.record import human_params
 from lazykv.core.models.scan import Places, scan
+from lazykv.core.settings import Settings
 
 DEFAULT_CTX = 4096
 
@@ -23,7 +24,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m lazykv models", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="the GGUF models other tools left on disk (nothing is copied)")
-    listing.add_argument("--folder", action="append", default=[], help="also scan this folder (repeatable)")
+    listing.add_argument("--folder", action="append", default=[],
+                         help="also scan this folder (repeatable; the Models page's folders are scanned too)")
     finding = commands.add_parser("search", help="GGUF repos on the Hub")
     finding.add_argument("query")
     finding.add_argument("--limit", type=int, default=20)
@@ -55,7 +57,7 @@ def _fit_text(report: FitReport | None) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
-    result = scan(Places.current(args.folder))
+    result = scan(Places.current([*Settings.load()["model_folders"], *args.folder]))
     rows = []
     for r in result.records:
         report = fit_report(r.meta, args.ctx, args.kv) if r.meta is not None and r.usable else None

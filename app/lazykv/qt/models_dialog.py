@@ -51,9 +51,12 @@ from lazykv.qt.background import Background
 POLL_MS = 100
 KEY = Qt.ItemDataRole.UserRole  # an item's payload
 SORT = Qt.ItemDataRole.UserRole + 1  # an item's sort key
-DISK_COLUMNS = ("Model", "Quant", "Parameters", "Size", "Trained context", "Chat template", "Found in", "Fit",
-                "Longest context (f16 / q8_0 / lazy / ladder)")
-HUB_COLUMNS = ("File", "Quant", "Size", "Fit", "Longest context (f16 / q8_0 / lazy / ladder)")
+LONGEST = tuple(f"Longest {mode}" if mode is KvMode.F16 else str(mode) for mode in KvMode)
+DISK_COLUMNS = ("Model", "Quant", "Parameters", "Size", "Trained context", "Chat template", "Fit", *LONGEST,
+                "Found in")
+HUB_COLUMNS = ("File", "Quant", "Size", "Fit", *LONGEST)
+FIT_TIP = ("Fit: at the context and KV cache chosen above, against the memory available now. Longest: the "
+           "longest context that still fits, in each KV cache mode (tokens).")
 
 
 class _Item(QTableWidgetItem):
@@ -74,8 +77,12 @@ class _Item(QTableWidgetItem):
             return str(mine) < str(theirs)
 
 
-def _longest(report: FitReport) -> str:
-    return " / ".join(f"{n:,}" if n else "–" for n in report.max_ctx.values())
+def _fit_cells(report: FitReport | None, problem: str = "") -> list[_Item]:
+    """The Fit cell and one Longest cell per KV mode (sorting by fit: fits, tight, does not fit, the rest)."""
+    if report is None:
+        return [_Item(problem, 9)] + [_Item("", -1) for _ in KvMode]
+    return [_Item(report.word, ORDER[report.fit])] + [_Item(f"{n:,}" if n else "–", n)
+                                                      for n in report.max_ctx.values()]
 
 
 class ModelsDialog(QDialog):
@@ -151,6 +158,10 @@ class ModelsDialog(QDialog):
         table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         table.verticalHeader().setVisible(False)
+        table.setWordWrap(False)
+        for column, name in enumerate(columns):
+            if name == "Fit" or name in LONGEST:
+                table.horizontalHeaderItem(column).setToolTip(FIT_TIP)
         table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         table.horizontalHeader().setStretchLastSection(True)
         table.setSortingEnabled(True)
@@ -274,14 +285,12 @@ class ModelsDialog(QDialog):
                      _Item(record.quant), _Item(human_params(record.n_params), record.n_params),
                      _Item(fmt_bytes(record.size), record.size),
                      _Item(f"{record.n_ctx_train:,}" if record.n_ctx_train else "", record.n_ctx_train),
-                     _Item("yes" if record.has_chat_template else "no" if record.usable else ""),
-                     _Item(f"{record.source}: {record.label}")]
+                     _Item("yes" if record.has_chat_template else "no" if record.usable else "")]
             if record.usable and record.meta is not None:
-                report = self._fit(record.meta, available)
-                cells += [_Item(report.word, ORDER[report.fit]), _Item(_longest(report), report.max_ctx[
-                    KvMode(str(self.kv_box.currentData()))])]
+                cells += _fit_cells(self._fit(record.meta, available))
             else:
-                cells += [_Item(f"not offered: {record.problem}", 9), _Item("", -1)]
+                cells += _fit_cells(None, f"not offered: {record.problem}")
+            cells.append(_Item(f"{record.source}: {record.label}"))
             for column, cell in enumerate(cells):
                 cell.setToolTip(str(record.path) if record.usable else record.details)
                 table.setItem(row, column, cell)
@@ -399,13 +408,11 @@ class ModelsDialog(QDialog):
                      _Item(fmt_bytes(model.size), model.size)]
             meta = self._hub_metas.get(model.name)
             if model.problem:
-                cells += [_Item(f"not offered: {model.problem}", 9), _Item("", -1)]
+                cells += _fit_cells(None, f"not offered: {model.problem}")
             elif meta is None:
-                cells += [_Item("reading its header…", 8), _Item("", -1)]
+                cells += _fit_cells(None, "reading its header…")
             else:
-                report = self._fit(meta, available)
-                cells += [_Item(report.word, ORDER[report.fit]),
-                          _Item(_longest(report), report.max_ctx[KvMode(str(self.kv_box.currentData()))])]
+                cells += _fit_cells(self._fit(meta, available))
             for column, cell in enumerate(cells):
                 table.setItem(row, column, cell)
             if selected is not None and model.name == selected.name:

@@ -12,6 +12,7 @@ from lazykv.core.engine.memory import Fit
 from lazykv.core.engine.model_meta import CTX_PADDING, read_model_meta
 from lazykv.core.kinds import KvMode
 from lazykv.core.models.fit import fit_report
+from lazykv.core.models.scan import Places, scan
 
 GiB = 1024**3
 
@@ -40,3 +41,16 @@ def test_a_model_without_a_q8_0_cache_has_no_context_in_those_modes(tiny_gguf: P
     report = fit_report(meta, 4096, "f16", 8 * GiB)
     assert report.max_ctx[KvMode.F16] > 0
     assert report.max_ctx[KvMode.Q8_0] == report.max_ctx[KvMode.LAZY] == report.max_ctx[KvMode.LADDER] == 0
+
+
+def test_the_real_test_models_are_listed_with_the_planner_s_fit(model_path: Path) -> None:
+    """SmolLM2 and Gemma-3 as the scan finds them: the record's plan input is the file's header, and its
+    fit in every mode is the planner's estimate for that header."""
+    (record,) = [r for r in scan(Places(model_path.parent, {}, (model_path.parent,))).records
+                 if r.path == model_path]
+    assert record.usable and record.meta is not None
+    assert record.meta == read_model_meta(model_path)
+    available = 2 * GiB
+    for mode in KvMode:
+        report = fit_report(record.meta, 8192, mode, available)
+        assert report.estimate == memory.estimate(read_model_meta(model_path), 8192, mode, available)

@@ -11,6 +11,7 @@ from lazykv.core.models.scan import (
     FOLDER,
     GPT4ALL,
     HF_SOURCE,
+    LAZYKV,
     LLAMA_CPP,
     LM_STUDIO,
     OLLAMA,
@@ -30,7 +31,7 @@ def test_every_tool_s_folder_is_found_and_nothing_is_copied(fake_home: FakeHome)
     records = _by_path(result)
     files = fake_home.files
     expected = {"hf": HF_SOURCE, "lmstudio": LM_STUDIO, "ollama": OLLAMA, "gpt4all": GPT4ALL,
-                "llamacpp": LLAMA_CPP, "folder": FOLDER, "split": LM_STUDIO}
+                "llamacpp": LLAMA_CPP, "folder": FOLDER, "split": LM_STUDIO, "lazykv": LAZYKV}
     for role, source in expected.items():
         record = records[files[role]]
         assert record.source == source, role
@@ -76,7 +77,7 @@ def test_damaged_foreign_and_projector_files_get_a_reason_and_the_scan_goes_on(f
     assert not foreign.usable and "not a GGUF model file" in foreign.problem
     projector = records[fake_home.files["projector"]]
     assert projector.problem == NOT_A_CHAT_MODEL
-    assert sum(r.usable for r in records.values()) == 7
+    assert sum(r.usable for r in records.values()) == 8
 
 
 def test_an_unreadable_folder_is_passed_over(fake_home: FakeHome) -> None:

@@ -56,6 +56,10 @@ class Places:
     def ollama(self) -> Path:
         return Path(self.env.get("OLLAMA_MODELS") or self.home / ".ollama" / "models")
 
+    def lazykv(self) -> Path:
+        """The folder `make models` fills (model_fetch.models_dir's rule, under this home)."""
+        return self._cache_home() / "lazykv" / "models"
+
     def llama_cpp(self) -> Path:
         if self.env.get("LLAMA_CACHE"):
             return Path(self.env["LLAMA_CACHE"]).expanduser()
@@ -84,8 +88,8 @@ class ScanResult:
         return [r for r in self.records if r.usable]
 
 
-HF_SOURCE, LM_STUDIO, GPT4ALL, OLLAMA, LLAMA_CPP, FOLDER = (
-    "Hugging Face cache", "LM Studio", "GPT4All", "Ollama", "llama.cpp cache", "folder")
+HF_SOURCE, LM_STUDIO, GPT4ALL, OLLAMA, LLAMA_CPP, LAZYKV, FOLDER = (
+    "Hugging Face cache", "LM Studio", "GPT4All", "Ollama", "llama.cpp cache", "LazyKV's models", "folder")
 
 
 def scan_hf_cache(places: Places) -> Iterator[Found]:
@@ -120,6 +124,11 @@ def scan_llama_cpp(places: Places) -> Iterator[Found]:
     yield from _gguf_files(places.llama_cpp(), LLAMA_CPP)
 
 
+def scan_lazykv(places: Places) -> Iterator[Found]:
+    """The demo and test models `make models` fetched."""
+    yield from _gguf_files(places.lazykv(), LAZYKV, depth=0)
+
+
 def scan_folders(places: Places) -> Iterator[Found]:
     for root in places.folders:
         yield from _gguf_files(root, FOLDER)
@@ -148,7 +157,7 @@ def scan_ollama(places: Places) -> Iterator[Found]:
 
 
 SCANNERS: tuple[Callable[[Places], Iterable[Found]], ...] = (
-    scan_hf_cache, scan_lm_studio, scan_gpt4all, scan_ollama, scan_llama_cpp, scan_folders)
+    scan_hf_cache, scan_lm_studio, scan_gpt4all, scan_ollama, scan_llama_cpp, scan_lazykv, scan_folders)
 
 
 def scan(places: Places | None = None) -> ScanResult:
