@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from lazykv.core.chat.conversation import Conversation
+from lazykv.core.chat.conversation import Conversation, ReplyStats
 
 
 def test_messages_are_copies_in_order() -> None:
@@ -97,3 +97,28 @@ def test_a_taken_back_reply_not_replaced_at_its_place_joins_nothing() -> None:
     c.pop()
     with pytest.raises(ValueError, match="not a reply"):  # the last turn is the user's
         c.take_back_reply()
+
+
+def test_a_reply_taken_back_and_put_back_is_as_it_was() -> None:
+    """A regenerate that gives no reply (stopped before its first word, or failed) loses nothing."""
+    c = Conversation()
+    c.add("user", "Name a colour.")
+    c.add("assistant", "Red.")
+    c.set_stats(1, ReplyStats(0.5, 10.0, 2, "Reply stopped"))
+    c.add_marker(1, 2, "8-bit KV from here")
+    c.take_back_reply()
+    c.add("assistant", "Blue.")
+    c.set_stats(1, ReplyStats(0.2, 20.0, 2))
+    before = (c.turns(), c.all_versions(), c.stats(), c.markers(), c.version_shown(1))
+    c.choose_version(0)
+    c.choose_version(1)
+    c.take_back_reply()
+    assert c.regenerating and len(c) == 1
+    assert c.put_back_reply() and not c.regenerating
+    assert (c.turns(), c.all_versions(), c.stats(), c.markers(), c.version_shown(1)) == before
+    c.choose_version(0)  # the other version still has its own figures
+    assert c.stats()[1].note == "Reply stopped"
+    assert not c.put_back_reply()  # nothing taken back
+    c.take_back_reply()
+    c.add("assistant", "Green.")
+    assert not c.put_back_reply() and c.versions(1) == ["Red.", "Blue.", "Green."]

@@ -62,6 +62,7 @@ class FakeSession:
         self.reply: tuple[str, ...] = REPLY
         self.finish_reason = FinishReason.STOP  # how a reply that is not stopped ends (LENGTH: cut off)
         self.convert_error: Exception | None = None
+        self.reply_error: Exception | None = None  # raised once the prompt is read
         self.restore_error: Exception | None = None  # e.g. KvRestoreError: resuming re-reads instead
         self.calls: list[str] = []  # what ran, in order: "load", "reply", "convert", "rebuild", ...
         self.waiting = threading.Event()  # set while a step is held
@@ -163,6 +164,8 @@ class FakeSession:
         with self.cancellable(cancel):
             try:
                 self._step()  # the prompt's reading
+                if self.reply_error is not None:
+                    raise self.reply_error
                 self._kv.tokens = tokens
                 for piece in self.reply:
                     self._step()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pytestqt.qtbot import QtBot
 
+from lazykv.core.errors import EngineError
 from lazykv.qt.main_window import MainWindow
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
-from tests.qt.helpers import WAIT_MS, chat, settle, stored
+from tests.qt.helpers import WAIT_MS, chat, error_box, held, settle, stored
 
 
 def _replied(qtbot: QtBot, w: MainWindow, fake: FakeSession, text: str, *replies: str) -> MainWindow:
@@ -77,3 +78,52 @@ def test_paging_back_to_the_last_reply_after_reopening(
     assert _last(w) == "Two."
     settle(qtbot, w)
     assert stored(w)[0][1][-1]["content"] == "Two."
+
+
+def test_a_regenerate_stopped_before_its_first_word_keeps_every_reply(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    """Issue 24, point 2: the turn was saved without any reply, the earlier replies were gone."""
+    w = _replied(qtbot, fake_window(), fake, "Name a colour.", "Red.", "Blue.")
+    stats, markers = w.conversation.stats(), w.conversation.markers()
+    held(qtbot, fake, w.regenerate)  # held while the prompt is read: no word yet
+    with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS) as finished:
+        w.stop_reply()
+        fake.release()
+    settle(qtbot, w)
+    assert finished.args[0].cancelled
+    assert [t["content"] for t in w.conversation.turns()] == ["Name a colour.", "Blue."]
+    assert w.conversation.versions(1) == ["Red.", "Blue."] and w.conversation.version_shown(1) == 1
+    assert w.conversation.stats() == stats and w.conversation.markers() == markers
+    assert w.versions_label.text() == "Reply 2/2" and w.regenerate_action.isEnabled()
+    assert "the earlier reply is kept" in w.statusBar().currentMessage()
+    assert w.transcript.message_count() == 2 and "Blue." in w.transcript.toPlainText()
+    record = w.database.call(lambda store: store.conversation(w.conversations.current))
+    assert [m["content"] for m in record.messages] == ["Name a colour.", "Blue."]
+    assert record.versions == {1: ["Red.", "Blue."]}
+
+
+def test_a_failed_regenerate_keeps_the_conversation_and_says_why(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    """Issue 24, point 2: the failure took the user's turn back, and the conversation of one exchange
+    was deleted with it."""
+    w = fake_window()
+    chat(qtbot, w, "Hello")
+    fake.reply_error = EngineError("The engine could not read the prompt.")
+    with qtbot.waitSignal(w.reply_failed, timeout=WAIT_MS):
+        w.regenerate()
+    settle(qtbot, w)
+    assert [t["content"] for t in w.conversation.turns()] == ["Hello", "Fake reply text."]
+    assert w.input.toPlainText() == ""  # nothing was taken back into the input box
+    assert [messages for _, messages in stored(w)] == [[{"role": "user", "content": "Hello"},
+                                                        {"role": "assistant", "content": "Fake reply text."}]]
+    box = error_box(w)
+    assert box is not None and "No new reply was written" in box.text()
+    assert "The engine could not read the prompt." in box.text() and "The earlier reply is kept" in box.text()
+    box.accept()
+    fake.reply_error, fake.reply = None, ("Again.",)
+    with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
+        w.regenerate()
+    settle(qtbot, w)
+    assert w.conversation.versions(1) == ["Fake reply text.", "Again."]

@@ -187,6 +187,15 @@ class ChatFlow:
 
     def _on_reply_finished(self, result: ReplyResult) -> None:
         self._reply = None
+        if not result.text and self.conversation.regenerating:
+            why = ("stopped before it began" if result.cancelled
+                   else _how_it_ended(result, self.reply_options().max_tokens) or "the model wrote nothing")
+            self._keep_the_earlier_reply()
+            self._set_state(UiState.READY)
+            self.statusBar().showMessage(f"No new reply ({why}): the earlier reply is kept", 10_000)
+            self._maybe_schedule_idle_conversion()
+            self.reply_finished.emit(result)
+            return
         notes = []
         if result.dropped:
             n = sum(1 for m in result.dropped if m["role"] != "system")
@@ -216,12 +225,20 @@ class ChatFlow:
         self.reply_finished.emit(result)
 
     def _on_reply_failed(self, failure: Failure) -> None:
-        """Stopped before anything was read: a reply with no text. Refused: take the turn back (drop the
-        user's message from the transcript and the database, return it to the input)."""
+        """Stopped before anything was read: a reply with no text. A regenerate that failed: the earlier
+        reply stays. Refused: take the turn back (drop the user's message from the transcript and the
+        database, return it to the input)."""
         if failure.cancelled:
             self._on_reply_finished(ReplyResult("", FinishReason.CANCELLED, 0, 0))
             return
         self._reply = None
+        if self.conversation.regenerating:
+            self._keep_the_earlier_reply()
+            self._set_state(self._idle_state())
+            self.show_error("No new reply was written", f"{failure.message} The earlier reply is kept; "
+                            "Regenerate tries again.", failure.details)
+            self.reply_failed.emit(failure)
+            return
         if len(self.conversation) > 0 and self.conversation.last_index("user") == len(self.conversation) - 1:
             failed = self.conversation.pop()["content"]
             typed_since = self.input.toPlainText()
@@ -231,6 +248,15 @@ class ChatFlow:
         self._set_state(self._idle_state())
         self.show_error("The reply failed", failure.message, failure.details)
         self.reply_failed.emit(failure)
+
+    def _keep_the_earlier_reply(self) -> None:
+        """A regenerate gave no reply (stopped before its first word, or failed): the conversation is
+        as it was, every earlier reply with it (and saved as such: a save made meanwhile, e.g. once the
+        history opened, did not have the reply)."""
+        self.conversation.put_back_reply()
+        self.transcript.end_reply()
+        self._rerender()
+        self.conversations.persist(snapshot=False)
 
     def _keep_cut_reply(self) -> None:
         """Quitting while a reply streams: what it had written is kept and saved, with a line saying

@@ -66,6 +66,20 @@ class ReplyStats:
         return cls(float(ttft), None if rate is None else float(rate), n, note)
 
 
+@dataclass(frozen=True)
+class _TakenBack:
+    """A reply taken back to be regenerated: what the new one joins, and all it takes to put it back."""
+
+    index: int
+    turn: dict[str, str]
+    versions: list[str]  # every version so far, the one taken back included
+    version_stats: dict[int, ReplyStats]  # by version number, the one taken back's included
+    stored_versions: list[str] | None  # as they were kept for the turn (None: never regenerated)
+    stored_version_stats: dict[int, ReplyStats] | None  # likewise
+    stats: ReplyStats | None
+    markers: list[Marker]
+
+
 class Conversation:
     """Turns in order plus the system prompt; ``messages()`` hands out copies, safe for another thread."""
 
@@ -78,7 +92,7 @@ class Conversation:
         # by turn index, by version number: each version's figures (this session's; the stored ones are
         # the version shown's)
         self._version_stats: dict[int, dict[int, ReplyStats]] = {}
-        self._regenerating: tuple[int, list[str], dict[int, ReplyStats]] | None = None  # what a new one joins
+        self._regenerating: _TakenBack | None = None  # the reply a new one replaces (regenerate)
         self._first_sent = 0  # turns before this were dropped to fit the context: shown, not sent
 
     def add(self, role: Role, content: str) -> None:
@@ -86,22 +100,49 @@ class Conversation:
             raise ValueError(f"a turn's role is user or assistant, not {role!r}")
         self._turns.append({"role": role, "content": content})
         pending, self._regenerating = self._regenerating, None
-        if pending is not None and role == "assistant" and pending[0] == len(self._turns) - 1:
-            self._versions[pending[0]] = [*pending[1], content]
-            self._version_stats[pending[0]] = pending[2]
+        if pending is not None and role == "assistant" and pending.index == len(self._turns) - 1:
+            self._versions[pending.index] = [*pending.versions, content]
+            self._version_stats[pending.index] = dict(pending.version_stats)
 
     def take_back_reply(self) -> None:
         """Remove the last turn, a reply, to regenerate it: the next reply added there joins it (and
-        the replies it replaced) as one more version, the one shown."""
+        the replies it replaced) as one more version, the one shown. Until then ``put_back_reply``
+        undoes it."""
         index = len(self._turns) - 1
         if index < 0 or self._turns[index]["role"] != "assistant":
             raise ValueError("the last turn is not a reply")
-        versions = self.versions(index)
         stats = dict(self._version_stats.get(index, {}))
         if index in self._stats:
             stats[self.version_shown(index)] = self._stats[index]
+        stored, stored_stats = self._versions.get(index), self._version_stats.get(index)
+        taken = _TakenBack(index, dict(self._turns[index]), self.versions(index), stats,
+                           None if stored is None else list(stored),
+                           None if stored_stats is None else dict(stored_stats), self._stats.get(index),
+                           [m for m in self._markers if m.message_index == index])
         self.pop()
-        self._regenerating = (index, versions, stats)
+        self._regenerating = taken
+
+    @property
+    def regenerating(self) -> bool:
+        """A reply was taken back and no new one has come in its place yet."""
+        return self._regenerating is not None and self._regenerating.index == len(self._turns)
+
+    def put_back_reply(self) -> bool:
+        """The regenerate did not give a reply (stopped before its first word, or failed): the reply
+        taken back returns as it was, with its versions, figures and markers. False when no reply
+        was taken back."""
+        taken, self._regenerating = self._regenerating, None
+        if taken is None or taken.index != len(self._turns):
+            return False
+        self._turns.append(dict(taken.turn))
+        if taken.stored_versions is not None:
+            self._versions[taken.index] = list(taken.stored_versions)
+        if taken.stored_version_stats is not None:
+            self._version_stats[taken.index] = dict(taken.stored_version_stats)
+        if taken.stats is not None:
+            self._stats[taken.index] = taken.stats
+        self._markers.extend(taken.markers)
+        return True
 
     def versions(self, index: int) -> list[str]:
         """Every version of the turn at ``index``, oldest first (one: its content, if never regenerated)."""
