@@ -10,12 +10,14 @@ from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QInputDialog, QLabel
 from pytestqt.qtbot import QtBot
 
+from lazykv.core.engine.engine import ConversionEvent
 from lazykv.core.engine.memory import estimate, plan_context
 from lazykv.core.engine.model_meta import read_model_meta
-from lazykv.core.kinds import FinishReason, KvMode
+from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
 from lazykv.core.settings import Settings
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.settings_dialog import SettingsDialog
+from lazykv.qt.ui_state import UiState
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import FAST, WAIT_MS, chat, saved_then_new_chat, settle, stored
@@ -149,3 +151,26 @@ def test_f2_renames_from_the_message_box_and_esc_leaves_edit_mode(
     qtbot.waitUntil(lambda: w.state.name == "READY", timeout=WAIT_MS)
     settle(qtbot, w)
     assert [t["content"] for t in w.conversation.turns()][0] == "A chat to rename"  # nothing replaced
+
+
+def test_a_step_taken_before_the_step_was_full_says_what_did_not_fit(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    """Defect 6: after a reload the conversation read again did not fit the 16-bit step, and the marker
+    said "Context compacted to 8-bit here (at token 0)"; it says what happened now."""
+    w = fake_window(kv_mode=KvMode.LAZY)
+    chat(qtbot, w, "Hello there")
+    qtbot.waitUntil(lambda: w.kv is not None and w.kv.rungs != (), timeout=WAIT_MS)
+    capacity = w.kv.n_cells_capacity
+    w._set_state(UiState.REPLYING)  # the prompt is being read: the reply has no text yet
+    w._reply_text = ""
+    for stage in (ConversionStage.START, ConversionStage.END):  # as the engine reports it
+        w._on_conversion(ConversionEvent(stage, 1, 1, 0, 0.01, KvPhase.Q8_0))
+    w._set_state(UiState.READY)
+    [marker] = w.conversation.markers()
+    assert marker.label == ("Context memory went to 8-bit before the conversation was read: it no longer "
+                            f"fit the 16-bit step ({capacity:,} tokens)")
+    assert "at token 0" not in w.transcript.toPlainText()
+    for stage in (ConversionStage.START, ConversionStage.END):  # idle or Compact now: early by choice
+        w._on_conversion(ConversionEvent(stage, 1, 1, 20, 0.01, KvPhase.Q8_0))
+    assert w.conversation.markers()[-1].label == "Context compacted to 8-bit here (at token 20)"

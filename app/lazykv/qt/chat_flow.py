@@ -330,6 +330,8 @@ class ChatFlow:
     def show_conversion(self, event: ConversionEvent) -> None:
         """A conversion of the KV cache began or ended (through ``MainWindow._on_conversion``)."""
         self.banner.on_event(event)
+        if event.stage is ConversionStage.START:
+            self._conversion_from = self.kv  # the step it leaves, for the marker at its end
         if event.stage is ConversionStage.START and self.kv is not None:
             converting = replace(self.kv, phase=KvPhase.CONVERTING, n_cells_used=event.n_cells,
                                  target=event.target)
@@ -337,7 +339,9 @@ class ChatFlow:
             self.context_meter.set_status(converting)
         if event.stage is ConversionStage.END:
             in_reply = self._state is UiState.REPLYING and bool(self._reply_text)
-            label = marker_label(event, during_reply=in_reply)
+            reading = self._state is not UiState.READY and not in_reply  # a prompt or a transcript
+            label = marker_label(event, during_reply=in_reply,
+                                 before=self._conversion_from if reading else None)
             if in_reply:
                 self._reply_markers.append(label)
             else:  # idle, or while the prompt was read: a line under the last message

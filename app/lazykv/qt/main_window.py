@@ -123,6 +123,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self._shut_down: bool | None = None  # after shutdown_engine: whether everything ended in time
         self._losing_unsaved_ok = False  # the user chose to quit although turns are not saved
         self._resuming = False  # the chat on screen is being resumed (its snapshot, or re-read)
+        self._conversion_from: KvStatus | None = None  # the cache's status when a conversion started
         self._models_dialog: ModelsDialog | None = None  # File > Models…, made when first opened
         self.ops = Operations(self)
         self.background = Background(self, self.ops)
