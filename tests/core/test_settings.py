@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.settings import SCHEMA_VERSION, SETTINGS, SETTINGS_BY_NAME, Settings
+from lazykv.core.settings import GPU_LAYERS_AUTO, SCHEMA_VERSION, SETTINGS, SETTINGS_BY_NAME, Settings
 
 
 def test_every_setting_is_declared_once_with_a_valid_default() -> None:
@@ -89,6 +89,20 @@ def test_version_1_files_are_migrated(tmp_path: Path) -> None:
     settings = Settings.load(path)
     assert settings["kv_mode"] == "q8_0" and settings["recent_models"] == ["/m.gguf"]
     assert settings.problems == []
+
+
+def test_version_2_gpu_layers_0_become_auto_and_a_count_stays(tmp_path: Path) -> None:
+    """Version 2 had no Auto: its 0 (the default, the only choice of a CPU build) is Auto now (issue 26)."""
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"schema_version": 2, "settings": {"n_gpu_layers": 0, "n_ctx": 2048}}))
+    settings = Settings.load(path)
+    assert settings["n_gpu_layers"] == GPU_LAYERS_AUTO and settings["n_ctx"] == 2048 and not settings.problems
+    path.write_text(json.dumps({"schema_version": 2, "settings": {"n_gpu_layers": 20}}))
+    assert Settings.load(path)["n_gpu_layers"] == 20
+    assert Settings()["n_gpu_layers"] == GPU_LAYERS_AUTO and Settings()["gpu_memory_mb"] == 0  # new defaults
+    settings.set("n_gpu_layers", 0)
+    settings.save()
+    assert Settings.load(path)["n_gpu_layers"] == 0  # a 0 chosen now (schema 3) stays 0
 
 
 def test_a_newer_file_is_never_saved_over(tmp_path: Path) -> None:

@@ -109,8 +109,9 @@ class FakeSession:
             self._cancel = previous
 
     def load(self, model_path: Path | str, n_ctx: int = N_CTX, kv_mode: str = KvMode.LAZY,
-             n_threads: int | None = None, *, flash_attn: bool = True, n_gpu_layers: int = 0,
-             rpc_servers: Sequence[str] = (), rpc_layers: int = 0, context_budget: int = 0) -> ModelInfo:
+             n_threads: int | None = None, *, flash_attn: bool = True, n_gpu_layers: int | str = 0,
+             rpc_servers: Sequence[str] = (), rpc_layers: int = 0, context_budget: int = 0,
+             gpu_memory: int = 0) -> ModelInfo:
         """Remote backends are probed as the real session does; those that answer are reported as used.
         A context memory budget sets n_ctx as the real session's does."""
         self.calls.append("load")

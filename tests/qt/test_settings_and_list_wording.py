@@ -30,7 +30,8 @@ def test_zero_values_say_what_they_mean(qtbot: QtBot) -> None:
     dialog = _dialog(qtbot)
     shown = {"n_threads": (0, "0 = automatic (one per core)"), "max_reply_tokens": (0, "0 = no limit"),
              "top_k": (0, "0 = all tokens"), "seed": (-1, "-1 = random each time"),
-             "temperature": (0.0, "0 = always the likeliest"), "n_gpu_layers": (0, "0 = none (CPU only)")}
+             "temperature": (0.0, "0 = always the likeliest"), "n_gpu_layers": (-1, "Auto (as many as fit)"),
+             "gpu_memory_mb": (0, "0 = free memory less 1 GiB")}
     for name, (value, text) in shown.items():
         dialog.set_value(name, value)
         spin = dialog.editors[name]

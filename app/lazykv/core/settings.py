@@ -21,7 +21,8 @@ from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL
 from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, KvMode, SettingKind
 
 APP_DIR_NAME = "lazykv"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+GPU_LAYERS_AUTO = -1  # n_gpu_layers: as many layers as the memory plan fits on the GPU
 SETTINGS_FILE = "settings.json"
 MAX_RECENT_MODELS = 8
 
@@ -166,9 +167,15 @@ SETTINGS: tuple[Setting, ...] = (
             maximum=1_000_000, step=256, reloads_engine=True, special="0 = use the context length"),
     Setting("n_threads", SettingKind.INT, 0, "Threads", "CPU threads for the engine; 0: one per core.",
             "Engine", minimum=0, maximum=256, reloads_engine=True, special="0 = automatic (one per core)"),
-    Setting("n_gpu_layers", SettingKind.INT, 0, "GPU layers", "Layers offloaded to the GPU (GPU builds only; "
-            "this build runs on the CPU).", "Engine", minimum=0, maximum=1000, reloads_engine=True,
-            special="0 = none (CPU only)"),
+    Setting("n_gpu_layers", SettingKind.INT, GPU_LAYERS_AUTO, "GPU layers", "Layers on the GPU. Auto: as "
+            "many as fit in the GPU's memory with their part of the KV cache and the buffers, leaving 1 GiB "
+            "free (or within the GPU memory limit); without a usable GPU the model runs on the CPU. 0: none.",
+            "Engine", minimum=GPU_LAYERS_AUTO, maximum=1000, reloads_engine=True,
+            special="Auto (as many as fit)"),
+    Setting("gpu_memory_mb", SettingKind.INT, 0, "GPU memory limit (MiB)", "Use at most this much of each "
+            "GPU's memory, so there is room left for the rest of the desktop; 0: its free memory less "
+            "1 GiB.", "Engine", minimum=0, maximum=1_000_000, step=256, reloads_engine=True,
+            special="0 = free memory less 1 GiB"),
     Setting("flash_attn", SettingKind.BOOL, True, "Flash attention", "Needed by the q8_0, lazy and ladder "
             "KV caches.", "Engine", reloads_engine=True),
     Setting("idle_conversion", SettingKind.BOOL, True, "Compact while idle", "Lazy cache and ladder: when "
@@ -236,7 +243,16 @@ def _migrate_1_to_2(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _migrate_1_to_2}
+def _migrate_2_to_3(values: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 had no Auto for the GPU layers: its 0 (the default, and the only choice of a CPU build)
+    becomes Auto; a number of layers chosen stays."""
+    values = dict(values)
+    if values.get("n_gpu_layers") == 0:
+        values["n_gpu_layers"] = GPU_LAYERS_AUTO
+    return values
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
 
 
 def config_dir() -> Path:

@@ -20,6 +20,7 @@ from lazykv.core.engine.engine import (
 from lazykv.core.engine.remote import UNREACHABLE_DETAILS, unreachable_text
 from lazykv.core.kinds import KvMode
 from lazykv.core.models.defaults import models_folder
+from lazykv.core.settings import GPU_LAYERS_AUTO
 from lazykv.qt.model_info_dialog import ModelInfoDialog
 from lazykv.qt.models_dialog import ModelsDialog
 from lazykv.qt.ui_state import UiState
@@ -28,6 +29,11 @@ from lazykv.qt.worker import (
     Failure,
     LoadModel,
 )
+
+
+def gpu_layers(value: int) -> int | str:
+    """The GPU-layers setting as the engine takes it: its Auto is the memory plan's "auto"."""
+    return memory.AUTO if value == GPU_LAYERS_AUTO else value
 
 
 class ModelLoading:
@@ -43,7 +49,8 @@ class ModelLoading:
             n_ctx=self.setting("n_ctx"),
             kv_mode=self.setting("kv_mode"),
             n_threads=self.setting("n_threads"),
-            n_gpu_layers=self.setting("n_gpu_layers"),
+            n_gpu_layers=gpu_layers(self.setting("n_gpu_layers")),
+            gpu_memory_mb=self.setting("gpu_memory_mb"),
             flash_attn=self.setting("flash_attn"),
             rpc_servers=tuple(self.setting("rpc_servers")),
             rpc_layers=self.setting("rpc_layers"),

@@ -45,7 +45,8 @@ class EngineConfig:
     n_ctx: int = 4096
     kv_mode: KvMode = DEFAULT_KV_MODE
     n_threads: int = 0  # 0: one per core
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | str = 0  # llama.cpp's count, or "auto" (the memory plan's)
+    gpu_memory_mb: int = 0  # at most this much of each GPU (0: its free memory less the headroom)
     flash_attn: bool = True
     rpc_servers: tuple[str, ...] = ()  # remote backends, host:port
     rpc_layers: int = 0  # layers on them; 0: all
@@ -210,6 +211,7 @@ class EngineWorker(QObject):
             rpc_servers=config.rpc_servers,
             rpc_layers=config.rpc_layers,
             context_budget=config.context_budget_mb * MiB,
+            gpu_memory=config.gpu_memory_mb * MiB,
         )
 
     def _reply(self, request: Reply) -> ReplyResult:

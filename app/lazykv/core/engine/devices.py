@@ -38,10 +38,7 @@ class Discovery:
 
     def note(self) -> str:
         """A sentence when a GPU build has no usable device (the plan is then for the CPU), else ""."""
-        if self.gpu_build and not self.local:
-            return (f"This is a {self.gpu_build} build, but {self.gpu_build} reports no usable device: "
-                    "planning for the CPU.")
-        return ""
+        return no_device_note(self.gpu_build, self.local)
 
 
 def _lib() -> ctypes.CDLL | None:
@@ -105,18 +102,30 @@ def rpc_devices(endpoints: Sequence[str]) -> list[Device]:
     return list(discover(endpoints).remote)
 
 
+def registered(endpoints: Sequence[str]) -> list[Device]:
+    """The devices of RPC servers already registered and just probed (``endpoints``), without probing."""
+    lib = _lib()
+    if lib is None or not endpoints:
+        return []
+    found: list[Device] = []
+    for dev in _all_devices():
+        # only the servers that answered are asked for their memory: the RPC client ends the process
+        # on a server that went away (one registered earlier, since stopped)
+        name = _text(llama_cpp.ggml_backend_dev_name(dev))
+        if name.startswith("RPC") and _text(lib.ggml_backend_dev_description(dev)) in endpoints:
+            found.append(_device(lib, dev))
+    order = {endpoint: i for i, endpoint in enumerate(endpoints)}
+    return sorted(found, key=lambda d: order.get(d.description, len(order)))
+
+
+def no_device_note(build: str, local: Sequence[Device]) -> str:
+    """A sentence when a GPU build has no usable device (the plan is then for the CPU), else ""."""
+    if build and not local:
+        return f"This is a {build} build, but {build} reports no usable device: the model runs on the CPU."
+    return ""
+
+
 def discover(endpoints: Sequence[str] = ()) -> Discovery:
     """Local GPUs and the devices of the RPC servers at ``endpoints`` (ValueError on a malformed endpoint)."""
     usable, unreachable = _remote_backends(endpoints) if endpoints else ([], [])
-    lib = _lib()
-    remote: list[Device] = []
-    if lib is not None and usable:
-        for dev in _all_devices():
-            # only the servers that answered are asked for their memory: the RPC client ends the process
-            # on a server that went away (one registered earlier, since stopped)
-            name = _text(llama_cpp.ggml_backend_dev_name(dev))
-            if name.startswith("RPC") and _text(lib.ggml_backend_dev_description(dev)) in usable:
-                remote.append(_device(lib, dev))
-    order = {endpoint: i for i, endpoint in enumerate(usable)}
-    remote.sort(key=lambda d: order.get(d.description, len(order)))
-    return Discovery(gpu_build(), tuple(local_gpus()), tuple(remote), tuple(unreachable))
+    return Discovery(gpu_build(), tuple(local_gpus()), tuple(registered(usable)), tuple(unreachable))

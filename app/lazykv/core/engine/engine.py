@@ -21,7 +21,19 @@ from llama_cpp import llama_chat_format
 
 from lazykv.core.chat.context_policy import fit_messages
 from lazykv.core.chat.conversation import common_prefix
-from lazykv.core.engine.memory import DeviceMemory, context_for_budget, fmt_bytes, kv_bytes, split_by_device
+from lazykv.core.engine.memory import (
+    AUTO,
+    Device,
+    DeviceMemory,
+    GpuLayers,
+    Plan,
+    context_for_budget,
+    fmt_bytes,
+    kv_bytes,
+    max_ctx,
+    plan,
+    split_by_device,
+)
 from lazykv.core.engine.model_meta import CTX_PADDING, GGUFError, KvSupport, ModelMeta, read_model_meta
 from lazykv.core.engine.remote import Unreachable, normalize_endpoints, probe_all
 from lazykv.core.errors import EngineError
@@ -105,6 +117,9 @@ class ModelInfo:
     n_threads: int
     meta: ModelMeta
     memory: tuple[DeviceMemory, ...] = ()  # what the engine allocated, per place (host, each device)
+    plan: Plan | None = None  # the memory plan the load followed (its n_gpu_layers, and why)
+    devices: tuple[Device, ...] = ()  # the devices offered to it, with their free/total memory before loading
+    plan_note: str = ""  # a sentence about the plan (a GPU build without a usable device: the CPU instead)
     remote: tuple[str, ...] = ()  # the remote backends (llama.cpp RPC servers) the model runs on
     unreachable: tuple[Unreachable, ...] = ()  # those asked for but left out, and why
 
@@ -256,6 +271,26 @@ def budget_n_ctx(meta: ModelMeta, budget: int, kv_mode: KvMode) -> int:
     return n_ctx
 
 
+def _refuse_what_does_not_fit(path: Path, meta: ModelMeta, chosen: Plan, devices: Sequence[Device],
+                              gpu_memory: int) -> None:
+    """ModelLoadError with what would fit when the plan needs more RAM than there is (llama.cpp would run
+    out of memory, or the machine would swap)."""
+    if chosen.host_total <= chosen.available:
+        return
+    kv_mode = chosen.kv_mode
+    args = (devices, AUTO, gpu_memory or None, chosen.available)
+    same = max_ctx(meta, kv_mode, *args)
+    ladder = max_ctx(meta, KvMode.LADDER, *args) if meta.kv_support().allows(KvMode.LADDER) else 0
+    need = (f"{path.name} with {chosen.n_ctx} tokens of {kv_mode} KV cache needs about "
+            f"{fmt_bytes(chosen.host_total)} of RAM, and {fmt_bytes(chosen.available)} is available")
+    if same:
+        better = f"; with the ladder KV cache {ladder} tokens fit" if ladder > same else ""
+        raise ModelLoadError(f"{need}: at most {same} tokens fit{better}. Lower the context length.")
+    if ladder:
+        raise ModelLoadError(f"{need}: with the ladder KV cache {ladder} tokens fit. Choose the ladder.")
+    raise ModelLoadError(f"{need}: it does not fit in this machine's memory at any context length.")
+
+
 _registered: set[str] = set()  # RPC servers registered with the engine: process-wide, as in ggml
 
 
@@ -330,10 +365,11 @@ class EngineSession:
         n_threads: int | None = None,
         *,
         flash_attn: bool = True,
-        n_gpu_layers: int = 0,
+        n_gpu_layers: GpuLayers = 0,
         rpc_servers: Sequence[str] = (),
         rpc_layers: int = 0,
         context_budget: int = 0,
+        gpu_memory: int = 0,
     ) -> ModelInfo:
         """Load a model, replacing the current one only once the new one has loaded.
 
@@ -343,6 +379,11 @@ class EngineSession:
         ``rpc_servers``: remote backends (``host:port`` of llama.cpp RPC servers); those that answer
         get ``rpc_layers`` layers (0: all) with their part of the KV cache, the others are left out
         and listed in ``ModelInfo.unreachable``. On any error the previous model stays loaded and usable.
+        ``n_gpu_layers``: llama.cpp's count, or ``"auto"``: as many as the memory plan fits on this machine's
+        GPUs, each used up to ``gpu_memory`` bytes (0: its free memory less the headroom); none without a
+        usable GPU (``ModelInfo.plan_note`` says so on a GPU build). A model whose plan needs more RAM than
+        is available is refused with a sentence naming the context that fits (ModelLoadError), before
+        llama.cpp could run out of memory.
         """
         path = Path(model_path)
         meta = read_checked_meta(path)
@@ -355,9 +396,19 @@ class EngineSession:
             n_ctx = budget_n_ctx(meta, context_budget, kv_mode)
         threads = n_threads or default_threads()
         remote, unreachable = _remote_backends(rpc_servers)
+        from lazykv.core.engine import devices as found  # it imports this module
+
+        gpus = tuple(found.local_gpus())
+        offered = tuple(found.registered(remote)) + gpus  # llama.cpp's order: the servers, then the GPUs
         if remote:
             params.update(rpc_servers=remote)
             n_gpu_layers = rpc_layers if rpc_layers > 0 else -1
+        chosen = plan(meta, n_ctx, kv_mode, offered, meta.n_layer + 1 if n_gpu_layers == -1 else n_gpu_layers,
+                      gpu_memory or None)
+        if n_gpu_layers == AUTO:
+            n_gpu_layers = chosen.n_gpu_layers
+        note = found.no_device_note(found.gpu_build(), gpus) if not remote else ""
+        _refuse_what_does_not_fit(path, meta, chosen, offered, gpu_memory)
         try:
             llama = llama_cpp.Llama(
                 model_path=str(path),
@@ -381,6 +432,9 @@ class EngineSession:
             n_threads=threads,
             meta=meta,
             memory=split_by_device(llama.memory_breakdown()),
+            plan=chosen,
+            devices=offered,
+            plan_note=note,
             remote=tuple(remote),
             unreachable=tuple(unreachable),
         )
