@@ -112,6 +112,13 @@ def test_a_prompt_longer_than_the_context_is_refused(client: openai.OpenAI) -> N
     assert refused.value.body["code"] == "context_length_exceeded"
 
 
+def test_an_empty_prompt_is_refused_and_the_server_goes_on(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:  # SmolLM2 adds no BOS: no token at all
+        client.completions.create(model="m", prompt="", max_tokens=2)
+    assert refused.value.body["code"] == "empty_prompt"
+    assert client.completions.create(model="m", prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
+
+
 def test_a_body_over_the_limit_gets_413(start: Callable[..., Service]) -> None:
     server = start(max_body_bytes=4096)
     answer = httpx.post(f"{server.base_url}/completions", json={"prompt": "x" * 5000, "max_tokens": 1})

@@ -3,6 +3,7 @@ answers as it would have without the restart; a snapshot of another model settin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +52,14 @@ def _turn(client: openai.OpenAI, messages: list[dict[str, str]]):
                                           temperature=0.8)
 
 
+def _idle(service: Service) -> None:
+    """Wait for the engine to finish the request (the snapshot is saved after the answer is out)."""
+    deadline = time.monotonic() + 30
+    while service.access.pending:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
 def test_the_next_turn_after_a_restart_reuses_the_snapshot_and_answers_the_same(run) -> None:
     crypto = Crypto(Encryption.KEYRING, key=load_or_create_key())
     service, client = run(crypto)
@@ -58,6 +67,7 @@ def test_the_next_turn_after_a_restart_reuses_the_snapshot_and_answers_the_same(
     turn_2 = [*TURN_1, {"role": "assistant", "content": first.choices[0].message.content},
               {"role": "user", "content": "And daffodils?"}]
     before = _turn(client, turn_2)
+    _idle(service)
     files = list(service.cache.folder.glob(f"*{SUFFIX}"))
     assert files and all(read_header(f).conversation_id == API_CONVERSATION_ID for f in files)
     assert all(read_header(f).encryption == Encryption.KEYRING for f in files)
@@ -95,12 +105,14 @@ def test_a_tampered_snapshot_is_refused_and_dropped(run) -> None:
     crypto = Crypto(Encryption.KEYRING, key=load_or_create_key())
     service, client = run(crypto)
     first = _turn(client, TURN_1)
+    _idle(service)
     (path,) = service.cache.folder.glob(f"*{SUFFIX}")
     data = bytearray(path.read_bytes())
     data[-40] ^= 0x01
     path.write_bytes(bytes(data))
     service, client = run(crypto)
     again = _turn(client, TURN_1)
+    _idle(service)
     assert again.choices[0].message.content == first.choices[0].message.content
     assert service.cache.counters.refused == 1 and again.usage.prompt_tokens_details.cached_tokens == 0
     assert service.cache.counters.saved == 1  # dropped, then saved anew by this reply
@@ -110,11 +122,14 @@ def test_the_budget_evicts_the_least_recently_used(run) -> None:
     crypto = Crypto(Encryption.NONE)
     service, client = run(crypto)
     _turn(client, TURN_1)
+    _idle(service)
     (entry,) = service.cache.entries()
     budget = int(entry.size * 2.5)  # room for two
     service, client = run(crypto, budget=budget)
     for question in ("Roses?", "Lilies?", "Basil?"):
-        _turn(client, [TURN_1[0], {"role": "user", "content": question}])
+        topic = f"Today's topic: {question} " + SYSTEM  # no block in common with the others
+        _turn(client, [{"role": "system", "content": topic}, {"role": "user", "content": question}])
+    _idle(service)
     assert len(service.cache.entries()) == 2
     assert service.cache.stats().bytes <= budget
     assert service.cache.counters.evicted >= 1

@@ -63,6 +63,7 @@ class Generation:
     stop: list[str]
     emit: Callable[[Event], None]
     cancel: threading.Event = field(default_factory=threading.Event)
+    ended: bool = False  # its end was emitted
 
 
 class QueueFullError(Exception):
@@ -70,17 +71,21 @@ class QueueFullError(Exception):
 
 
 def run_generation(session: EngineSession, cache: PrefixCache | None, job: Generation) -> Event:
-    """Run ``job`` on ``session`` (from the thread that owns it), emitting its pieces; return its end."""
+    """Run ``job`` on ``session`` (from the thread that owns it): emit its pieces and its end, then save
+    the cache for later requests (the client has its answer by then); returns the end."""
     if job.messages is not None:
         tokens, stop = session.chat_prompt(job.messages)
     else:
         tokens, stop = session.tokenize(job.prompt or ""), []
     n_ctx = session.model_info().n_ctx
+    if not tokens:  # a model without a BOS token and an empty prompt: nothing to continue
+        return _end(job, RequestFailed(400, "The prompt is empty: give some text to continue.",
+                                       code="empty_prompt"))
     if len(tokens) >= n_ctx:
-        return RequestFailed(
+        return _end(job, RequestFailed(
             400, f"This prompt is {len(tokens)} tokens long; the server's context holds {n_ctx} tokens "
             "(prompt and reply together). Shorten it, or start the server with a larger --ctx.",
-            code="context_length_exceeded")
+            code="context_length_exceeded"))
     restored = False
     if cache is not None:
         match = cache.best(tokens)
@@ -95,11 +100,22 @@ def run_generation(session: EngineSession, cache: PrefixCache | None, job: Gener
             result = end.value
             break
         job.emit(Piece(piece))
-    if cache is not None and not result.cancelled:
-        cache.save(session)
     # a prompt found whole is read again from its last token (the engine needs fresh logits)
     n_cached = min(result.n_reused, max(0, result.n_prompt - 1))
-    return Outcome(result.text, result.finish_reason, result.n_prompt, n_cached, result.n_generated, restored)
+    outcome = _end(job, Outcome(result.text, result.finish_reason, result.n_prompt, n_cached,
+                                result.n_generated, restored))
+    if cache is not None and not result.cancelled:
+        try:
+            cache.save(session)
+        except EngineError as err:  # the answer is out; only later requests miss this snapshot
+            log.warning("API cache: the KV cache could not be captured: %s", err)
+    return outcome
+
+
+def _end(job: Generation, end: Event) -> Event:
+    job.ended = True
+    job.emit(end)
+    return end
 
 
 class EngineAccess:
@@ -150,26 +166,28 @@ class EngineAccess:
                 closed = self._closed
             try:
                 if closed or job.cancel.is_set():
-                    end: Event = RequestFailed(503, "The request was cancelled.", "server_error", "cancelled")
+                    _end(job, RequestFailed(503, "The request was cancelled.", "server_error", "cancelled"))
                 else:
-                    end = _guarded(self.session, self.cache, job)
-                job.emit(end)
+                    _guarded(self.session, self.cache, job)
             finally:
                 with self._lock:
                     self._running = None
                     self._pending -= 1
 
 
-def _guarded(session: EngineSession, cache: PrefixCache | None, job: Generation) -> Event:
+def _guarded(session: EngineSession, cache: PrefixCache | None, job: Generation) -> None:
     """run_generation with every failure answered: the client gets a reason, the thread lives on."""
     try:
-        return run_generation(session, cache, job)
+        run_generation(session, cache, job)
+        return
     except PromptError as err:
-        return RequestFailed(400, str(err), code="invalid_messages")
+        failed = RequestFailed(400, str(err), code="invalid_messages")
     except EngineError as err:
         log.warning("API request failed in the engine: %s", err)
-        return RequestFailed(500, f"The engine could not answer: {err}", "server_error")
+        failed = RequestFailed(500, f"The engine could not answer: {err}", "server_error")
     except Exception:
         log.exception("API request failed")
-        return RequestFailed(500, "The server failed to answer this request (a bug; see its log).",
-                             "server_error")
+        failed = RequestFailed(500, "The server failed to answer this request (a bug; see its log).",
+                               "server_error")
+    if not job.ended:
+        _end(job, failed)

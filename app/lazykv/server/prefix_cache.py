@@ -187,18 +187,18 @@ class PrefixCache:
     # --- save and evict ------------------------------------------------------------------------------
 
     def save(self, session: EngineSession) -> Entry | None:
-        """Snapshot the session's cache as it is now (after a reply), unless it is short or already
-        kept (then only its last use is updated). Evicts the least recently used past the budget."""
+        """Snapshot the session's cache as it is now (after a reply), unless it is short, or an entry
+        already holds all of it but less than a block (re-reading that little costs less than a file;
+        then only that entry's last use is updated). Evicts the least recently used past the budget."""
         tokens = session.cached_tokens()
         if len(tokens) < self.min_tokens:
             return None
-        digest = self.digest(tokens)
-        with self._lock:
-            known = self._entries.get(digest)
-        if known is not None and self._path(digest).exists():
-            known.used = time.time()
+        known = self.best(tokens)
+        if known is not None and len(tokens) - known.n_tokens < BLOCK:
+            known.entry.used = time.time()
             self._write_index()
-            return known
+            return known.entry
+        digest = self.digest(tokens)
         kv = session.capture_kv()
         layout = kv.layout
         header = SnapshotHeader(
