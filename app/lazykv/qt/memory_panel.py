@@ -89,11 +89,14 @@ class MemoryPanel(QWidget):
         self.kv_label = QLabel("–")
         self.weights_label = QLabel("–")
         self.rss_label = QLabel("–")
+        self.devices_label = QLabel("–")  # each device: free/total, and the model's weights/KV/buffers on it
+        self.devices_label.setObjectName("devices")
+        self.devices_label.setTextFormat(Qt.TextFormat.PlainText)  # names from drivers, servers
         self.conversion_label = QLabel("none yet")
         self.graph = HistoryGraph()
         self.estimate_label = QLabel("")
         for label in (self.phase_label, self.step_label, self.kv_label, self.weights_label,
-                      self.conversion_label, self.estimate_label):
+                      self.conversion_label, self.estimate_label, self.devices_label):
             label.setWordWrap(True)  # the dock stays as narrow as the user makes it
 
         form = QFormLayout()
@@ -105,6 +108,7 @@ class MemoryPanel(QWidget):
         form.addRow("Compacted", self.conversion_label)
         form.addRow("Weights", self.weights_label)
         form.addRow("Process RSS", self.rss_label)
+        form.addRow("Devices", self.devices_label)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.graph)
@@ -115,6 +119,7 @@ class MemoryPanel(QWidget):
         self.memory = info.memory
         weights = placed((p.place, p.weights) for p in self.memory) or fmt_bytes(info.file_size)
         self.weights_label.setText(f"{weights} ({info.name})")
+        self.devices_label.setText(devices_text(info))
 
     def set_status(self, status: KvStatus) -> None:
         self.status = status
@@ -152,6 +157,28 @@ class MemoryPanel(QWidget):
             f"<b>{title}</b><br><span style='color:{color}'>● {estimate.fit.value}</span>: "
             f"{estimate.summary()}{per_mode}"
         )
+
+
+def devices_text(info: ModelInfo) -> str:
+    """Each device the model was offered: its memory (free of total, before loading), and the weights, KV
+    cache and buffers the engine put on it; or that the model runs on the CPU, and why."""
+    used = {m.device: m for m in info.memory if not m.host}
+    lines = []
+    for device in info.devices:
+        on = used.get(device.name)
+        memory = (f"{fmt_bytes(device.free)} free of {fmt_bytes(device.total)}" if device.total
+                  else "memory not reported")
+        held = (f"weights {fmt_bytes(on.weights)}, KV {fmt_bytes(on.kv)}, buffers {fmt_bytes(on.compute)}"
+                if on is not None else "nothing of this model")
+        about = f" ({device.description})" if device.description and device.description != device.name else ""
+        lines.append(f"{device.name}{about}: {memory}; {held}")
+    plan = info.plan
+    if plan is not None:
+        lines.append(f"{plan.n_gpu_layers} of {plan.n_layer + 1 if plan.n_layer else 0} layers on the GPU: "
+                     f"{plan.reason}")
+    if info.plan_note:
+        lines.append(info.plan_note)
+    return "\n".join(lines) if lines else "none: the model runs on the CPU"
 
 
 def tokens_per_mode(plan: ContextPlan) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLabel, QVBoxLayout, QWidget
 
-from lazykv.core.engine.memory import fmt_bytes
+from lazykv.core.engine.memory import HOST_CPU, Plan, fmt_bytes
 from lazykv.core.engine.model_meta import ModelMeta
 
 
@@ -30,13 +30,33 @@ def describe(meta: ModelMeta) -> list[tuple[str, str]]:
     return rows
 
 
+def describe_plan(plan: Plan, note: str = "") -> list[tuple[str, str]]:
+    """The memory plan the model was loaded with: GPU layers and why, then each place's bytes."""
+
+    def parts(weights: int, kv: int, compute: int) -> str:
+        return f"weights {fmt_bytes(weights)}, KV cache {fmt_bytes(kv)}, buffers {fmt_bytes(compute)}"
+
+    most = plan.n_layer + 1 if plan.n_layer else 0
+    why = plan.reason[:1].upper() + plan.reason[1:]
+    rows = [("GPU layers", f"{plan.n_gpu_layers} of {most}. {why}." + (f" {note}" if note else "")),
+            (HOST_CPU[:1].upper() + HOST_CPU[1:], parts(plan.host.weights, plan.host.kv, plan.host.compute))]
+    for d in plan.devices:
+        memory = (f"{fmt_bytes(d.device.free)} free of {fmt_bytes(d.device.total)} before loading"
+                  if d.device.total else "its memory is not reported")
+        about = f", {d.device.description}" if d.device.description else ""
+        rows.append((f"{d.device.name}{about}", f"{parts(d.weights, d.kv, d.compute)} ({memory})"))
+    return rows
+
+
 class ModelInfoDialog(QDialog):
-    def __init__(self, meta: ModelMeta, parent: QWidget | None = None) -> None:
+    def __init__(self, meta: ModelMeta, parent: QWidget | None = None, plan: Plan | None = None,
+                 note: str = "") -> None:
+        """``plan``: the memory plan the model was loaded with (shown after what the model is)."""
         super().__init__(parent)
         self.setWindowTitle(f"Model: {meta.name}")
         self.setObjectName("model-info")
         form = QFormLayout()
-        for label, value in describe(meta):
+        for label, value in describe(meta) + (describe_plan(plan, note) if plan is not None else []):
             field = QLabel(value)
             field.setTextFormat(Qt.TextFormat.PlainText)  # GGUF metadata is text, never markup
             field.setWordWrap(True)

@@ -94,7 +94,8 @@ class ModelLoading:
 
     def _show_model_info(self) -> None:
         if self.model_info is not None:
-            dialog = ModelInfoDialog(self.model_info.meta, self)
+            info = self.model_info
+            dialog = ModelInfoDialog(info.meta, self, info.plan, info.plan_note)
             dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
             dialog.open()
 
