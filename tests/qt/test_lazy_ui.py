@@ -29,7 +29,7 @@ def test_a_conversion_during_a_reply_shows_progress_then_the_phase_change(
     w = open_window(qtbot, smollm2_path, max_reply_tokens=16)
     try:
         qtbot.waitUntil(lambda: w.kv is not None)
-        assert w.memory_panel.phase_label.text().startswith("f16")
+        assert w.memory_panel.phase_label.text().startswith("16-bit")
         assert "/ 512 (f16 view)" in w.memory_panel.cells_bar.format()
         seen: list[tuple[ConversionEvent, UiState, bool]] = []
         w.conversion_shown.connect(lambda e: seen.append((e, w.state, w.banner.isVisible())))
@@ -44,7 +44,7 @@ def test_a_conversion_during_a_reply_shows_progress_then_the_phase_change(
         assert {state for _, state, _ in seen} == {UiState.REPLYING} and all(shown for _, _, shown in seen)
         assert "8-bit" in w.banner.label.text() and "ms at token" in w.banner.label.text()
         qtbot.waitUntil(lambda: w.kv.phase is KvPhase.Q8_0, timeout=10_000)
-        assert w.memory_panel.phase_label.text().startswith("q8_0")
+        assert w.memory_panel.phase_label.text().startswith("8-bit")
         assert "/ 1024 (q8_0)" in w.memory_panel.cells_bar.format()
         # converted while the prompt was read: a line between the user's message and the reply
         text = w.transcript.toPlainText()

@@ -57,7 +57,7 @@ def test_a_new_chat_after_a_compaction_starts_with_an_empty_16_bit_cache(
     w.new_chat()
     qtbot.waitUntil(lambda: w.kv.phase is KvPhase.F16 and w.kv.n_cells_used == 0, timeout=WAIT_MS)
     settle(qtbot, w)
-    assert "16-bit" in w.context_meter.label.text() and w.memory_panel.phase_label.text().startswith("f16")
+    assert "16-bit" in w.context_meter.label.text() and w.memory_panel.phase_label.text().startswith("16-bit")
 
 
 def test_with_the_real_engine_a_new_chat_after_a_compaction_is_16_bit_again(

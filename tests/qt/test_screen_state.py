@@ -174,3 +174,36 @@ def test_a_step_taken_before_the_step_was_full_says_what_did_not_fit(
     for stage in (ConversionStage.START, ConversionStage.END):  # idle or Compact now: early by choice
         w._on_conversion(ConversionEvent(stage, 1, 1, 20, 0.01, KvPhase.Q8_0))
     assert w.conversation.markers()[-1].label == "Context compacted to 8-bit here (at token 20)"
+
+
+def test_a_small_window_squeezes_nothing_onto_anything_and_a_large_one_gives_the_room_back(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    """Defect 8: at the minimum size the memory panel's rows overlapped and the status bar's texts ran
+    into each other; enlarged again, the panel stayed narrow, the Cells bar's text wrapped in it."""
+    w = fake_window(kv_mode=KvMode.LADDER)
+    chat(qtbot, w, "Hello there")
+    w.resize(1300, 800)
+    qtbot.wait(50)
+    roomy_dock = w.memory_dock.width()
+    w.model_label.setText("A-model-with-a-long-file-name-from-a-hub.Q4_K_M · llama · 135M params · ctx 4096")
+    w.resize(w.minimumSizeHint())
+    qtbot.waitUntil(lambda: w.size() == w.minimumSizeHint(), timeout=WAIT_MS)
+    qtbot.wait(50)
+    w.statusBar().showMessage("Prompt 388 tokens, 375 reused from the cache")
+
+    panel = w.memory_panel
+    rows = [panel.phase_label, panel.step_label, panel.cells_bar, panel.kv_label, panel.conversion_label,
+            panel.weights_label, panel.rss_label, panel.graph, panel.estimate_label]
+    for label in (r for r in rows if isinstance(r, QLabel) and r.wordWrap()):
+        assert label.height() >= label.heightForWidth(label.width()), label.text()  # not squashed
+    for upper, lower in zip(rows, rows[1:], strict=False):
+        assert upper.geometry().bottom() < lower.geometry().top(), (upper, lower)
+    label = w.model_label
+    assert label.fontMetrics().horizontalAdvance(label.shown_text()) <= label.contentsRect().width()
+    message_end = w.statusBar().fontMetrics().horizontalAdvance(w.statusBar().currentMessage())
+    assert message_end < label.geometry().left() or label.shown_text() != label.text()
+
+    w.resize(1300, 800)
+    qtbot.waitUntil(lambda: w.memory_dock.width() >= roomy_dock, timeout=WAIT_MS)
+    assert not panel.cells_bar.isTextVisible()  # the figures are in the line above it, never under the fill

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QDeadlineTimer, Qt, QThread, QTimer, Signal, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtCore import QDeadlineTimer, QEvent, QObject, Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QResizeEvent
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QPushButton,
+    QScrollArea,
     QToolBar,
     QVBoxLayout,
     QWidget,
@@ -45,6 +46,7 @@ from lazykv.qt.context_meter import ContextMeter
 from lazykv.qt.conversations import UNDO_MS, Conversations
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.conversion_banner import ConversionBanner
+from lazykv.qt.elided_label import ElidedLabel
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.model_loading import ModelLoading
 from lazykv.qt.models_dialog import ModelsDialog
@@ -66,6 +68,9 @@ from lazykv.qt.worker import (
 
 APP_TITLE = "LazyKV Chat"
 FIRST_RUN_DOCK_WIDTHS = (240, 250)  # conversations, memory (px)
+MIN_DOCK_WIDTH = 200  # the memory panel's rows stay readable
+MODEL_LABEL_MIN = 160  # px: the status bar's model line takes at most 2/5 of the window, at least this
+ROOMY_CENTRAL = 160  # px beyond the chat's own minimum: the window is not squeezing its docks
 SAMPLE_INTERVAL_MS = 1000  # memory panel: RSS and the history graph
 SHUTDOWN_DEADLINE_MS = 10_000  # at exit, the engine thread gets this long to end (a decode aborts at once)
 
@@ -131,6 +136,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
 
         self.database = Database()  # the process's one connection to the conversation database
         self._build_ui()
+        self._watch_dock_widths()
         theme.apply(QApplication.instance(), self.setting("theme"))
         if not window_state.restore(self):  # first run: the transcript gets most of the width
             QTimer.singleShot(0, lambda: self.resizeDocks(
@@ -288,7 +294,15 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self.memory_panel = MemoryPanel()
         self.memory_dock = QDockWidget("Memory", self)
         self.memory_dock.setObjectName("memory-dock")
-        self.memory_dock.setWidget(self.memory_panel)
+        # in a small window the panel scrolls instead of squeezing its rows onto each other
+        memory_scroll = QScrollArea()
+        memory_scroll.setObjectName("memory-scroll")
+        memory_scroll.setWidgetResizable(True)
+        memory_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        memory_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        memory_scroll.setWidget(self.memory_panel)
+        self.memory_dock.setWidget(memory_scroll)
+        self.memory_dock.setMinimumWidth(MIN_DOCK_WIDTH)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.memory_dock)
 
         self.conversations_panel = ConversationsPanel()
@@ -298,7 +312,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self.conversations_dock.setMinimumWidth(240)
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.conversations_dock)
 
-        self.model_label = QLabel("No model loaded")
+        self.model_label = ElidedLabel("No model loaded")  # shortened, never over the status messages
         self.statusBar().addPermanentWidget(self.model_label)
         self._build_actions()
 
@@ -589,6 +603,45 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         database_done = self.database.close(max(500, deadline.remainingTime()) / 1000)
         self._shut_down = disk_done and engine_done and database_done
         return self._shut_down
+
+    # -- dock widths through a small window ------------------------------------------------------------
+
+    def _watch_dock_widths(self) -> None:
+        self._dock_widths: dict[QDockWidget, int] = {}  # each dock's width while the window had room
+        for dock in (self.conversations_dock, self.memory_dock):
+            dock.installEventFilter(self)
+
+    def _side_docks(self) -> list[QDockWidget]:
+        docks = (self.conversations_dock, self.memory_dock)
+        return [d for d in docks if d.isVisible() and not d.isFloating()]
+
+    def _roomy(self) -> bool:
+        """The chat area has room beyond its minimum: the docks are as wide as the user made them."""
+        room = self.width() - sum(d.width() for d in self._side_docks())
+        return room >= self.centralWidget().minimumSizeHint().width() + ROOMY_CENTRAL
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
+        if (isinstance(event, QResizeEvent) and watched in self._side_docks()
+                and event.size().width() != event.oldSize().width() and self._roomy()):
+            self._dock_widths[watched] = watched.width()  # type: ignore[index]  # the user's width
+        return super().eventFilter(watched, event)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt's name
+        self.model_label.setMaximumWidth(max(MODEL_LABEL_MIN, self.width() * 2 // 5))  # room for messages
+        super().resizeEvent(event)
+        QTimer.singleShot(0, self._widen_squeezed_docks)
+
+    def _widen_squeezed_docks(self) -> None:
+        """A window made small squeezed its docks; made large again, they get their widths back (the
+        chat area no longer takes all the room it gains)."""
+        if not self._roomy():
+            return
+        docks = self._side_docks()
+        squeezed = [d for d in docks if d.width() < self._dock_widths.get(d, 0)]
+        if squeezed:
+            self.resizeDocks(squeezed, [self._dock_widths[d] for d in squeezed], Qt.Orientation.Horizontal)
+        else:
+            self._dock_widths.update((d, d.width()) for d in docks)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if self._asked_before_losing_turns():

@@ -18,11 +18,11 @@ from lazykv.qt.kv_words import step_line
 
 HISTORY_SAMPLES = 120
 FIT_COLORS = {Fit.GREEN: "#1a7f37", Fit.YELLOW: "#b08800", Fit.RED: "#cf222e"}
-PHASE_TEXT = {
-    KvPhase.F16: "f16 (full precision)",
-    KvPhase.Q8_0: "q8_0 (8-bit)",
-    KvPhase.Q4_0: "q4_0 (4-bit)",
-    KvPhase.Q5_0: "q5_0 (5-bit)",
+PHASE_TEXT = {  # plain words; the engine's names are in the tooltips (details on demand)
+    KvPhase.F16: "16-bit (full precision)",
+    KvPhase.Q8_0: "8-bit",
+    KvPhase.Q4_0: "4-bit",
+    KvPhase.Q5_0: "5-bit",
 }
 MODE_NAMES = {KvMode.F16: "f16", KvMode.Q8_0: "q8_0", KvMode.LAZY: "lazy", KvMode.LADDER: "ladder"}
 _RSS_COLOR = QColor("#0969da")
@@ -84,8 +84,9 @@ class MemoryPanel(QWidget):
         self.phase_label.setObjectName("kv-phase")
         self.step_label = QLabel("–")  # the step in use and the next one
         self.step_label.setObjectName("kv-step")
-        self.cells_bar = QProgressBar()
-        self.cells_bar.setTextVisible(True)
+        self.cells_bar = QProgressBar()  # the figures are in the line above: no text under the fill
+        self.cells_bar.setTextVisible(False)
+        self.cells_bar.setFixedHeight(8)
         self.kv_label = QLabel("–")
         self.weights_label = QLabel("–")
         self.rss_label = QLabel("–")
@@ -101,13 +102,14 @@ class MemoryPanel(QWidget):
 
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
-        form.addRow("KV phase", self.phase_label)
-        form.addRow("Step", self.step_label)
-        form.addRow("Cells", self.cells_bar)
-        form.addRow("KV cache", self.kv_label)
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)  # a narrow dock: value under its name
+        form.addRow("Precision", self.phase_label)
+        form.addRow("Filled", self.step_label)
+        form.addRow("", self.cells_bar)
+        form.addRow("Context memory", self.kv_label)
         form.addRow("Compacted", self.conversion_label)
-        form.addRow("Weights", self.weights_label)
-        form.addRow("Process RSS", self.rss_label)
+        form.addRow("Model weights", self.weights_label)
+        form.addRow("App memory", self.rss_label)
         form.addRow("Devices", self.devices_label)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
@@ -128,6 +130,10 @@ class MemoryPanel(QWidget):
         self.cells_bar.setRange(0, max(1, status.n_cells_capacity))
         self.cells_bar.setValue(min(status.n_cells_used, status.n_cells_capacity))
         self.cells_bar.setFormat(f"{status.n_cells_used} / {status.n_cells_capacity} ({_storage(status)})")
+        details = (f"Engine: {status.n_cells_used} / {status.n_cells_capacity} cells ({_storage(status)}); "
+                   f"KV cache {status.kv_mode}, phase {status.phase}")
+        for widget in (self.phase_label, self.step_label, self.cells_bar):
+            widget.setToolTip(details)
         where = placed((p.place, p.kv) for p in self.memory)
         self.kv_label.setText(f"{fmt_bytes(status.kv_bytes_used)} in use of {fmt_bytes(status.kv_bytes)}"
                               + (f": {where}" if where else ""))
@@ -152,11 +158,12 @@ class MemoryPanel(QWidget):
             self.estimate_label.setText(f"<b>{title}</b><br>{error}" if error else "")
             return
         color = FIT_COLORS[estimate.fit]
-        per_mode = f"<br>{tokens_per_mode(plan)}" if plan is not None else ""
+        steps = f"<br>{steps_text(plan)}" if plan is not None and plan.steps else ""
         self.estimate_label.setText(
             f"<b>{title}</b><br><span style='color:{color}'>● {estimate.fit.value}</span>: "
-            f"{estimate.summary()}{per_mode}"
+            f"{estimate.summary()}{steps}"
         )
+        self.estimate_label.setToolTip(tokens_per_mode(plan) if plan is not None else "")  # on demand
 
 
 def devices_text(info: ModelInfo) -> str:
@@ -215,5 +222,5 @@ def _storage(status: KvStatus) -> str:
 def _mode_note(status: KvStatus) -> str:
     step = status.next_rung
     if step is not None:
-        return f" — {MODE_NAMES[status.kv_mode]}: compacts to {step.words} at {status.n_cells_capacity} cells"
+        return f" — {MODE_NAMES[status.kv_mode]}: goes to {step.words} at {status.n_cells_capacity:,} tokens"
     return ""
