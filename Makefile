@@ -57,6 +57,7 @@ bench: setup
 	$(PY) -m bench.resume
 	$(PY) -m bench.store_cost
 	$(PY) -m bench.device
+	$(PY) -m bench.plan_accuracy
 	$(PY) -m bench.realistic
 	$(MAKE) dist && QT_QPA_PLATFORM=offscreen $(PY) -m bench.startup
 
