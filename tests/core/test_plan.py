@@ -182,3 +182,18 @@ def test_the_plan_is_within_5_percent_of_what_llama_cpp_allocates(
             rows = plan_accuracy.measure(case, endpoint)
     off = [(r.place, r.kind, r.measured, r.planned) for r in rows if abs(r.error) > plan_accuracy.TOLERANCE]
     assert rows and not off
+
+
+def test_the_estimate_plans_auto_layers_on_the_gpus_and_rpc_before_them() -> None:
+    """The settings' and the panel's estimate is this plan, as EngineSession.load will lay it out."""
+    from lazykv.core.engine.memory import Offload, estimate
+
+    meta = _meta()
+    cpu = estimate(meta, 8192, "q8_0", available=RAM)
+    on_gpu = estimate(meta, 8192, "q8_0", available=RAM, gpus=(gpu(6, 8),), gpu_layers=AUTO)
+    p = plan(meta, 8192, "q8_0", (gpu(6, 8),), AUTO, available=RAM)
+    assert on_gpu.device == "device memory (CUDA0)" and on_gpu.host < cpu.host
+    assert on_gpu.device_weights == p.devices[0].weights and on_gpu.device_kv == p.devices[0].kv
+    assert estimate(meta, 8192, "q8_0", available=RAM, gpus=(gpu(6, 8),), gpu_layers=0).device == ""
+    both = estimate(meta, 8192, "q8_0", available=RAM, offload=Offload(("box:1",), 10), gpus=(gpu(6, 8),))
+    assert both.device == "device memory (remote: box:1)" and both.device_kv == 9 * (p.kv // 32)

@@ -53,3 +53,16 @@ def test_model_information_shows_the_plan_and_why(qtbot: QtBot, fake_model: Path
     assert "Host memory (CPU): | weights " in text
     assert "CUDA0, NVIDIA GeForce RTX 4060 Laptop GPU: | weights " in text
     assert "7.0 GiB free of 8.0 GiB before loading" in text
+
+
+def test_the_settings_estimate_plans_auto_layers_on_the_gpu_of_the_last_load(
+    qtbot: QtBot, fake_model: Path
+) -> None:
+    from lazykv.core.settings import Settings
+    from lazykv.qt.settings_dialog import SettingsDialog
+
+    dialog = SettingsDialog(Settings(), read_model_meta(fake_model), gpus=(GPU,))
+    qtbot.addWidget(dialog)
+    assert "device memory (CUDA0)" in dialog.estimate_label.text()  # Auto, the default
+    dialog.set_value("n_gpu_layers", 0)
+    assert "device memory" not in dialog.estimate_label.text()

@@ -14,7 +14,7 @@ from typing import Any
 
 import platformdirs
 
-from lazykv.core.engine.memory import MAX_CTX
+from lazykv.core.engine.memory import AUTO, MAX_CTX, GpuLayers
 from lazykv.core.engine.remote import normalize_endpoints
 from lazykv.core.files import write_text_atomic
 from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL
@@ -241,6 +241,11 @@ def _migrate_1_to_2(values: dict[str, Any]) -> dict[str, Any]:
     if "recent" in values:
         values["recent_models"] = values.pop("recent")
     return values
+
+
+def gpu_layers(value: int) -> GpuLayers:
+    """The GPU-layers setting as the engine and the planner take it: its Auto is the plan's "auto"."""
+    return AUTO if value == GPU_LAYERS_AUTO else value
 
 
 def _migrate_2_to_3(values: dict[str, Any]) -> dict[str, Any]:

@@ -471,7 +471,8 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
     def _open_settings(self) -> None:
         meta = self.model_info.meta if self.model_info else None
         dialog = SettingsDialog(self.settings.copy(self._overrides), meta, self,
-                                keyring_works=not self.conversations.keyring_failed)
+                                keyring_works=not self.conversations.keyring_failed,
+                                gpus=self.model_info.gpus if self.model_info else ())
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self.apply_settings(dialog.changed()))
         self.settings_dialog = dialog

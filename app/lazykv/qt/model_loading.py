@@ -12,7 +12,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
 )
 
-from lazykv.core.engine import memory
+from lazykv.core.engine import devices, memory
 from lazykv.core.engine.engine import (
     ModelInfo,
     read_checked_meta,
@@ -20,7 +20,7 @@ from lazykv.core.engine.engine import (
 from lazykv.core.engine.remote import UNREACHABLE_DETAILS, unreachable_text
 from lazykv.core.kinds import KvMode
 from lazykv.core.models.defaults import models_folder
-from lazykv.core.settings import GPU_LAYERS_AUTO
+from lazykv.core.settings import gpu_layers
 from lazykv.qt.model_info_dialog import ModelInfoDialog
 from lazykv.qt.models_dialog import ModelsDialog
 from lazykv.qt.ui_state import UiState
@@ -29,11 +29,6 @@ from lazykv.qt.worker import (
     Failure,
     LoadModel,
 )
-
-
-def gpu_layers(value: int) -> int | str:
-    """The GPU-layers setting as the engine takes it: its Auto is the memory plan's "auto"."""
-    return memory.AUTO if value == GPU_LAYERS_AUTO else value
 
 
 class ModelLoading:
@@ -103,15 +98,21 @@ class ModelLoading:
         """The memory estimate of a model about to load (its header is read off the GUI thread)."""
         title = f"{path.name}, KV {config.kv_mode}"
 
-        def done(meta: Any) -> None:
+        def done(found: tuple[Any, tuple[memory.Device, ...]]) -> None:
+            meta, gpus = found
             budget = config.context_budget_mb * memory.MiB
             plan = memory.plan_context(meta, config.n_ctx, config.kv_mode, budget)
             offload = memory.Offload.of(config.rpc_servers, config.rpc_layers)
-            self.memory_panel.set_estimate(f"{path.name}, ctx {plan.n_ctx}, KV {config.kv_mode}",
-                                           memory.estimate(meta, plan.n_ctx, config.kv_mode, offload=offload),
+            est = memory.estimate(meta, plan.n_ctx, config.kv_mode, offload=offload, gpus=gpus,
+                                  gpu_layers=config.n_gpu_layers,
+                                  gpu_memory=config.gpu_memory_mb * memory.MiB)
+            self.memory_panel.set_estimate(f"{path.name}, ctx {plan.n_ctx}, KV {config.kv_mode}", est,
                                            plan=plan)
 
-        self.background.run(lambda: read_checked_meta(path), done,
+        def read() -> tuple[Any, tuple[memory.Device, ...]]:
+            return read_checked_meta(path), tuple(devices.local_gpus())
+
+        self.background.run(read, done,
                             lambda err: self.memory_panel.set_estimate(title, None, str(err)),
                             "Reading the model's header")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from lazykv.core.engine.memory import (
     ContextPlan,
+    Device,
     Fit,
     MiB,
     Offload,
@@ -39,7 +40,7 @@ from lazykv.core.engine.memory import (
 from lazykv.core.engine.model_meta import CTX_PADDING, ModelMeta
 from lazykv.core.engine.remote import parse_endpoint_text
 from lazykv.core.kinds import KvMode, SettingKind
-from lazykv.core.settings import SETTINGS, SETTINGS_BY_NAME, Setting, Settings
+from lazykv.core.settings import SETTINGS, SETTINGS_BY_NAME, Setting, Settings, gpu_layers
 from lazykv.qt.markdown import plain_rich_text
 from lazykv.qt.memory_panel import FIT_COLORS, tokens_per_mode
 
@@ -51,15 +52,17 @@ class SettingsDialog(QDialog):
 
     def __init__(
         self, settings: Settings, meta: ModelMeta | None = None, parent: QWidget | None = None,
-        keyring_works: bool = True,
+        keyring_works: bool = True, gpus: Sequence[Device] = (),
     ) -> None:
         """``meta``: the loaded model's (None: no model loaded); ``keyring_works``: False when the OS
-        keyring failed this session (its protection scheme is then offered disabled)."""
+        keyring failed this session (its protection scheme is then offered disabled); ``gpus``: this
+        machine's GPUs as the last load found them (the estimate plans the GPU layers on them)."""
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setObjectName("settings-dialog")
         self._settings = settings
         self._meta = meta
+        self._gpus = tuple(gpus)
         self._editors: dict[str, Editor] = {}
         self.editors: dict[str, QWidget] = {}
 
@@ -115,7 +118,8 @@ class SettingsDialog(QDialog):
         self._update_kv_choices()
         self._update_estimate()
         self._update_ok()
-        for name in ("n_ctx", "kv_mode", "flash_attn", "rpc_servers", "rpc_layers", "context_budget_mb"):
+        for name in ("n_ctx", "kv_mode", "flash_attn", "rpc_servers", "rpc_layers", "context_budget_mb",
+                     "n_gpu_layers", "gpu_memory_mb"):
             self._editors[name].changed.connect(self._on_engine_change)
         if meta is not None:  # a model is loaded: say before OK that applying reloads it
             for setting in SETTINGS:
@@ -217,7 +221,9 @@ class SettingsDialog(QDialog):
             self.estimate_label.setText("")
             return
         est = estimate(self._meta, max(plan.n_ctx, CTX_PADDING), self.value("kv_mode"),
-                       offload=Offload.of(self.value("rpc_servers"), self.value("rpc_layers")))
+                       offload=Offload.of(self.value("rpc_servers"), self.value("rpc_layers")),
+                       gpus=self._gpus, gpu_layers=gpu_layers(self.value("n_gpu_layers")),
+                       gpu_memory=self.value("gpu_memory_mb") * MiB)
         color = FIT_COLORS[est.fit]
         self.estimate_label.setText(
             f"<b>{html.escape(self._meta.name)}</b> with these settings ({plan.n_ctx:,} tokens)<br>"

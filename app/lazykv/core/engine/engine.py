@@ -128,6 +128,11 @@ class ModelInfo:
         """The file name without .gguf: GGUF 'general.name' is often absent or less telling."""
         return self.path.stem
 
+    @property
+    def gpus(self) -> tuple[Device, ...]:
+        """This machine's GPUs among the devices offered (RPC servers' devices left out)."""
+        return tuple(d for d in self.devices if not d.name.startswith("RPC"))
+
 
 @dataclass(frozen=True)
 class KvStatus:

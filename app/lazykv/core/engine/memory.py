@@ -131,26 +131,34 @@ class Estimate:
 
 
 def estimate(
-    meta: ModelMeta, n_ctx: int, kv_mode: str, available: int | None = None, offload: Offload = Offload()
+    meta: ModelMeta, n_ctx: int, kv_mode: str, available: int | None = None, offload: Offload = Offload(),
+    gpus: Sequence[Device] = (), gpu_layers: GpuLayers = 0, gpu_memory: int | None = None,
 ) -> Estimate:
-    """``plan`` with ``offload``'s layers on remote backends (of unknown memory), summed as host and remote.
+    """``plan`` as the engine will load it, summed as host memory and device memory: with RPC servers
+    (``offload``: of unknown memory) ``offload.n_layers`` go to the servers and the ``gpus`` after them, as
+    EngineSession.load does; else ``gpu_layers`` (AUTO or a count) on the ``gpus``.
 
     Layers offloaded take their weights, KV cells and compute buffers to the device (the token embeddings
-    stay in host memory); the fit is of what stays in host memory, with BASE_OVERHEAD. It runs on the GUI
-    thread and never raises whatever a file declares (see ``plan``)."""
+    stay in host memory); the fit is of what stays in host memory, with BASE_OVERHEAD, and RED when a
+    device is over its budget. It runs on the GUI thread and never raises whatever a file declares."""
     n_layer = _whole(meta.n_layer)
     on_device = offload.layers(n_layer)
-    devices = tuple(Device(f"RPC{i}", endpoint) for i, endpoint in enumerate(offload.endpoints))
-    devices = devices if on_device else ()
-    ngl = 0 if not devices else n_layer + 1 if on_device >= n_layer else on_device
-    p = plan(meta, n_ctx, kv_mode, devices, gpu_layers=ngl, available=available)
+    if on_device:
+        remote = tuple(Device(f"RPC{i}", endpoint) for i, endpoint in enumerate(offload.endpoints))
+        devices = remote + tuple(gpus)
+        ngl: GpuLayers = n_layer + 1 if on_device >= n_layer else on_device
+        place = offload.place
+    else:
+        devices, ngl = tuple(gpus), gpu_layers if gpus else 0
+        place = f"device memory ({', '.join(g.name for g in gpus)})" if gpus else ""
+    p = plan(meta, n_ctx, kv_mode, devices, gpu_layers=ngl, gpu_memory=gpu_memory, available=available)
     dev_w = sum(d.weights for d in p.devices)
     dev_kv = sum(d.kv for d in p.devices)
     dev_c = sum(d.compute for d in p.devices)
     compute = _capped(p.compute + BASE_OVERHEAD)
     total = _capped(p.weights + p.kv + compute)
     return Estimate(p.weights, p.kv, compute, total, p.available, p.fit, dev_w, dev_kv,
-                    offload.place if devices else "", dev_c)
+                    place if dev_w + dev_kv + dev_c else "", dev_c)
 
 
 def kv_bytes(meta: ModelMeta, n_cells: int, kv_mode: str) -> int:
