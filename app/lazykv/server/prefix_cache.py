@@ -38,6 +38,7 @@ from lazykv import __version__
 from lazykv.core.engine.engine import EngineSession, KvRestoreError
 from lazykv.core.files import write_text_atomic
 from lazykv.core.history.persistence import Crypto
+from lazykv.core.history.snapshot import Binding as SnapshotBinding
 from lazykv.core.history.snapshot import (
     Encryption,
     SnapshotError,
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 BLOCK = 64  # tokens per chained hash: a restored entry is cut back to the last block the prompt shares
 SUFFIX = ".lkvsnap"
 INDEX = "index.json"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: each entry records its file's sha256
 # the snapshot header's conversation id for API entries: no conversation of the app's database has it
 # (ids count up from 1); the prefix hash stands where a conversation's transcript digest does
 API_CONVERSATION_ID = 2**63 - 1
@@ -79,6 +80,7 @@ class Entry:
     blocks: list[str]  # chained keyed hashes of its full blocks
     size: int
     used: float  # last saved or restored (unix time): the LRU order
+    sha256: str  # of the file as written
 
 
 @dataclass(frozen=True)
@@ -159,8 +161,13 @@ class PrefixCache:
         entry = match.entry
         path = self._path(entry.digest)
         try:
-            header, tokens, state = read_snapshot(path, self._key)
-            self._check(header, entry, tokens)
+            binding = SnapshotBinding(API_CONVERSATION_ID, entry.digest)
+            # unencrypted, the file can only be checked against the digest its save recorded
+            recorded = entry.sha256 if self._key is None else None
+            _, tokens, state = read_snapshot(path, self._key, binding, sha256=recorded,
+                                             check=self._check_header)
+            if self.digest(tokens) != entry.digest:
+                raise _Refused("its tokens are not the prefix it was filed under")
             session.restore_kv(tokens, state)
         except (SnapshotError, KvRestoreError, OSError, _Refused) as err:
             self.counters.refused += 1
@@ -173,16 +180,15 @@ class PrefixCache:
         self._write_index()
         return True
 
-    def _check(self, header: SnapshotHeader, entry: Entry, tokens: list[int]) -> None:
+    def _check_header(self, header: SnapshotHeader) -> None:
+        """The authenticated header's binding to this model and these settings (the prefix hash and the
+        API's conversation id are in the associated data: read_snapshot checks those)."""
         expected = {"model_sha256": self.binding.model_sha256, "n_ctx": self.binding.n_ctx,
                     "kv_mode": self.binding.kv_mode, "engine_version": self.binding.engine_version,
-                    "conversation_id": API_CONVERSATION_ID, "transcript_sha256": entry.digest,
                     "encryption": self._crypto.scheme.value}
         for name, value in expected.items():
             if getattr(header, name) != value:
                 raise _Refused(f"it was saved with another {name}")
-        if self.digest(tokens) != entry.digest:
-            raise _Refused("its tokens are not the prefix it was filed under")
 
     # --- save and evict ------------------------------------------------------------------------------
 
@@ -218,12 +224,11 @@ class PrefixCache:
             conversation_id=API_CONVERSATION_ID,
             n_messages=0,
             transcript_sha256=digest,
-            kdf_salt=self._crypto.salt_hex(),
             created=time.time(),
         )
         pending = self.folder / f".pending-{uuid.uuid4().hex}{SUFFIX}"
         try:
-            write_snapshot(pending, header, kv.tokens, kv.state, self._key)
+            sha = write_snapshot(pending, header, kv.tokens, kv.state, self._key)
             os.replace(pending, self._path(digest))
         except (SnapshotError, OSError) as err:
             pending.unlink(missing_ok=True)
@@ -231,7 +236,7 @@ class PrefixCache:
             log.warning("API cache: the snapshot was not saved: %s", err)
             return None
         entry = Entry(digest, len(kv.tokens), self.block_hashes(kv.tokens), self._path(digest).stat().st_size,
-                      time.time())
+                      time.time(), sha)
         with self._lock:
             self._entries[digest] = entry
         self.counters.saved += 1
@@ -284,7 +289,7 @@ class PrefixCache:
             entries = {}
             for item in raw["entries"]:
                 entry = Entry(str(item["digest"]), int(item["n_tokens"]), [str(b) for b in item["blocks"]],
-                              int(item["size"]), float(item["used"]))
+                              int(item["size"]), float(item["used"]), str(item["sha256"]))
                 if len(entry.digest) == 64 and self._path(entry.digest).is_file():
                     entries[entry.digest] = entry
             return entries
