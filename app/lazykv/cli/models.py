@@ -8,10 +8,10 @@ import sys
 import time
 from typing import Any
 
-from lazykv.core.engine.memory import fmt_bytes
+from lazykv.core.engine.memory import Device, fmt_bytes
 from lazykv.core.kinds import KvMode
 from lazykv.core.models import download as downloads
-from lazykv.core.models.fit import FitReport, fit_report
+from lazykv.core.models.fit import FitReport, fit_report, local_devices
 from lazykv.core.models.hub import Hub, HubError, HubModel, read_header, repo_models, search
 from lazykv.core.models.record import human_params
 from lazykv.core.models.scan import Places, scan
@@ -59,8 +59,10 @@ def _fit_text(report: FitReport | None) -> str:
 def _list(args: argparse.Namespace) -> int:
     result = scan(Places.current([*Settings.load()["model_folders"], *args.folder]))
     rows = []
+    devices = local_devices()
     for r in result.records:
-        report = fit_report(r.meta, args.ctx, args.kv) if r.meta is not None and r.usable else None
+        report = fit_report(r.meta, args.ctx, args.kv, devices=devices) if r.meta is not None and r.usable \
+            else None
         rows.append((r, report))
     if args.json:
         print(json.dumps({"models": [{**r.to_json(), "fit": _fit_json(f)} for r, f in rows],
@@ -102,8 +104,9 @@ def _get(args: argparse.Namespace) -> int:
         return _download(args, hub)
     models = repo_models(args.repo, hub)
     rows = []
+    devices = local_devices()
     for m in models:
-        report = _hub_fit(m, hub, args) if not m.problem else None
+        report = _hub_fit(m, hub, args, devices) if not m.problem else None
         rows.append((m, report))
     if args.json:
         print(json.dumps([{**m.to_json(), "fit": _fit_json(f)} for m, f in rows], indent=1))
@@ -119,9 +122,9 @@ def _get(args: argparse.Namespace) -> int:
     return 0
 
 
-def _hub_fit(model: HubModel, hub: Hub, args: argparse.Namespace) -> FitReport | None:
+def _hub_fit(model: HubModel, hub: Hub, args: argparse.Namespace, devices: list[Device]) -> FitReport | None:
     try:
-        return fit_report(read_header(model, hub), args.ctx, args.kv)
+        return fit_report(read_header(model, hub), args.ctx, args.kv, devices=devices)
     except (HubError, ValueError):
         return None
 

@@ -36,11 +36,11 @@ from PySide6.QtWidgets import (
 )
 
 from lazykv.core.engine import memory
-from lazykv.core.engine.memory import fmt_bytes
+from lazykv.core.engine.memory import Device, fmt_bytes
 from lazykv.core.engine.model_meta import CTX_PADDING, ModelMeta
 from lazykv.core.kinds import KvMode
 from lazykv.core.models import download as downloads
-from lazykv.core.models.fit import ORDER, FitReport, fit_report
+from lazykv.core.models.fit import ORDER, FitReport, fit_report, local_devices
 from lazykv.core.models.hub import Hub, HubError, HubModel, HubRepo, read_header, repo_models, search
 from lazykv.core.models.record import ModelRecord, human_params
 from lazykv.core.models.scan import Places, ScanResult, scan
@@ -104,12 +104,14 @@ class ModelsDialog(QDialog):
         self._hub_models: list[HubModel] = []
         self._hub_metas: dict[str, ModelMeta] = {}
         self._generation = 0  # answers for an earlier repo are dropped
+        self._devices: list[Device] = []  # this machine's GPUs, once the engine has said
         self.download: downloads.Download | None = None
         self.downloaded: Path | None = None
         self._timer = QTimer(self)
         self._timer.setInterval(POLL_MS)
         self._timer.timeout.connect(self._poll_download)
         self._build()
+        self._background.run(local_devices, self._devices_found, lambda _err: None, "Finding the GPUs")
         self.rescan()
         self.show_starters()
 
@@ -133,6 +135,9 @@ class ModelsDialog(QDialog):
         fit_row.addWidget(QLabel("with the KV cache"))
         fit_row.addWidget(self.kv_box)
         fit_row.addStretch(1)
+        self.machine_label = QLabel()
+        fit_row.addWidget(self.machine_label)
+        self._show_machine()
         self.tabs = QTabWidget()
         self.tabs.addTab(self._build_disk_tab(), "On this computer")
         self.tabs.addTab(self._build_hub_tab(), "Hugging Face Hub")
@@ -237,7 +242,18 @@ class ModelsDialog(QDialog):
 
     def _fit(self, meta: ModelMeta, available: int) -> FitReport:
         return fit_report(meta, self.ctx_box.value(), str(self.kv_box.currentData()), available,
-                          bool(self._settings["flash_attn"]))
+                          bool(self._settings["flash_attn"]), self._devices)
+
+    def _devices_found(self, devices: list[Device]) -> None:
+        self._devices = list(devices)
+        self._show_machine()
+        self._refit()
+
+    def _show_machine(self) -> None:
+        """What the fit is planned against: the RAM available now and each GPU's free memory."""
+        places = [f"{fmt_bytes(memory.available_ram())} of RAM available"]
+        places += [f"{d.name} {fmt_bytes(d.free)} free" for d in self._devices]
+        self.machine_label.setText("Planned for: " + ", ".join(places))
 
     def _refit(self) -> None:
         self._fill_disk()

@@ -164,10 +164,10 @@ def test_cancel_stops_the_worker_and_the_next_download_resumes(places: Places, h
     fake_hub.release()
     again = download.start("acme/Big-GGUF", name, places, hub)
     assert again.wait(timeout=60) == "done", again.error and again.error.details
-    assert again.progress.started_at >= 10 * MiB
+    kept = again.progress.started_at  # what reached the disk before the kill (at most what arrived)
+    assert 0 < kept <= 10 * MiB + 1
     assert again.path is not None and again.path.read_bytes() == data
-    resumed = fake_hub.downloads_of(name)[-1]
-    assert resumed.startswith("bytes=") and int(resumed[6:].rstrip("-")) >= 10 * MiB
+    assert fake_hub.downloads_of(name)[-1] == f"bytes={kept}-"  # only the rest was asked for
     assert _incomplete(places) == []
 
 

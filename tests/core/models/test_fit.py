@@ -24,14 +24,14 @@ def test_the_fit_and_largest_contexts_are_the_planner_s(tiny_gguf: Path, availab
     # the tiny model's header with a long training context and real-model weights, so the limits bite
     meta = replace(read_model_meta(tiny_gguf), n_ctx_train=131072, file_size=int(0.03 * GiB))
     report = fit_report(meta, 4096, kv_mode, available)
-    assert report.estimate == memory.estimate(meta, 4096, kv_mode, available)
+    assert report.plan == memory.plan(meta, 4096, kv_mode, available=available)
     assert report.word == {Fit.GREEN: "fits", Fit.YELLOW: "tight", Fit.RED: "does not fit"}[report.fit]
     for mode, n in report.max_ctx.items():
         limit = memory.ctx_limit(meta)
         if n:
-            assert memory.estimate(meta, n, mode, available).fit is not Fit.RED
+            assert memory.plan(meta, n, mode, available=available).fit is not Fit.RED
         if n < limit:  # one step more does not fit
-            assert memory.estimate(meta, n + CTX_PADDING, mode, available).fit is Fit.RED
+            assert memory.plan(meta, n + CTX_PADDING, mode, available=available).fit is Fit.RED
     assert report.max_ctx[KvMode.F16] <= report.max_ctx[KvMode.Q8_0] <= report.max_ctx[KvMode.LADDER]
     assert report.max_ctx[KvMode.LAZY] == report.max_ctx[KvMode.Q8_0]  # allocated as q8_0
 
@@ -45,7 +45,7 @@ def test_a_model_without_a_q8_0_cache_has_no_context_in_those_modes(tiny_gguf: P
 
 def test_the_real_test_models_are_listed_with_the_planner_s_fit(model_path: Path) -> None:
     """SmolLM2 and Gemma-3 as the scan finds them: the record's plan input is the file's header, and its
-    fit in every mode is the planner's estimate for that header."""
+    fit in every mode is the planner's plan for that header."""
     (record,) = [r for r in scan(Places(model_path.parent, {}, (model_path.parent,))).records
                  if r.path == model_path]
     assert record.usable and record.meta is not None
@@ -53,4 +53,17 @@ def test_the_real_test_models_are_listed_with_the_planner_s_fit(model_path: Path
     available = 2 * GiB
     for mode in KvMode:
         report = fit_report(record.meta, 8192, mode, available)
-        assert report.estimate == memory.estimate(read_model_meta(model_path), 8192, mode, available)
+        assert report.plan == memory.plan(read_model_meta(model_path), 8192, mode, available=available)
+        assert report.max_ctx == memory.max_ctx_per_mode(record.meta, available=available)
+
+
+def test_a_gpu_takes_layers_and_the_fit_is_the_planner_s_with_it(tiny_gguf: Path) -> None:
+    # 3 GiB of weights (no tensor table: the planner spreads the file's bytes over the layers)
+    meta = replace(read_model_meta(tiny_gguf), n_ctx_train=131072, file_size=int(3 * GiB), tensors=None)
+    gpu = memory.Device("CUDA0", "a GPU", free=6 * GiB, total=8 * GiB)
+    report = fit_report(meta, 8192, "ladder", int(1 * GiB), devices=[gpu])
+    assert report.plan == memory.plan(meta, 8192, "ladder", [gpu], memory.AUTO, available=int(1 * GiB))
+    assert report.plan.n_gpu_layers > 0
+    assert report.max_ctx == memory.max_ctx_per_mode(meta, [gpu], available=int(1 * GiB))
+    on_cpu = fit_report(meta, 8192, "ladder", int(1 * GiB))
+    assert on_cpu.fit is Fit.RED and report.fit is not Fit.RED  # 3 GiB of weights: only with the GPU

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lazykv.core.engine import memory
 from lazykv.core.models.record import NOT_A_CHAT_MODEL, quant_of
 from lazykv.core.models.scan import (
     FOLDER,
@@ -57,8 +58,14 @@ def test_a_split_model_is_one_model_of_all_its_shards(fake_home: FakeHome) -> No
     assert record.shards == tuple(shards)
     assert record.size == sum(s.stat().st_size for s in shards)
     assert record.meta is not None and record.meta.file_size == record.size  # the plan counts every shard
-    full = records[fake_home.files["lmstudio"]]
+    full = records[fake_home.files["lmstudio"]]  # the same model in one file
     assert record.n_params == full.n_params  # the tensors of all shards
+    assert full.meta is not None and record.meta.tensors is not None and full.meta.tensors is not None
+    assert record.meta.tensors.total == full.meta.tensors.total
+    assert [g.nbytes for g in record.meta.tensors.layers] == [g.nbytes for g in full.meta.tensors.layers]
+    split_plan, whole_plan = (memory.plan(m, 4096, "lazy", available=8 << 30)
+                              for m in (record.meta, full.meta))
+    assert abs(split_plan.host.weights - whole_plan.host.weights) < 64 * 1024  # the shards' own headers
 
 
 def test_a_split_model_missing_a_shard_says_which(fake_home: FakeHome) -> None:

@@ -1,16 +1,18 @@
 """What fits this machine: a model at a context in a KV mode, and the longest context in each KV mode.
 
-No planner of its own: every figure is the engine's memory plan (``core.engine.memory``), the same one
-``python -m lazykv estimate`` and the window's memory panel show.
+No planner of its own: every figure is the engine's memory plan (``core.engine.memory.plan`` and
+``max_ctx``), the one ``python -m lazykv estimate`` shows, with this machine's GPUs (``devices``: none on a
+CPU build) and as many layers on them as fit (Auto).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lazykv.core.engine import memory
-from lazykv.core.engine.memory import Fit
+from lazykv.core.engine.memory import AUTO, Device, Fit
 from lazykv.core.engine.model_meta import ModelMeta
 from lazykv.core.kinds import KvMode
 
@@ -20,14 +22,20 @@ ORDER = {Fit.GREEN: 0, Fit.YELLOW: 1, Fit.RED: 2}  # for sorting by fit
 
 @dataclass(frozen=True)
 class FitReport:
-    n_ctx: int
-    kv_mode: KvMode
-    estimate: memory.Estimate  # of n_ctx in kv_mode
-    max_ctx: dict[KvMode, int]  # the longest context that is not "does not fit", per KV mode (0: none)
+    plan: memory.Plan  # of the context and KV mode asked
+    max_ctx: dict[KvMode, int]  # the longest context whose plan is not "does not fit", per KV mode (0: none)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.plan.n_ctx
+
+    @property
+    def kv_mode(self) -> KvMode:
+        return self.plan.kv_mode
 
     @property
     def fit(self) -> Fit:
-        return self.estimate.fit
+        return self.plan.fit
 
     @property
     def word(self) -> str:
@@ -35,22 +43,26 @@ class FitReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"n_ctx": self.n_ctx, "kv_mode": str(self.kv_mode), "fit": self.fit.value, "word": self.word,
-                "total": self.estimate.total, "available": self.estimate.available,
+                "n_gpu_layers": self.plan.n_gpu_layers, "host": self.plan.host_total,
+                "available": self.plan.available, "reason": self.plan.reason,
                 "max_ctx": {str(mode): n for mode, n in self.max_ctx.items()}}
 
 
 def fit_report(meta: ModelMeta, n_ctx: int, kv_mode: str, available: int | None = None,
-               flash_attn: bool = True) -> FitReport:
-    """``meta`` at ``n_ctx`` in ``kv_mode`` against the RAM ``available`` (now, when None)."""
+               flash_attn: bool = True, devices: Sequence[Device] = ()) -> FitReport:
+    """``meta`` at ``n_ctx`` in ``kv_mode`` against the RAM ``available`` (now, when None) and ``devices``."""
     available = memory.available_ram() if available is None else available
-    estimate = memory.estimate(meta, n_ctx, kv_mode, available)
+    planned = memory.plan(meta, n_ctx, kv_mode, devices, AUTO, available=available)
     support = meta.kv_support(flash_attn)
-    return FitReport(n_ctx, KvMode(kv_mode), estimate,
-                     {mode: max_ctx(meta, mode, available) if support.allows(mode) else 0 for mode in KvMode})
+    longest = {mode: memory.max_ctx(meta, mode, devices, AUTO, available=available) if support.allows(mode)
+               else 0 for mode in KvMode}
+    return FitReport(planned, longest)
 
 
-def max_ctx(meta: ModelMeta, kv_mode: str, available: int) -> int:
-    """The longest context (in the engine's 256-token steps, at most the model's limit) whose plan is not
-    RED: ``memory.max_ctx`` (the compute buffers grow with the context up to one micro-batch, so the
-    planner searches rather than dividing what is left)."""
-    return memory.max_ctx(meta, kv_mode, available=available)
+def local_devices() -> list[Device]:
+    """This machine's GPUs as the engine sees them (loads the engine; none on a CPU build or without it)."""
+    try:
+        from lazykv.core.engine.devices import local_gpus
+    except ImportError:
+        return []
+    return local_gpus()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lazykv.core.engine.model_meta import GGUFError, ModelMeta, read_model_meta
-from lazykv.core.engine.shards import split_info
+from lazykv.core.engine.shards import merged_meta, split_info
 
 # a quantization named in a file name: Q4_K_M, IQ4_XS, Q8_0, F16, BF16, MXFP4, TQ1_0 ...
 _QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Za-z0-9]+)*|BF16|F16|F32|MXFP4|TQ\d_\d)(?![A-Za-z0-9])",
@@ -99,10 +99,9 @@ def record_for(shards: Sequence[Path], source: str, label: str, expected: int = 
     meta = metas[0]
     if meta.architecture in PROJECTOR_ARCHS:
         return _with_problem(base, NOT_A_CHAT_MODEL)
-    n_params = sum(m.n_params for m in metas)
-    whole = replace(meta, file_size=base.size, n_params=n_params)  # what the memory plan needs
+    whole = merged_meta(metas)  # what the memory plan needs: every shard's tensors
     return replace(
-        base, name=meta.name, architecture=meta.architecture, n_params=n_params,
+        base, name=meta.name, architecture=meta.architecture, n_params=whole.n_params,
         quant=base.quant or FILE_TYPES.get(meta.file_type, ""),
         n_ctx_train=meta.n_ctx_train, has_chat_template=meta.has_chat_template, meta=whole,
     )
