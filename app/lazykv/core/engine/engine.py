@@ -278,8 +278,16 @@ def budget_n_ctx(meta: ModelMeta, budget: int, kv_mode: KvMode) -> int:
 
 def _refuse_what_does_not_fit(path: Path, meta: ModelMeta, chosen: Plan, devices: Sequence[Device],
                               gpu_memory: int) -> None:
-    """ModelLoadError with what would fit when the plan needs more RAM than there is (llama.cpp would run
-    out of memory, or the machine would swap)."""
+    """ModelLoadError with what would fit when the plan needs more RAM than there is, or more of a device
+    than it has free (llama.cpp would run out of memory, or the machine would swap)."""
+    for d in chosen.devices:
+        if 0 < d.device.free < d.total:
+            auto = plan(meta, chosen.n_ctx, chosen.kv_mode, devices, AUTO, gpu_memory or None,
+                        chosen.available).n_gpu_layers
+            fits = f", or at most {auto}" if auto else " (the model then runs on the CPU)"
+            raise ModelLoadError(
+                f"{path.name} with {chosen.n_gpu_layers} GPU layers needs about {fmt_bytes(d.total)} of "
+                f"{d.device.name}, which has {fmt_bytes(d.device.free)} free: choose Auto GPU layers{fits}.")
     if chosen.host_total <= chosen.available:
         return
     kv_mode = chosen.kv_mode
