@@ -214,13 +214,14 @@ def vulkan_toolchain() -> list[str]:
     """What building for Vulkan lacks: glslc, the headers, the loader ([] when all are there)."""
     sdk = os.environ.get("VULKAN_SDK")
     includes = ([Path(sdk) / "include"] if sdk else []) + VULKAN_INCLUDE_DIRS
-    libs = ([Path(sdk) / "lib"] if sdk else []) + VULKAN_LIBRARY_DIRS
+    libs = ([Path(sdk) / "lib", Path(sdk) / "Lib"] if sdk else []) + VULKAN_LIBRARY_DIRS
     missing = []
     if not shutil.which("glslc"):
         missing.append("glslc")
     if not any((d / "vulkan" / "vulkan.h").is_file() for d in includes):
         missing.append("the Vulkan headers")
-    if not any(f.is_file() for d in libs for f in (d / "libvulkan.so", d / "libvulkan.dylib")):
+    loaders = ("libvulkan.so", "libvulkan.dylib", "vulkan-1.lib")  # Linux, macOS (MoltenVK), Windows SDK
+    if not any((d / name).is_file() for d in libs for name in loaders):
         missing.append("the Vulkan loader (libvulkan.so)")
     return missing
 
