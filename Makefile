@@ -56,6 +56,7 @@ bench: setup
 	QT_QPA_PLATFORM=offscreen $(PY) -m bench.gui_stall
 	$(PY) -m bench.resume
 	$(PY) -m bench.store_cost
+	$(PY) -m bench.turn_save_cost
 	$(PY) -m bench.device
 	$(PY) -m bench.plan_accuracy
 	$(PY) -m bench.realistic

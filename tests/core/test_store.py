@@ -523,3 +523,14 @@ def test_a_version_3_database_gets_the_versions_column_and_keeps_its_messages(tm
         assert record.versions == {}
         store.sync_transcript(record.uid, record.messages, 2, versions={1: ["Hello", "Hi there"]})
         assert store.conversation(1).versions == {1: ["Hello", "Hi there"]}
+
+
+def test_a_conversations_summary_is_its_row_of_the_list(store: Store) -> None:
+    ids = [create_conversation(store, title=f"Chat {i}") for i in range(3)]
+    append_message(store, ids[1], "user", "Hello")
+    append_message(store, ids[1], "assistant", "Hi")
+    for conv_id in ids:
+        assert store.summary(conv_id) == next(s for s in store.list_conversations() if s.id == conv_id)
+    assert store.summary(ids[1]).n_messages == 2
+    store.delete(ids[0])
+    assert store.summary(ids[0]) is None and store.summary(12345) is None

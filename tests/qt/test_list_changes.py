@@ -5,6 +5,7 @@ the operations in flight disable the delete that would race a snapshot being wri
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,3 +155,61 @@ def test_a_conversation_cannot_be_deleted_while_its_snapshot_is_written(
     panel.delete_button.click()
     settle(qtbot, w)
     assert conv not in panel.ids()
+
+
+def _add_conversations(w: MainWindow, n: int) -> None:
+    def fill(store: Store) -> None:
+        for i in range(n):
+            turns = [{"role": "user", "content": f"Filler {i}"}, {"role": "assistant", "content": "Noted."}]
+            store.sync_transcript(new_uid(), turns, 0, title=f"Filler {i}", create=True)
+
+    w.database.call(fill)
+
+
+def _traced_second_turn(qtbot: QtBot, w: MainWindow) -> tuple[list[str], int]:
+    """A new conversation's second turn: the SQL statements its saves ran, and the SQLite virtual
+    machine's work for them (instructions run: the cost, whatever the machine's speed).
+    The full-text indexes are merged first: FTS5 merges its segments now and then as rows come,
+    whatever the number of conversations, and each measurement starts from the same shape."""
+    statements: list[str] = []
+    steps = [0]
+
+    def step() -> int:
+        steps[0] += 1
+        return 0  # go on
+
+    def trace(store: Store, on: bool) -> None:
+        store._db.set_trace_callback(statements.append if on else None)
+        store._db.set_progress_handler(step if on else None, 1)
+
+    def optimize(store: Store) -> None:
+        for index in ("messages_fts", "titles_fts"):
+            store._db.execute(f"INSERT INTO {index}({index}) VALUES('optimize')")
+
+    w.new_chat()
+    w.database.call(optimize)
+    chat(qtbot, w, "First")
+    w.database.call(lambda store: trace(store, True))
+    try:
+        chat(qtbot, w, "Second")
+    finally:
+        w.database.call(lambda store: trace(store, False))
+    return statements, steps[0]
+
+
+def test_saving_a_turn_reads_its_own_row_of_the_list_not_the_whole_list(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    """Issue 24, point 7: the row of each touched conversation was found in list_conversations(), so
+    a turn's save cost O(all conversations)."""
+    w = fake_window()
+    _add_conversations(w, 20)
+    small, small_steps = _traced_second_turn(qtbot, w)
+    rows = [s for s in small if re.search(r"FROM conversations c WHERE c\.id = \d+$", s)]
+    assert len(rows) == 2  # its own row, once per save: the user's message, then the reply
+    _add_conversations(w, 400)
+    large, large_steps = _traced_second_turn(qtbot, w)
+    for statements in (small, large):  # the conversations table is only read by a conversation's key
+        assert all(re.search(r"WHERE (c\.)?(id|uid) = ", s) for s in statements if "FROM conversations" in s)
+    assert len(large) == len(small)
+    assert large_steps <= 1.2 * small_steps, (small_steps, large_steps)

@@ -218,7 +218,7 @@ class Conversations(QObject):
         def job(store: Store) -> tuple[C, dict[int, ConversationSummary | None]]:
             changes = op(store)
             touched = changes.conv_ids if changes.touches(Change.LIST) else ()
-            return changes, {conv_id: _summary(store, conv_id) for conv_id in touched}
+            return changes, {conv_id: store.summary(conv_id) for conv_id in touched}
 
         def done(answer: tuple[C, dict[int, ConversationSummary | None]]) -> None:
             changes, rows = answer
@@ -800,6 +800,3 @@ def _load(store: Store, conv_id: int) -> Loaded:
             conversation.set_versions(len(conversation) - 1, record.versions[i])
     return Loaded(record, conversation, conversation.messages())
 
-
-def _summary(store: Store, conv_id: int) -> ConversationSummary | None:
-    return next((s for s in store.list_conversations() if s.id == conv_id), None)

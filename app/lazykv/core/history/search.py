@@ -7,6 +7,9 @@ from lazykv.core.history.records import ConversationSummary, shown_time
 
 SNIPPET_MARKS = ("[", "]")  # around the matched words in ConversationSummary.snippet
 SNIPPET_TOKENS = 12
+# a conversation's row of the list: id, title, created, updated, number of messages
+_ROW = ("SELECT c.id, c.title, c.created, c.updated,"
+        " (SELECT count(*) FROM messages m WHERE m.conv_id = c.id) FROM conversations c")
 
 
 def _fts_query(text: str) -> str:
@@ -17,21 +20,26 @@ def _fts_query(text: str) -> str:
     return " ".join(quoted) + "*" if quoted else ""
 
 
+def _summary(conv_id: int, title: object, created: float, updated: float, n: int) -> ConversationSummary:
+    return ConversationSummary(conv_id, str(title), shown_time(created), shown_time(updated), n)
+
+
 class Listing(Connection):
     """The list operations of ``Store``: every conversation, or those a search finds."""
 
     def list_conversations(self) -> list[ConversationSummary]:
         """Every conversation, most recently updated first (a row with a damaged time still shows)."""
         with self._errors():
-            rows = self._db.execute(
-                "SELECT c.id, c.title, c.created, c.updated,"
-                " (SELECT count(*) FROM messages m WHERE m.conv_id = c.id)"
-                " FROM conversations c ORDER BY c.updated DESC, c.id DESC"
-            ).fetchall()
-        return [
-            ConversationSummary(id_, str(title), shown_time(created), shown_time(updated), n)
-            for id_, title, created, updated, n in rows
-        ]
+            rows = self._db.execute(_ROW + " ORDER BY c.updated DESC, c.id DESC").fetchall()
+        return [_summary(*row) for row in rows]
+
+    def summary(self, conv_id: int) -> ConversationSummary | None:
+        """One conversation's row of the list (None when there is none): what an operation that changed
+        it shows, read without the rest of the list (a turn's save costs the same with 50 or 5,000
+        conversations)."""
+        with self._errors():
+            row = self._db.execute(_ROW + " WHERE c.id = ?", (conv_id,)).fetchone()
+        return None if row is None else _summary(*row)
 
     def search(self, query: str) -> list[ConversationSummary]:
         """Conversations whose messages or title contain every word of ``query`` (the last word may be
