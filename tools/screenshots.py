@@ -172,7 +172,13 @@ def shoot_models() -> int:
     loop = QEventLoop()
     QTimer.singleShot(TIMEOUT_MS, loop.quit)
     poll = QTimer()
-    poll.timeout.connect(lambda: dialog.rescan_button.isEnabled() and loop.quit())
+    table = dialog.disk_table
+
+    def planned() -> bool:  # scanned, and every fit column filled in (planned off the GUI thread)
+        return dialog.rescan_button.isEnabled() and table.rowCount() > 0 and all(
+            table.item(r, 6).text() != "planning…" for r in range(table.rowCount()))
+
+    poll.timeout.connect(lambda: planned() and loop.quit())
     poll.start(50)
     loop.exec()
     poll.stop()

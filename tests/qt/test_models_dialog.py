@@ -24,6 +24,7 @@ from tests.support.fake_hub import FakeHub
 from tests.support.model_library import FakeHome
 
 DOWNLOAD_MS = 60_000  # a spawned worker process on a busy machine
+FIT_WORDS = {"fits", "tight", "does not fit"}
 
 
 def _dialog(qtbot: QtBot, w: MainWindow, places: Places, hub_env: dict[str, str]) -> ModelsDialog:
@@ -31,8 +32,15 @@ def _dialog(qtbot: QtBot, w: MainWindow, places: Places, hub_env: dict[str, str]
     qtbot.addWidget(d)
     d.model_chosen.connect(w.open_model)
     d.show()
-    qtbot.waitUntil(d.rescan_button.isEnabled)
+    qtbot.waitUntil(lambda: _settled(d), timeout=10_000)
     return d
+
+
+def _settled(d: ModelsDialog) -> bool:
+    """Scanned, and every fit cell shows its plan (or why there is none)."""
+    cells = [_cell(d, "disk_table", r, 6) for r in range(d.disk_table.rowCount())]
+    cells += [_cell(d, "hub_table", r, 3) for r in range(d.hub_table.rowCount())]
+    return d.rescan_button.isEnabled() and all(c in FIT_WORDS or c.startswith("not offered") for c in cells)
 
 
 def _cell(d: ModelsDialog, table: str, row: int, column: int) -> str:
@@ -55,15 +63,16 @@ def test_search_download_and_the_model_loads(qtbot: QtBot, fake_window: FakeWind
     w.models_action.trigger()
     d = w.findChild(ModelsDialog)
     assert d is not None and d.isVisible()
-    qtbot.waitUntil(d.rescan_button.isEnabled)
+    qtbot.waitUntil(lambda: _settled(d), timeout=10_000)
     assert d.disk_table.rowCount() == 0 and "No GGUF models on disk yet" in d.disk_note.text()
     d.tabs.setCurrentIndex(1)
     d.search_edit.setText("tiny")
     qtbot.keyClick(d.search_edit, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: d.repo_list.count() == 1 and "acme/Tiny-GGUF" in d.repo_list.item(0).text())
     d.repo_list.setCurrentRow(0)
-    qtbot.waitUntil(lambda: d.hub_table.rowCount() == 3
-                    and all("reading" not in _cell(d, "hub_table", r, 3) for r in range(3)), timeout=10_000)
+    qtbot.waitUntil(lambda: d.hub_table.rowCount() == 3 and all(
+        _cell(d, "hub_table", r, 3) in FIT_WORDS or _cell(d, "hub_table", r, 3).startswith("not offered")
+        for r in range(3)), timeout=10_000)
     assert "not offered: a projector" in _cell(d, "hub_table", _hub_row(d, "mmproj-tiny-f16.gguf"), 3)
     # the fit shown is the planner's, from the header read over the network
     hub = Hub.from_env(hub_env)
@@ -156,8 +165,9 @@ def test_the_disk_list_shows_every_tool_s_models_and_loads_one(qtbot: QtBot, fak
     assert "Ollama: tiny:latest" in rows and "Hugging Face cache: acme/Tiny-GGUF/tiny-Q8_0.gguf" in rows
     assert any(_cell(d, "disk_table", r, 6).startswith("not offered: a projector") for r in rows.values())
     row = rows["Ollama: tiny:latest"]
-    assert _cell(d, "disk_table", row, 6) in {"fits", "tight", "does not fit"}
-    d.ctx_box.setValue(131072)  # the fit follows the context chosen: the tiny model's 4,096 at most
+    assert _cell(d, "disk_table", row, 6) in FIT_WORDS
+    with qtbot.waitSignal(d.planned, timeout=10_000):  # planned off the GUI thread
+        d.ctx_box.setValue(131072)  # the fit follows the context chosen: the tiny model's 4,096 at most
     assert _cell(d, "disk_table", rows["Ollama: tiny:latest"], 7) == "4,096"
     d.kv_box.setCurrentIndex(d.kv_box.findData(str(KvMode.F16)))
     assert d.select_path(fake_home.files["ollama"])

@@ -77,6 +77,10 @@ class _Item(QTableWidgetItem):
             return str(mine) < str(theirs)
 
 
+def _hub_key(model: HubModel) -> str:
+    return f"{model.repo_id}/{model.name}"
+
+
 def _fit_cells(report: FitReport | None, problem: str = "") -> list[_Item]:
     """The Fit cell and one Longest cell per KV mode (sorting by fit: fits, tight, does not fit, the rest)."""
     if report is None:
@@ -89,6 +93,7 @@ class ModelsDialog(QDialog):
     """File > Models…: find a model on disk or on the Hub, see what fits, download, load."""
 
     model_chosen = Signal(Path)
+    planned = Signal()  # the fit columns show the plan for the context and KV mode chosen now
 
     def __init__(self, settings: Settings, parent: QWidget | None = None, places: Places | None = None,
                  hub: Hub | None = None) -> None:
@@ -102,9 +107,12 @@ class ModelsDialog(QDialog):
         self._background = Background(self)
         self._records: list[ModelRecord] = []
         self._hub_models: list[HubModel] = []
-        self._hub_metas: dict[str, ModelMeta] = {}
+        self._hub_metas: dict[str, ModelMeta] = {}  # by "repo/file"
         self._generation = 0  # answers for an earlier repo are dropped
         self._devices: list[Device] = []  # this machine's GPUs, once the engine has said
+        self._fitter = Background(self)  # plans apart from the Hub's answers, so a slow Hub never delays them
+        self._fit_generation = 0
+        self._reports: dict[tuple[str, str], FitReport] = {}  # ("disk", path) / ("hub", "repo/file")
         self.download: downloads.Download | None = None
         self.downloaded: Path | None = None
         self._timer = QTimer(self)
@@ -240,9 +248,34 @@ class ModelsDialog(QDialog):
 
     # --- what fits --------------------------------------------------------------------------------------
 
-    def _fit(self, meta: ModelMeta, available: int) -> FitReport:
-        return fit_report(meta, self.ctx_box.value(), str(self.kv_box.currentData()), available,
-                          bool(self._settings["flash_attn"]), self._devices)
+    def _refit(self) -> None:
+        """Plan every model listed for the context and KV mode chosen, off the GUI thread (a plan with
+        GPUs takes milliseconds per model); the tables show the answer when it comes."""
+        self._fit_generation += 1
+        generation = self._fit_generation
+        n_ctx, kv_mode = self.ctx_box.value(), str(self.kv_box.currentData())
+        flash_attn, devices = bool(self._settings["flash_attn"]), list(self._devices)
+        metas = {("disk", str(r.path)): r.meta for r in self._records if r.usable and r.meta is not None}
+        metas.update({("hub", name): meta for name, meta in self._hub_metas.items()})
+
+        def plan_all() -> dict[tuple[str, str], FitReport]:
+            available = memory.available_ram()
+            return {key: fit_report(meta, n_ctx, kv_mode, available, flash_attn, devices)
+                    for key, meta in metas.items()}
+
+        self._fitter.run(plan_all, lambda reports: self._planned(generation, reports),
+                         lambda err: self._say(f"The memory plan failed: {err}"), "Planning what fits")
+
+    def _planned(self, generation: int, reports: dict[tuple[str, str], FitReport]) -> None:
+        if generation != self._fit_generation:
+            return  # the context or KV mode changed meanwhile: a newer plan is on its way
+        self._reports = reports
+        self._fill_disk()
+        self._fill_hub()
+        self.planned.emit()
+
+    def _report(self, where: str, key: str) -> FitReport | None:
+        return self._reports.get((where, key))
 
     def _devices_found(self, devices: list[Device]) -> None:
         self._devices = list(devices)
@@ -254,10 +287,6 @@ class ModelsDialog(QDialog):
         places = [f"{fmt_bytes(memory.available_ram())} of RAM available"]
         places += [f"{d.name} {fmt_bytes(d.free)} free" for d in self._devices]
         self.machine_label.setText("Planned for: " + ", ".join(places))
-
-    def _refit(self) -> None:
-        self._fill_disk()
-        self._fill_hub()
 
     # --- on disk ----------------------------------------------------------------------------------------
 
@@ -284,6 +313,7 @@ class ModelsDialog(QDialog):
             note = "No GGUF models on disk yet: the Hugging Face Hub tab finds and downloads one."
         self.disk_note.setText(note + ("\n" + "\n".join(result.notes) if result.notes else ""))
         self._fill_disk()
+        self._refit()
 
     def _scan_failed(self, err: Exception) -> None:
         self.rescan_button.setEnabled(True)
@@ -293,7 +323,6 @@ class ModelsDialog(QDialog):
         table = self.disk_table
         table.setSortingEnabled(False)
         table.setRowCount(0)
-        available = memory.available_ram()
         for record in self._records:
             row = table.rowCount()
             table.insertRow(row)
@@ -302,8 +331,9 @@ class ModelsDialog(QDialog):
                      _Item(fmt_bytes(record.size), record.size),
                      _Item(f"{record.n_ctx_train:,}" if record.n_ctx_train else "", record.n_ctx_train),
                      _Item("yes" if record.has_chat_template else "no" if record.usable else "")]
-            if record.usable and record.meta is not None:
-                cells += _fit_cells(self._fit(record.meta, available))
+            report = self._report("disk", str(record.path))
+            if record.usable:
+                cells += _fit_cells(report, "planning…")
             else:
                 cells += _fit_cells(None, f"not offered: {record.problem}")
             cells.append(_Item(f"{record.source}: {record.label}"))
@@ -398,8 +428,8 @@ class ModelsDialog(QDialog):
 
     def _header_read(self, generation: int, model: HubModel, meta: ModelMeta) -> None:
         if generation == self._generation:
-            self._hub_metas[model.name] = meta
-            self._fill_hub()
+            self._hub_metas[_hub_key(model)] = meta
+            self._refit()
 
     def _hub_failed(self, err: Exception, generation: int | None = None) -> None:
         if generation is not None and generation != self._generation:
@@ -415,20 +445,18 @@ class ModelsDialog(QDialog):
         selected = self.selected_hub_model()
         table.setSortingEnabled(False)
         table.setRowCount(0)
-        available = memory.available_ram()
         for model in self._hub_models:
             row = table.rowCount()
             table.insertRow(row)
             shards = f" (+{len(model.files) - 1} shards)" if len(model.files) > 1 else ""
             cells = [_Item(model.name + shards, payload=model), _Item(model.quant),
                      _Item(fmt_bytes(model.size), model.size)]
-            meta = self._hub_metas.get(model.name)
             if model.problem:
                 cells += _fit_cells(None, f"not offered: {model.problem}")
-            elif meta is None:
+            elif _hub_key(model) not in self._hub_metas:
                 cells += _fit_cells(None, "reading its header…")
             else:
-                cells += _fit_cells(self._fit(meta, available))
+                cells += _fit_cells(self._report("hub", _hub_key(model)), "planning…")
             for column, cell in enumerate(cells):
                 table.setItem(row, column, cell)
             if selected is not None and model.name == selected.name:
