@@ -17,6 +17,7 @@ from lazykv.core.models.scan import Places
 from lazykv.core.settings import Settings
 from lazykv.qt.main_window import MainWindow
 from lazykv.qt.models_dialog import ModelsDialog
+from lazykv.qt.stall_meter import StallMeter
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import WAIT_MS, settle
@@ -66,6 +67,8 @@ def test_search_download_and_the_model_loads(qtbot: QtBot, fake_window: FakeWind
     qtbot.waitUntil(lambda: _settled(d), timeout=10_000)
     assert d.disk_table.rowCount() == 0 and "No GGUF models on disk yet" in d.disk_note.text()
     d.tabs.setCurrentIndex(1)
+    meter = StallMeter()  # searching, listing, planning, downloading: none of it on the GUI thread
+    meter.start()
     d.search_edit.setText("tiny")
     qtbot.keyClick(d.search_edit, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: d.repo_list.count() == 1 and "acme/Tiny-GGUF" in d.repo_list.item(0).text())
@@ -90,7 +93,9 @@ def test_search_download_and_the_model_loads(qtbot: QtBot, fake_window: FakeWind
     qtbot.waitUntil(lambda: d.downloaded is not None, timeout=DOWNLOAD_MS)
     assert d.downloaded.read_bytes() == fake_hub.repos["acme/Tiny-GGUF"].files["tiny-Q8_0.gguf"]
     assert d.progress.value() == 1000 and "checked (sha256)" in d.progress_label.text()
-    qtbot.waitUntil(lambda: d.disk_table.rowCount() == 1)  # rescanned: it is on disk now
+    qtbot.waitUntil(lambda: d.disk_table.rowCount() == 1 and _settled(d))  # rescanned: it is on disk now
+    meter.stop()
+    assert meter.max_cpu_gap_ms < 50, f"longest GUI-thread work between ticks {meter.max_cpu_gap_ms:.0f} ms"
     assert d.load_button.isEnabled()
     with qtbot.waitSignal(w.model_loaded, timeout=10_000) as loaded:
         qtbot.mouseClick(d.load_button, Qt.MouseButton.LeftButton)
