@@ -86,6 +86,7 @@ def _build_module():  # noqa: ANN202 - the module object of native/build.py
     spec = importlib.util.spec_from_file_location("lazykv_native_build", ROOT / "native" / "build.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
