@@ -151,7 +151,8 @@ def test_rename_system_prompt_and_settings_round_trip(store: Store) -> None:
     stamps.append(store.conversation(conv).updated)
     record = store.conversation(conv)
     assert (record.title, record.system_prompt, record.settings) == ("Renamed", "You are terse.", settings)
-    assert stamps == sorted(stamps) and len(set(stamps)) == 4
+    assert stamps == sorted(stamps) and len(set(stamps)) == 3
+    assert stamps[0] == stamps[1]  # a rename keeps the conversation's place in the list (issue 30)
     with pytest.raises(ValueError, match="not JSON"):
         set_settings(store, conv, {"bad": object()})
 

@@ -137,9 +137,10 @@ def test_gguf_name_with_markup_is_shown_as_text(qtbot: QtBot, fake_model: Path) 
     texts = [label.text() for label in info.findChildren(QLabel)]
     labels = [label for label in info.findChildren(QLabel) if label.text() == meta.name]
     assert labels and all(label.textFormat() == Qt.TextFormat.PlainText for label in labels), texts
-    dialog = SettingsDialog(Settings(), meta)
+    named = type(meta)(**{**meta.__dict__, "path": meta.path.with_name("<b>Bold<i>.gguf")})
+    dialog = SettingsDialog(Settings(), named)  # Settings names the model by its file (issue 30)
     qtbot.addWidget(dialog)
-    assert "&lt;b&gt;Bold&lt;/b&gt;" in dialog.estimate_label.text()
+    assert "&lt;b&gt;Bold&lt;i&gt;.gguf" in dialog.estimate_label.text()
 
 
 def test_imported_title_tooltip_is_text(qtbot: QtBot) -> None:

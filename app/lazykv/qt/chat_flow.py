@@ -138,6 +138,7 @@ class ChatFlow:
         self.conversation.system_prompt = self.system_edit.text()
         self.conversation.add("user", text)
         self.input.clear()
+        self.transcript.follow_end()  # scrolled up: the new turn and its reply come into sight
         self.transcript.add_message("user", text)
         self.conversations.persist(snapshot=False)
         self._request_reply()

@@ -6,7 +6,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QPlainTextEdit, QWidget
 
-VISIBLE_LINES = 3
+VISIBLE_LINES = 3  # the box's height when empty or short
+MAX_LINES = 12  # it grows with the text up to this many lines, then scrolls
 
 
 class ChatInput(QPlainTextEdit):
@@ -17,11 +18,17 @@ class ChatInput(QPlainTextEdit):
         super().__init__(parent)
         self.setPlaceholderText("Type a message (Enter to send, Shift+Enter for a new line)")
         self.setTabChangesFocus(True)
+        self.document().documentLayout().documentSizeChanged.connect(lambda _size: self._fit_height())
+        self._fit_height()
+
+    def _fit_height(self) -> None:
+        """As many lines high as the text has (wrapped), from VISIBLE_LINES up to MAX_LINES."""
         margins = self.contentsMargins()
         frame = 2 * (self.frameWidth() + int(self.document().documentMargin()))
-        self.setFixedHeight(
-            VISIBLE_LINES * self.fontMetrics().lineSpacing() + frame + margins.top() + margins.bottom()
-        )
+        lines = int(self.document().documentLayout().documentSize().height())  # in lines, for a plain text
+        lines = max(VISIBLE_LINES, min(MAX_LINES, lines))
+        extra = frame + margins.top() + margins.bottom()
+        self.setFixedHeight(lines * self.fontMetrics().lineSpacing() + extra)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         if event.key() == Qt.Key.Key_Escape:

@@ -72,6 +72,7 @@ from lazykv.qt.operations import EngineClient
 from lazykv.qt.worker import ClearKv, Failure, OpenConversation, SaveSnapshot, SetCrypto
 
 UNDO_MS = 10_000
+FIELD_MIN_WIDTH = 400  # px: the field of a text question (rename, passphrase)
 # the snapshot_encryption setting's values (settings.SNAPSHOT_CHOICES)
 KEYRING, PASSPHRASE, NO_ENCRYPTION = "keyring", "passphrase", "none"
 C = TypeVar("C", bound=OpChanges)
@@ -237,9 +238,10 @@ class Conversations(QObject):
             if notice:
                 self.host.show_error("The conversation history is read-only", notice)
             elif cleanup.orphans or cleanup.unfinished:
+                n = cleanup.unfinished + cleanup.orphans
                 self.host.statusBar().showMessage(
-                    f"Removed {cleanup.unfinished} unfinished and {cleanup.orphans} orphaned snapshot "
-                    f"files ({fmt_bytes(cleanup.freed_bytes)})", 10_000)
+                    f"Cleaned up {n} leftover snapshot file{'s' if n != 1 else ''} "
+                    f"({fmt_bytes(cleanup.freed_bytes)} freed)", 10_000)
 
         self.call(lambda s: (s.clean_up(), s.notice), done, "Opening the conversation history",
                   self._history_failed)
@@ -772,6 +774,8 @@ class Conversations(QObject):
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.textValueSelected.connect(on_text)
         dialog.open()
+        for field in dialog.findChildren(QLineEdit):  # made by open(); the dialog's layout follows it
+            field.setMinimumWidth(FIELD_MIN_WIDTH)  # its title whole, and room for a long name to edit
         return dialog
 
 

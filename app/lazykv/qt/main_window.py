@@ -456,6 +456,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self.regenerate_action.setEnabled(ready and self._ends_with_reply())
         self._update_versions_bar()
         self.edit_last_action.setEnabled(ready and self.conversation.last_index("user") is not None)
+        self.copy_reply_action.setEnabled(self.conversation.last_index("assistant") is not None)
         self._update_compact_action(ready)
         self.info_action.setEnabled(self.model_info is not None)
         # deleting a conversation while its snapshot is written would orphan the file (issue 16)

@@ -226,7 +226,7 @@ class SettingsDialog(QDialog):
                        gpu_memory=self.value("gpu_memory_mb") * MiB)
         color = FIT_COLORS[est.fit]
         self.estimate_label.setText(
-            f"<b>{html.escape(self._meta.name)}</b> with these settings ({plan.n_ctx:,} tokens)<br>"
+            f"<b>{html.escape(self._meta.path.name)}</b> with these settings ({plan.n_ctx:,} tokens)<br>"
             f"<span style='color:{color}'>● {est.fit.value}</span>: {est.summary()}"
         )
         self.estimate_label.setTextFormat(Qt.TextFormat.RichText)

@@ -21,6 +21,13 @@ _DARK = {
     QPalette.ColorRole.Mid: "#3c4043", QPalette.ColorRole.Dark: "#111214",
     QPalette.ColorRole.Light: "#3c4043",
 }
+# Fusion outlines a check box in the window colour darkened: on a dark palette it all but vanished
+DARK_SHEET = (
+    "QCheckBox::indicator { width: 13px; height: 13px; border: 1px solid #9aa0a6; border-radius: 3px;"
+    " background: #17181a; }"
+    "QCheckBox::indicator:checked { background: #3d6fb6; border-color: #8ab4f8; }"
+    "QCheckBox::indicator:disabled { border-color: #5f6368; }"
+)
 _DISABLED_DARK = {QPalette.ColorRole.Text: "#6b6f76", QPalette.ColorRole.ButtonText: "#6b6f76",
                   QPalette.ColorRole.WindowText: "#6b6f76"}
 
@@ -40,9 +47,12 @@ def apply(app: QApplication, theme: str) -> None:
     if theme == "system":
         app.setStyle(QStyleFactory.create(_SystemLook.style or "Fusion"))
         app.setPalette(_SystemLook.palette)
-        return
-    app.setStyle(QStyleFactory.create("Fusion"))
-    app.setPalette(dark_palette() if theme == "dark" else QStyleFactory.create("Fusion").standardPalette())
+    else:
+        app.setStyle(QStyleFactory.create("Fusion"))
+        light = QStyleFactory.create("Fusion").standardPalette()
+        app.setPalette(dark_palette() if theme == "dark" else light)
+    fusion_dark = is_dark(app.palette()) and app.style().name().lower() == "fusion"
+    app.setStyleSheet(DARK_SHEET if fusion_dark else "")
 
 
 def dark_palette() -> QPalette:

@@ -273,6 +273,12 @@ class TranscriptView(QTextBrowser):
         """True while the view keeps the end of the transcript in sight (the user has not scrolled up)."""
         return self._follow
 
+    def follow_end(self) -> None:
+        """Scroll to the end and keep it in sight (a message is being sent)."""
+        self._follow = True
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
     @Slot(int, int)
     def _on_range_changed(self, _minimum: int, maximum: int) -> None:
         if self._follow:

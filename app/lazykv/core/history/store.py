@@ -71,11 +71,13 @@ class Store(Listing, SnapshotBudget):
     def _touch(self, db: sqlite3.Connection, conv_id: int) -> None:
         db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (self._now(), conv_id))
 
-    def _update_column(self, conv_id: int, column: str, value: str, change: Change) -> OpChanges:
+    def _update_column(self, conv_id: int, column: str, value: str, change: Change,
+                       touch: bool = True) -> OpChanges:
         with self._write() as db:
             self._require(db, conv_id)
             db.execute(f"UPDATE conversations SET {column} = ? WHERE id = ?", (value, conv_id))
-            self._touch(db, conv_id)
+            if touch:
+                self._touch(db, conv_id)
         return op_changes(conv_id, change, Change.LIST)
 
     def _insert_conversation(
@@ -111,7 +113,8 @@ class Store(Listing, SnapshotBudget):
         )  # fmt: skip
 
     def rename(self, conv_id: int, title: str) -> OpChanges:
-        return self._update_column(conv_id, "title", clean_title(title), Change.LIST)
+        """A new title; the conversation keeps its place in the list (its last turn's time)."""
+        return self._update_column(conv_id, "title", clean_title(title), Change.LIST, touch=False)
 
     def delete(self, conv_id: int) -> Deleted:
         """Remove the conversation; ``record`` is for undo. Its snapshot file stays on disk (so undo
