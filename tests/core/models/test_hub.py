@@ -92,3 +92,12 @@ def test_no_network_says_the_hub_cannot_be_reached() -> None:
     with pytest.raises(HubError) as err:
         search("tiny", hub=Hub(f"http://127.0.0.1:{port}"))
     assert err.value.kind == "unreachable" and "cannot be reached" in str(err.value)
+
+
+def test_the_environment_names_the_hub_and_the_token(hub_env: dict[str, str]) -> None:
+    hub = Hub.from_env({**hub_env, "HF_TOKEN": "hf_granted", "HF_ENDPOINT": hub_env["HF_ENDPOINT"] + "/"})
+    assert hub.endpoint == hub_env["HF_ENDPOINT"] and hub.token == "hf_granted" and not hub.offline
+    assert [m.name for m in repo_models("acme/Private-GGUF", hub)] == ["private-Q8_0.gguf"]
+    assert Hub.from_env({}).endpoint == "https://huggingface.co" and Hub.from_env({}).token is None
+    assert all(Hub.from_env({"HF_HUB_OFFLINE": v}).offline for v in ("1", "true", "ON", "yes"))
+    assert not Hub.from_env({"HF_HUB_OFFLINE": "0"}).offline

@@ -4,6 +4,7 @@ for every file that is not offered."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from lazykv.core.engine import memory
@@ -118,3 +119,14 @@ def test_quantization_from_file_names() -> None:
     assert quant_of("Qwen3-8B-IQ4_XS.gguf") == "IQ4_XS"
     assert quant_of("model-bf16.gguf") == "BF16"
     assert quant_of("model.gguf") == "" and quant_of("model.gguf", 15) == "Q4_K_M"
+
+
+def test_a_hf_cache_that_is_a_file_is_a_note_and_the_rest_is_scanned(fake_home: FakeHome) -> None:
+    cache = fake_home.places.hf_cache()
+    shutil.rmtree(cache)
+    cache.write_text("not a folder")
+    result = scan(fake_home.places)
+    (note,) = result.notes
+    assert note.startswith("Hugging Face cache: cannot be read") and "expects a directory" in note
+    assert fake_home.files["ollama"] in _by_path(result)
+    assert all(r.source != HF_SOURCE for r in result.records)

@@ -95,12 +95,14 @@ HF_SOURCE, LM_STUDIO, GPT4ALL, OLLAMA, LLAMA_CPP, LAZYKV, FOLDER = (
 def scan_hf_cache(places: Places) -> Iterator[Found]:
     """The Hugging Face cache through huggingface_hub's own reader; every revision's GGUF files."""
     from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
+    from huggingface_hub.errors import CacheNotFound, CorruptedCacheException
 
     try:
-        info = scan_cache_dir(places.hf_cache())
+        info = scan_cache_dir(places.hf_cache())  # a repo it cannot read is a warning there, not an error
     except CacheNotFound:
         return
+    except CorruptedCacheException as err:
+        raise ValueError(f"the Hugging Face cache at {places.hf_cache()} is not one: {err}") from err
     for repo in sorted(info.repos, key=lambda r: r.repo_id):
         if repo.repo_type != "model":
             continue
@@ -156,8 +158,9 @@ def scan_ollama(places: Places) -> Iterator[Found]:
                 yield Found(root / "blobs" / digest.replace(":", "-"), OLLAMA, name, named=False)
 
 
-SCANNERS: tuple[Callable[[Places], Iterable[Found]], ...] = (
-    scan_hf_cache, scan_lm_studio, scan_gpt4all, scan_ollama, scan_llama_cpp, scan_lazykv, scan_folders)
+SCANNERS: dict[Callable[[Places], Iterable[Found]], str] = {  # each scanner and where it looks, in words
+    scan_hf_cache: HF_SOURCE, scan_lm_studio: LM_STUDIO, scan_gpt4all: GPT4ALL, scan_ollama: OLLAMA,
+    scan_llama_cpp: LLAMA_CPP, scan_lazykv: LAZYKV, scan_folders: "your folders"}
 
 
 def scan(places: Places | None = None) -> ScanResult:
@@ -165,11 +168,11 @@ def scan(places: Places | None = None) -> ScanResult:
     places = places or Places.current()
     found: list[Found] = []
     notes: list[str] = []
-    for scanner in SCANNERS:
+    for scanner, where in SCANNERS.items():
         try:
             found.extend(scanner(places))
         except (OSError, ValueError) as err:
-            notes.append(f"{scanner.__name__.removeprefix('scan_')}: cannot be read ({err})")
+            notes.append(f"{where}: cannot be read ({err})")
     return ScanResult(tuple(_records(_unique(found))), tuple(notes))
 
 
