@@ -430,35 +430,40 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
     n_layer = _whole(meta.n_layer)
     cells = padded_ctx(_whole(n_ctx))
     kv_layer = kv_bytes(meta, cells, mode) // n_layer if n_layer else 0
-    owner = _layer_owners(n_layer, ngl, devices)  # per layer and the output: device index, -1 host
-    weights = _layer_weights(meta)
-    tensors = meta.tensors
+    layout = _layout(meta)
+    weights = layout.weights
     n_dev = len(devices)
     dev_w, dev_kv, dev_layers = [0] * n_dev, [0] * n_dev, [0] * n_dev
-    host_kv = 0
-    host_layers: list[int] = []
-    for il in range(n_layer):
-        where = owner[il]
-        if where < 0:
-            host_kv += kv_layer
-            host_layers.append(il)
-        else:
+    # llama.cpp keeps the layers before the first offloaded one on the CPU: the host's are a prefix
+    start = n_layer + 1 - min(ngl, n_layer + 1) if devices and ngl > 0 else n_layer + 1
+    n_host = min(start, n_layer)
+    host_kv = kv_layer * n_host
+    if n_dev == 1:
+        dev_layers[0] = n_layer - n_host
+        dev_w[0] = sum(weights[n_host:n_layer])
+        dev_kv[0] = kv_layer * dev_layers[0]
+        out_dev = 0 if start <= n_layer else -1
+    else:
+        owner = _layer_owners(n_layer, ngl, devices)  # per layer and the output: device index, -1 host
+        for il in range(n_host, n_layer):
+            where = owner[il]
             dev_w[where] += weights[il]
             dev_kv[where] += kv_layer
             dev_layers[where] += 1
-    out_dev = owner[n_layer] if owner else -1
+        out_dev = owner[n_layer]
+    host_layers = range(n_host)
     output_w = weights[n_layer]
     if out_dev >= 0:
         dev_w[out_dev] += output_w
     # host weights: the file range its tensors span (memory-mapped), and the CPU's repacked copies
+    tensors = meta.tensors
     if tensors is not None:
-        groups = [tensors.token_embd, tensors.other] + [tensors.layers[i] for i in host_layers
-                                                         if i < len(tensors.layers)]
-        if out_dev < 0:
-            groups.append(tensors.output)
-        spans = [g for g in groups if g.nbytes]
-        mapped = max(g.end for g in spans) - min(g.start for g in spans) if spans else 0
-        host_w = mapped + sum(g.repack for g in groups[2:])
+        k = min(len(host_layers), len(tensors.layers))
+        groups = [tensors.token_embd, tensors.other] + ([tensors.output] if out_dev < 0 else [])
+        prefix = layout.prefix_span[k]
+        spans = [(g.start, g.end) for g in groups if g.nbytes] + ([prefix] if prefix is not None else [])
+        mapped = max(e for _, e in spans) - min(b for b, _ in spans) if spans else 0
+        host_w = mapped + layout.prefix_repack[k] + (tensors.output.repack if out_dev < 0 else 0)
     else:
         host_w = _whole(meta.file_size) - sum(dev_w)
     # compute buffers of one micro-batch (n_ubatch tokens)
@@ -506,6 +511,38 @@ def _rotation_bytes(meta: ModelMeta, mode: KvMode) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """A model's layers as the planner sums them, computed once per model (max_ctx plans it many times)."""
+
+    weights: list[int]  # each repeating layer's bytes on a device, then the output layer's
+    prefix_span: list[tuple[int, int] | None]  # [k]: the file range of layers 0..k-1 (None: no bytes)
+    prefix_repack: list[int]  # [k]: the CPU's repacked bytes of layers 0..k-1
+
+
+_last_layout: tuple[ModelMeta, _Layout] | None = None
+
+
+def _layout(meta: ModelMeta) -> _Layout:
+    global _last_layout
+    last = _last_layout
+    if last is not None and last[0] is meta:
+        return last[1]
+    spans: list[tuple[int, int] | None] = [None]
+    repack = [0]
+    layers = meta.tensors.layers if meta.tensors is not None else ()
+    for g in layers:
+        last_span = spans[-1]
+        if g.nbytes:
+            last_span = (g.start, g.end) if last_span is None else (min(last_span[0], g.start),
+                                                                    max(last_span[1], g.end))
+        spans.append(last_span)
+        repack.append(repack[-1] + g.repack)
+    layout = _Layout(_layer_weights(meta), spans, repack)
+    _last_layout = (meta, layout)
+    return layout
+
+
 def _layer_weights(meta: ModelMeta) -> list[int]:
     """Bytes of each repeating layer, then of the output layer, on a device (a tied output matrix: the token
     embeddings again). Without tensor data (metadata built by hand): the file's bytes over the layers."""
@@ -526,6 +563,8 @@ def _layer_owners(n_layer: int, ngl: int, devices: Sequence[Device]) -> list[int
         return [-1] * (n_layer + 1)
     act = min(ngl, n_layer + 1)
     start = n_layer + 1 - act
+    if len(devices) == 1:
+        return [-1] * start + [0] * act
     frees = [float(d.free if d.free > 0 else 1) for d in devices]
     total = sum(frees)
     splits, acc = [], 0.0
