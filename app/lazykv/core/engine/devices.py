@@ -25,7 +25,7 @@ GPU_BACKENDS = ("CUDA", "Vulkan", "Metal", "ROCm", "SYCL", "MUSA", "CANN", "Open
 
 @dataclass(frozen=True)
 class Discovery:
-    """The devices found: local GPUs, then those of the RPC servers that answered; those that did not."""
+    """The devices found: local GPUs, those of the RPC servers that answered, and those that did not."""
 
     gpu_build: str  # the GPU backend this engine was built with ("CUDA", "Vulkan", ...), "" for a CPU build
     local: tuple[Device, ...]
@@ -34,7 +34,8 @@ class Discovery:
 
     @property
     def devices(self) -> tuple[Device, ...]:
-        return self.local + self.remote
+        """In llama.cpp's order (Llama(rpc_servers=...)): the servers' devices, then the local GPUs."""
+        return self.remote + self.local
 
     def note(self) -> str:
         """A sentence when a GPU build has no usable device (the plan is then for the CPU), else ""."""
