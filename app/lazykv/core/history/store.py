@@ -330,7 +330,9 @@ class Database:
                 closed.set_exception(StoreError("The conversation database is closed."))
                 return closed
             self._in_flight += 1
-        future = self._executor.submit(fn, arg)
+            # submitted under the lock: close() cannot shut the executor down between the check above
+            # and this submit (the write would be dropped), it queues its own close after it
+            future = self._executor.submit(fn, arg)
         future.add_done_callback(self._finished)
         return future
 
@@ -341,7 +343,7 @@ class Database:
             if self._closed:
                 return True
             self._closed = True
-        closing = self._executor.submit(self._close_store)
+            closing = self._executor.submit(self._close_store)  # after every write queued so far
         self._executor.shutdown(wait=False)
         try:
             closing.result(timeout)
