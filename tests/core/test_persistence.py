@@ -339,21 +339,21 @@ def test_a_forged_unencrypted_file_in_place_of_an_encrypted_one_is_refused(
     assert result.how == "rebuilt" and "protection differs" in result.note
 
 
-def _point_row_at(app: App, conv: int, sha256: str, header_json: str) -> None:
+def _point_row_at(app: App, conv: int, sha256: str, header_json: str, wrapped_key: bytes | None) -> None:
     size = app.store.snapshot_path(sha256).stat().st_size
-    app.store.set_snapshot(conv, sha256, size, 1, header_json)
+    app.store.set_snapshot(conv, sha256, size, 1, header_json, wrapped_key)
 
 
 def test_another_conversations_snapshot_is_refused(app: App) -> None:
     conv_a, _ = app.chat_and_save(SHORT)
     conv_b, _ = app.chat_and_save("What is the sea?")
     b = app.store.conversation(conv_b).snapshot
-    _point_row_at(app, conv_a, b.sha256, b.header_json)  # A's row copied from B's: same key
+    _point_row_at(app, conv_a, b.sha256, b.header_json, b.wrapped_key)  # A's row copied from B's: same key
     result = app.open(conv_a)
     assert result.how == "rebuilt" and result.note == "its snapshot belongs to another conversation"
     a_header = app.store.conversation(conv_b).snapshot.header_json
     _point_row_at(app, conv_a, b.sha256, a_header.replace(f'"conversation_id": {conv_b}',
-                                                          f'"conversation_id": {conv_a}'))
+                                                          f'"conversation_id": {conv_a}'), b.wrapped_key)
     result = app.open(conv_a)  # the file's sealed header says B, whatever the row says
     assert result.how == "rebuilt" and "not the one saved" in result.note
 
@@ -372,7 +372,7 @@ def test_an_older_snapshot_of_the_same_conversation_is_refused(tmp_path: Path, a
     result = app.open(conv)
     assert result.how == "rebuilt" and "not the one saved" in result.note
     shutil.copyfile(kept, old.path)
-    _point_row_at(app, conv, old.sha256, old.header_json)  # the row replayed too
+    _point_row_at(app, conv, old.sha256, old.header_json, old.wrapped_key)  # the row replayed too
     result = app.open(conv)
     assert result.how == "rebuilt"
     assert result.note == "its snapshot holds another version of this conversation"
@@ -459,7 +459,8 @@ def test_a_snapshot_swapped_in_while_it_is_restored_is_not_restored(
     conv_a, more = app.chat_and_save(SHORT)
     conv_b, _ = app.chat_and_save("What is the sea? Tell me in many words, please, at some length.")
     a, b = app.store.conversation(conv_a).snapshot, app.store.conversation(conv_b).snapshot
-    a_tokens = read_snapshot(a.path, KEY, Binding(conv_a, transcript_digest(more[:2])))[1]
+    a_key = app.persistence.crypto.unwrap(a.wrapped_key, conv_a)
+    a_tokens = read_snapshot(a.path, a_key, Binding(conv_a, transcript_digest(more[:2])))[1]
     swapped: list[Path] = []
     real_open = snapshot._open
 
@@ -500,3 +501,35 @@ def test_an_unencrypted_snapshot_is_bound_to_the_sha256_its_row_recorded(
         assert "could not be authenticated" in result.note
     finally:
         app.close()
+
+
+def test_after_a_key_change_every_snapshot_restores_under_the_new_key_only(app: App, tmp_path: Path) -> None:
+    """Issue 24.14: the snapshots change key with the history (their own keys rewrapped), so they resume
+    under the new key; the old one no longer opens them."""
+    conv, _ = app.chat_and_save(SHORT)
+    unlocked = PassphraseLock(tmp_path / "p.json", FAST_KDF).create("pw", "pw")
+    app.persistence.change_crypto(Crypto(ENCRYPTION_PASSPHRASE, unlocked=unlocked))
+    assert app.open(conv).how == "restored"
+    app.persistence.set_crypto(Crypto(ENCRYPTION_KEYRING, KEY))
+    result = app.open(conv)
+    assert result.how == "rebuilt" and "could not be authenticated" in result.note
+
+
+def test_each_snapshot_has_its_own_key_and_a_copy_of_it_does_not_open_once_its_row_is_gone(
+    app: App, tmp_path: Path
+) -> None:
+    """Issue 24.12: the master key alone opens no snapshot: each file's own key is in its row, and the row
+    goes with the conversation."""
+    conv, more = app.chat_and_save(SHORT)
+    ref = app.store.conversation(conv).snapshot
+    assert ref.wrapped_key is not None
+    binding = Binding(conv, transcript_digest(more[:2]))
+    with pytest.raises(SnapshotError):
+        read_snapshot(ref.path, KEY, binding)  # the master key is not the file's key
+    copy = tmp_path / "copy.lkv"
+    shutil.copyfile(ref.path, copy)
+    key = app.persistence.crypto.unwrap(ref.wrapped_key, conv)
+    assert read_snapshot(copy, key, binding)[1]
+    deleted = app.store.delete(conv)
+    app.store.erase(deleted.record)
+    assert not ref.path.exists()  # and its key, only ever in its row, is gone with it

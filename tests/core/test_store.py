@@ -488,7 +488,7 @@ def migrated(tmp_path: Path, version: int) -> Iterator[tuple[Store, Conversation
     try:
         record = store.conversation(1)
         assert [m["content"] for m in record.messages] == ["Hi", "Hello"]
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         yield store, record
     finally:
         store.close()
@@ -535,3 +535,14 @@ def test_a_conversations_summary_is_its_row_of_the_list(store: Store) -> None:
     assert store.summary(ids[1]).n_messages == 2
     store.delete(ids[0])
     assert store.summary(ids[0]) is None and store.summary(12345) is None
+
+
+def test_a_version_4_database_gets_the_wrapped_key_column_and_its_snapshots_read_as_unkeyed(
+    tmp_path: Path,
+) -> None:
+    with migrated(tmp_path, 4) as (store, record):
+        assert record.snapshot is None
+        (tmp_path / "snaps" / f"{'ab' * 32}.lkv").write_bytes(b"x")
+        store.set_snapshot(1, "ab" * 32, 1, 1, "{}", b"w" * 60)
+        ref = store.conversation(1).snapshot
+        assert ref is not None and ref.wrapped_key == b"w" * 60

@@ -31,7 +31,7 @@ from lazykv.core.history.records import (
     StoreReadOnlyError,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 APP_DIR_NAME = "lazykv"
 DB_FILE = "conversations.sqlite3"
 SNAPSHOTS_DIR = "snapshots"
@@ -130,6 +130,14 @@ ALTER TABLE messages ADD COLUMN versions TEXT;
 """
 
 
+# v5: each snapshot file has its own key, kept here wrapped by the master key (NULL: an unencrypted
+# snapshot, or one saved before v5, which is refused as older and saved again): deleting the row (the
+# conversation, a pruned snapshot) crypto-erases every copy of the file
+_SCHEMA_V5 = """
+ALTER TABLE snapshots ADD COLUMN wrapped_key BLOB;
+"""
+
+
 def _execute_script(db: sqlite3.Connection, script: str) -> None:
     """Run the statements of ``script`` one by one, inside the caller's transaction (unlike
     ``executescript``, which commits first)."""
@@ -149,6 +157,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: lambda db: _execute_script(db, _SCHEMA_V2),
     2: lambda db: _execute_script(db, _SCHEMA_V3),
     3: lambda db: _execute_script(db, _SCHEMA_V4),
+    4: lambda db: _execute_script(db, _SCHEMA_V5),
 }
 
 
@@ -258,11 +267,18 @@ def _restrict(path: Path, mode: int) -> None:
         pass
 
 
-def reencrypt(path: Path, old_key: bytes | None, new_key: bytes | None) -> None:
+# carries a snapshot's wrapped key (its row's conversation id given) over to a new master key; None
+# drops the snapshot's row (its key cannot follow: to or from no encryption)
+Rewrap = Callable[[bytes, int], "bytes | None"]
+
+
+def reencrypt(path: Path, old_key: bytes | None, new_key: bytes | None, rewrap: Rewrap | None = None) -> None:
     """Rewrite the closed database at ``path`` from ``old_key`` to ``new_key`` (None: plain), in place
     and crash-safely: exported to a side file, which is renamed over it only once complete (a crash
-    before leaves the old file as it was; the side file is redone next time); the old WAL is
-    checkpointed and truncated first, so a stale one never meets the new file."""
+    or any error before leaves the old file as it was; the side file is redone next time); the old
+    WAL is checkpointed and truncated first, so a stale one never meets the new file. ``rewrap``
+    rewrites each snapshot's wrapped key in the side file, so the keys change with the database or
+    not at all."""
     cipher = _driver(True)
     side = path.with_name(path.name + ".encrypting")
     for leftover in (side, *(side.with_name(side.name + s) for s in ("-wal", "-shm", "-journal"))):
@@ -280,18 +296,43 @@ def reencrypt(path: Path, old_key: bytes | None, new_key: bytes | None) -> None:
             db.execute("ATTACH DATABASE ? AS target KEY ?", (str(side), target))
             db.execute("SELECT sqlcipher_export('target')").fetchone()
             db.execute(f"PRAGMA target.user_version = {version}")
+            if rewrap is not None and version >= 5:
+                _rewrap_snapshot_keys(db, rewrap)
             db.execute("DETACH DATABASE target")
         finally:
             db.close()
     except _db_errors() as exc:
         side.unlink(missing_ok=True)
         raise _user_error(exc, path) from exc
-    with side.open("rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(side, path)
+    except BaseException:
+        side.unlink(missing_ok=True)
+        raise
+    try:
+        with side.open("rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(side, path)
+    except BaseException:
+        side.unlink(missing_ok=True)
+        raise
     for stale in ("-wal", "-shm"):
         path.with_name(path.name + stale).unlink(missing_ok=True)
     fsync_dir(path.parent)
+
+
+def _rewrap_snapshot_keys(db: Any, rewrap: Rewrap) -> None:
+    """In the side file ``target``, in one transaction: each snapshot key rewrapped, or its row gone."""
+    db.execute("BEGIN")
+    try:
+        for conv_id, wrapped in db.execute("SELECT conv_id, wrapped_key FROM target.snapshots").fetchall():
+            new = None if wrapped is None else rewrap(bytes(wrapped), conv_id)
+            if new is None:
+                db.execute("DELETE FROM target.snapshots WHERE conv_id = ?", (conv_id,))
+            else:
+                db.execute("UPDATE target.snapshots SET wrapped_key = ? WHERE conv_id = ?", (new, conv_id))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
 
 
 class Connection:
@@ -335,6 +376,7 @@ class Connection:
             with self._errors():
                 self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
                 self._db.execute("PRAGMA foreign_keys = ON")
+                self._db.execute("PRAGMA secure_delete = ON")  # deleted text is overwritten, not left
                 if self.read_only:
                     self._check_version()
                 else:

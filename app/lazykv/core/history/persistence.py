@@ -26,10 +26,13 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
 from lazykv import __version__
 from lazykv.core.engine.engine import EngineSession, KvRestoreError
 from lazykv.core.engine.fingerprint import model_sha256
-from lazykv.core.history.keys import UnlockedPassphrase, database_key
+from lazykv.core.history.keys import KEY_BYTES, UnlockedPassphrase, database_key, wrapping_key
 from lazykv.core.history.records import Change, OpChanges, SnapshotRef
 from lazykv.core.history.snapshot import (
     Binding,
@@ -49,6 +52,11 @@ from lazykv.core.history.snapshot_budget import PENDING_PREFIX, SNAPSHOT_SUFFIX,
 from lazykv.core.history.store import Database, Store
 
 NOTE_MAX_CHARS = 200
+_NONCE_BYTES = 12
+
+
+def _wrap_aad(conv_id: int) -> bytes:
+    return b"lazykv snapshot key v1|%d" % conv_id
 
 
 class SnapshotsOffError(SnapshotError):
@@ -89,22 +97,47 @@ class Crypto:
         return None
 
     def key_for_writing(self) -> bytes | None:
+        """The key of files kept outside the history (the local API's prefix cache): the master key."""
         return self.master()
+
+    def wrap(self, key: bytes, conv_id: int) -> bytes:
+        """A snapshot's own ``key``, wrapped (AES-GCM) under this scheme's master key for conversation
+        ``conv_id``: what its database row keeps."""
+        master = self.master()
+        if master is None:
+            raise ValueError("no master key: an unencrypted snapshot has no key to wrap")
+        nonce = os.urandom(_NONCE_BYTES)
+        return nonce + AESGCM(wrapping_key(master)).encrypt(nonce, key, _wrap_aad(conv_id))
+
+    def unwrap(self, wrapped: bytes, conv_id: int) -> bytes:
+        """The snapshot key ``wrap`` wrapped; SnapshotAuthError under another master key or conversation."""
+        master = self.master()
+        if master is None:
+            raise SnapshotError("it is encrypted, and no key is available now")
+        try:
+            return AESGCM(wrapping_key(master)).decrypt(
+                wrapped[:_NONCE_BYTES], wrapped[_NONCE_BYTES:], _wrap_aad(conv_id))
+        except (InvalidTag, ValueError):
+            raise SnapshotAuthError(
+                "its key does not open under this key (another keyring or passphrase)") from None
 
     def database_key(self) -> bytes | None:
         """The conversation database's key under this scheme (None: the history is not encrypted)."""
         key = self.master()
         return None if key is None else database_key(key)
 
-    def key_for_reading(self, encryption: str) -> bytes | None:
-        """The key for a snapshot saved under ``encryption`` (None for an unencrypted one)."""
+    def key_for_reading(self, encryption: str, wrapped: bytes | None, conv_id: int) -> bytes | None:
+        """The own key of a snapshot saved under ``encryption`` (None for an unencrypted one), from
+        its row's ``wrapped`` key."""
         if encryption == Encryption.NONE:
             return None
-        if encryption != self.scheme:
+        if self.master() is None:
             if encryption == Encryption.KEYRING:
                 raise SnapshotError("it is encrypted with the keyring key, which is not available now")
             raise SnapshotError("it is protected by a passphrase, which was not given in this session")
-        return self.master()
+        if wrapped is None:
+            raise SnapshotOldFormatError("it was saved before each snapshot had its own key")
+        return self.unwrap(wrapped, conv_id)  # under whichever scheme wraps the keys now
 
 
 class OpenHow(StrEnum):
@@ -159,6 +192,26 @@ class Persistence:
         """How snapshots are protected from now on; None: none are saved, and no key is kept."""
         self._crypto = crypto
 
+    def change_crypto(self, new: Crypto) -> None:
+        """Protect the history and every snapshot under ``new`` from now on, all or nothing: the
+        database is re-encrypted under ``new``'s key and each snapshot's own key rewrapped under its
+        master key in one crash-safe rewrite (``Database.change_key``); a snapshot whose key cannot be
+        carried over (to or from no encryption, or not under the key in use) loses its row, and its
+        conversation is re-read next time. A failure changes nothing: the database keeps its key,
+        this keeps the crypto it had, and the change can be tried again."""
+        old = self._crypto
+
+        def rewrap(wrapped: bytes, conv_id: int) -> bytes | None:
+            if old is None or old.master() is None or new.master() is None:
+                return None
+            try:
+                return new.wrap(old.unwrap(wrapped, conv_id), conv_id)
+            except SnapshotError:
+                return None
+
+        self.db.change_key(new.database_key(), rewrap).result()
+        self._crypto = new
+
     def model_sha(self) -> str:
         """The loaded model's sha256 (the fingerprint cache avoids re-hashing an unchanged file)."""
         return model_sha256(self.engine.model_info().path, self._fingerprints)
@@ -177,7 +230,9 @@ class Persistence:
         kv = self.engine.capture_kv(compact)
         header = self._header(kv.layout, len(kv.tokens), crypto, conv_id, messages)
         pending = self.db.snapshots_dir / f"{PENDING_PREFIX}{uuid.uuid4().hex}{SNAPSHOT_SUFFIX}"
-        sha = write_snapshot(pending, header, kv.tokens, kv.state, crypto.key_for_writing())
+        key = None if crypto.master() is None else os.urandom(KEY_BYTES)  # this file's own key
+        wrapped = None if key is None else crypto.wrap(key, conv_id)
+        sha = write_snapshot(pending, header, kv.tokens, kv.state, key)
         final = self.db.snapshots_dir / f"{sha}{SNAPSHOT_SUFFIX}"
         try:
             os.replace(pending, final)
@@ -188,7 +243,7 @@ class Persistence:
         header_json = json.dumps(asdict(header))
 
         def record(store: Store) -> tuple[list[str], Cleanup]:
-            previous = store.set_snapshot(conv_id, sha, size, len(kv.tokens), header_json)
+            previous = store.set_snapshot(conv_id, sha, size, len(kv.tokens), header_json, wrapped)
             if previous and previous != sha and store.unreferenced(previous):
                 store.snapshot_path(previous).unlink(missing_ok=True)
             if budget_bytes <= 0:
@@ -288,10 +343,15 @@ class Persistence:
             if refused is not None:
                 raise refused
 
+        crypto = self._crypto or Crypto(Encryption.NONE)
+
+        def key(header: SnapshotHeader) -> bytes | None:  # once the header is checked
+            return crypto.key_for_reading(header.encryption, ref.wrapped_key, conv_id)
+
+        plain = recorded.get("encryption") == Encryption.NONE
         try:
-            key = (self._crypto or Crypto(Encryption.NONE)).key_for_reading(str(recorded.get("encryption")))
             _, tokens, state = read_snapshot(ref.path, key, binding, check=check,
-                                             sha256=ref.sha256 if key is None else None)  # fmt: skip
+                                             sha256=ref.sha256 if plain else None)  # fmt: skip
             self.engine.restore_kv(tokens, state)
         except (SnapshotError, KvRestoreError, OSError) as err:
             raise _refusal(err) from err

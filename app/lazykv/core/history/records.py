@@ -121,6 +121,7 @@ class SnapshotRef:
     n_tokens: int
     header_json: str
     last_used: float
+    wrapped_key: bytes | None = field(default=None, repr=False)  # the file's own key, wrapped (None: plain)
 
 
 @dataclass

@@ -397,7 +397,7 @@ def read_header(path: Path) -> SnapshotHeader:
 
 def read_snapshot(
     path: Path,
-    key: bytes | None,
+    key: bytes | None | Callable[[SnapshotHeader], bytes | None],
     binding: Binding,
     *,
     sha256: str | None = None,
@@ -413,7 +413,8 @@ def read_snapshot(
     ``sha256`` (the file's recorded digest): the file's bytes must hash to it, the only check an
     unencrypted file can have against being swapped for another well-formed one.
 
-    ``key`` must be given for encrypted files and None for unencrypted ones: a key with an
+    ``key`` (or what it answers for the checked header, when it is a function) must be given for
+    encrypted files and None for unencrypted ones: a key with an
     unencrypted file is refused (SnapshotAuthError), so an encrypted file cannot be swapped for a
     forged plain one. ``max_payload_bytes`` bounds the decompressed size. ``state`` is a writable
     view of a buffer owned by nobody else, so native code can read it in place: a resume of a
@@ -428,6 +429,8 @@ def read_snapshot(
                 "This snapshot belongs to another conversation, or to another version of it; it was "
                 "not opened."
             )
+        if callable(key):
+            key = key(header)
         if header.encryption == ENCRYPTION_NONE and key is not None:
             raise SnapshotAuthError(
                 "This snapshot is not encrypted, but an encrypted one was expected; it was not opened."

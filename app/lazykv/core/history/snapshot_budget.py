@@ -58,18 +58,22 @@ class SnapshotBudget(Connection):
 
     def _snapshot(self, db: sqlite3.Connection, conv_id: int) -> SnapshotRef | None:
         row = db.execute(
-            "SELECT sha256, size, n_tokens, header_json, last_used FROM snapshots WHERE conv_id = ?",
+            "SELECT sha256, size, n_tokens, header_json, last_used, wrapped_key FROM snapshots"
+            " WHERE conv_id = ?",
             (conv_id,),
         ).fetchone()
         if row is None:
             return None
-        sha256, size, n_tokens, header_json, last_used = row
-        return SnapshotRef(sha256, self.snapshot_path(sha256), size, n_tokens, header_json, last_used)
+        sha256, size, n_tokens, header_json, last_used, wrapped = row
+        return SnapshotRef(sha256, self.snapshot_path(sha256), size, n_tokens, header_json, last_used,
+                           None if wrapped is None else bytes(wrapped))  # fmt: skip
 
     def set_snapshot(
-        self, conv_id: int, sha256: str, size: int, n_tokens: int, header_json: str
-    ) -> str | None:
-        """Point the conversation at the snapshot file ``snapshot_path(sha256)``; returns the sha256 it
+        self, conv_id: int, sha256: str, size: int, n_tokens: int, header_json: str,
+        wrapped_key: bytes | None = None,
+    ) -> str | None:  # fmt: skip
+        """Point the conversation at the snapshot file ``snapshot_path(sha256)`` (``wrapped_key``: the
+        file's own key, wrapped by the master key; None for an unencrypted file); returns the sha256 it
         pointed at before (delete that file if ``unreferenced`` says nothing else uses it)."""
         check_sha256(sha256)
         if size < 0 or n_tokens < 0:
@@ -78,9 +82,10 @@ class SnapshotBudget(Connection):
             self._require(db, conv_id)
             previous = db.execute("SELECT sha256 FROM snapshots WHERE conv_id = ?", (conv_id,)).fetchone()
             db.execute(
-                "INSERT OR REPLACE INTO snapshots (conv_id, sha256, size, n_tokens, header_json, last_used)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (conv_id, sha256, int(size), int(n_tokens), header_json, self._now()),
+                "INSERT OR REPLACE INTO snapshots"
+                " (conv_id, sha256, size, n_tokens, header_json, last_used, wrapped_key)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (conv_id, sha256, int(size), int(n_tokens), header_json, self._now(), wrapped_key),
             )
         return previous[0] if previous else None
 

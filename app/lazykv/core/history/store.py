@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from lazykv.core.chat.conversation import ReplyStats, common_prefix
 from lazykv.core.history import exchange
-from lazykv.core.history.connection import DB_FILE, SNAPSHOTS_DIR, data_dir, reencrypt
+from lazykv.core.history.connection import DB_FILE, SNAPSHOTS_DIR, Rewrap, data_dir, reencrypt
 from lazykv.core.history.records import (
     DEFAULT_TITLE,
     Change,
@@ -117,8 +117,9 @@ class Store(Listing, SnapshotBudget):
         return self._update_column(conv_id, "title", clean_title(title), Change.LIST, touch=False)
 
     def delete(self, conv_id: int) -> Deleted:
-        """Remove the conversation; ``record`` is for undo. Its snapshot file stays on disk (so undo
-        can restore it); ``prune_snapshots`` removes it later if nothing references it."""
+        """Remove the conversation (its rows overwritten: secure_delete); ``record`` is for undo, with
+        its snapshot's wrapped key, the only one left. Its snapshot file stays on disk (so undo can
+        restore it) until ``erase``, once the undo has passed."""
         with self._write() as db:
             record = self._record(db, conv_id)
             db.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
@@ -146,11 +147,34 @@ class Store(Listing, SnapshotBudget):
             snap = record.snapshot
             if snap is not None and self.snapshot_path(snap.sha256).exists():
                 db.execute(
-                    "INSERT INTO snapshots (conv_id, sha256, size, n_tokens, header_json, last_used)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (conv_id, snap.sha256, snap.size, snap.n_tokens, snap.header_json, snap.last_used),
+                    "INSERT INTO snapshots"
+                    " (conv_id, sha256, size, n_tokens, header_json, last_used, wrapped_key)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (conv_id, snap.sha256, snap.size, snap.n_tokens, snap.header_json, snap.last_used,
+                     snap.wrapped_key),  # fmt: skip
                 )
         return OpChangesWithId(id=conv_id, **change_fields(op_changes(conv_id, *Change)))
+
+    def erase(self, record: ConversationRecord) -> OpChanges:
+        """What a deleted conversation left behind, gone for good once its undo has passed: its
+        snapshot file (unless the undo put it back), its words in the search index (FTS5 keeps
+        deleted entries in its segments until they are merged: 'optimize' rewrites them, and
+        secure_delete overwrites the pages it frees; SQLite 3.40 has no FTS5 secure-delete), and the
+        WAL, which still holds the old pages (checkpointed and truncated). With the row gone, the
+        snapshot's key is gone: a copy of the file elsewhere no longer decrypts."""
+        if self.read_only:
+            return OpChanges()
+        snap = record.snapshot
+        with self._write() as db:
+            for index in ("messages_fts", "titles_fts"):
+                db.execute(f"INSERT INTO {index}({index}) VALUES ('optimize')")
+            orphan = snap is not None and db.execute(
+                "SELECT 1 FROM snapshots WHERE sha256 = ?", (snap.sha256,)).fetchone() is None  # fmt: skip
+        if orphan and snap is not None:
+            self._unlink(snap.path)
+        with self._errors():
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        return OpChanges()
 
     # transcripts
 
@@ -318,10 +342,12 @@ class Database:
         database is encrypted in place when it is next opened."""
         return self._queue(self._rekey, key)
 
-    def change_key(self, new_key: bytes | None) -> Future[None]:
+    def change_key(self, new_key: bytes | None, rewrap: Rewrap | None = None) -> Future[None]:
         """Re-encrypt the database from the key it has now to ``new_key`` (None: plain), in place and
-        crash-safely (``reencrypt``), e.g. when the user changes how the history is protected."""
-        return self._queue(self._change_key, new_key)
+        crash-safely (``reencrypt``), e.g. when the user changes how the history is protected;
+        ``rewrap`` carries each snapshot's wrapped key over in the same rewrite. All or nothing: a
+        failure leaves the database as it was, under its old key, and can be retried."""
+        return self._queue(self._change_key, (new_key, rewrap))
 
     def _queue(self, fn: Callable[[Any], T], arg: Any) -> Future[T]:
         with self._lock:
@@ -364,10 +390,11 @@ class Database:
         self._close_store()
         self._key = key
 
-    def _change_key(self, new_key: bytes | None) -> None:
+    def _change_key(self, change: tuple[bytes | None, Rewrap | None]) -> None:
+        new_key, rewrap = change
         self._close_store()
         if self.path.exists() and new_key != self._key:
-            reencrypt(self.path, self._key, new_key)
+            reencrypt(self.path, self._key, new_key, rewrap)
         self._key = new_key
 
     def _close_store(self) -> None:
