@@ -56,6 +56,7 @@ from lazykv.core.history.records import (
     Deleted,
     OpChanges,
     OpChangesWithId,
+    StoreError,
     StoreLockedError,
     Synced,
     new_uid,
@@ -100,6 +101,7 @@ class ConversationsHost(Protocol):
 
     def statusBar(self) -> QStatusBar: ...  # noqa: N802 - Qt's name
     def show_error(self, title: str, message: str, details: str = "") -> QMessageBox: ...
+    def show_exception(self, title: str, err: BaseException) -> QMessageBox: ...
     def setting(self, name: str) -> Any: ...
     def sampling(self) -> SamplingSettings: ...
     def can_switch_conversation(self) -> bool: ...
@@ -208,7 +210,7 @@ class Conversations(QObject):
              what: str = "The conversation database",
              on_error: Callable[[Exception], None] | None = None) -> None:
         def failed(err: Exception) -> None:
-            self.host.show_error(f"{what} failed", str(err) or type(err).__name__)
+            self.host.show_exception(f"{what} failed", err)
 
         database = self.host.database  # the process's one connection; the pool thread waits, not the GUI
         self.host.background.run(lambda: database.call(fn), on_done, on_error or failed, what)
@@ -600,8 +602,13 @@ class Conversations(QObject):
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, ValueError) as err:
-                raise ValueError(f"{path.name} is not a conversation export: {err}") from err
-            return store.import_json(data)
+                raise StoreError(f"{path.name} is not a conversation export ({err}). Choose a file saved "
+                                 "with Export (JSON).") from err
+            try:
+                return store.import_json(data)
+            except ValueError as err:  # a part of it that is not a conversation: said as such
+                raise StoreError(f"{path.name} is not a conversation export LazyKV Chat can read ({err}). "
+                                 "Choose a file saved with Export (JSON).") from err
 
         self.execute(job, None, f"Importing {path.name}")
 
@@ -708,7 +715,7 @@ class Conversations(QObject):
         """Opening or listing the history failed. Encrypted under another key: said in a banner (the
         chat goes on, its turns kept here and written once the history opens); else an error."""
         if not isinstance(err, StoreLockedError):
-            self.host.show_error("The conversation history could not be opened", str(err))
+            self.host.show_exception("The conversation history could not be opened", err)
             self._history_opened()  # not locked: saves try again, and say their own errors
             return
         if self.history_locked:
@@ -748,7 +755,7 @@ class Conversations(QObject):
             return lock.create(passphrase, confirmation or "", bytes.fromhex(salt_hex) if salt_hex else None)
 
         def refused(err: Exception) -> None:
-            self.host.show_error("The passphrase was not accepted", str(err))
+            self.host.show_exception("The passphrase was not accepted", err)
             if isinstance(err, PassphraseError):
                 self.ask_passphrase()
 

@@ -64,6 +64,7 @@ from lazykv.qt.worker import (
     ReplyOptions,
     Request,
     SaveSnapshot,
+    failure,
 )
 
 APP_TITLE = "LazyKV Chat"
@@ -132,7 +133,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self._models_dialog: ModelsDialog | None = None  # File > Models…, made when first opened
         self.ops = Operations(self)
         self.background = Background(self, self.ops)
-        self.background.unhandled.connect(lambda what, err: self.show_error(f"{what} failed", str(err)))
+        self.background.unhandled.connect(lambda what, err: self.show_exception(f"{what} failed", err))
 
         self.database = Database()  # the process's one connection to the conversation database
         self._build_ui()
@@ -205,8 +206,8 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
 
     def save_settings(self) -> None:
         snapshot = self.settings.copy()
-        self.background.run(snapshot.save, on_error=lambda err: self.show_error(
-            "Settings were not saved", f"{snapshot.path}: {err}"))
+        self.background.run(snapshot.save, on_error=lambda err: self.show_exception(
+            "Settings were not saved", err))
 
     @property
     def worker(self) -> EngineWorker:
@@ -548,6 +549,12 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
     @Slot()
     def _sample_memory(self) -> None:
         self.memory_panel.sample(memory.process_rss())
+
+    def show_exception(self, title: str, err: BaseException) -> QMessageBox:
+        """``show_error`` for an exception: its sentence for the user (worker.failure), the traceback
+        under Details."""
+        said = failure(err)
+        return self.show_error(title, said.message, said.details)
 
     def show_error(self, title: str, message: str, details: str = "") -> QMessageBox:
         """Status bar plus a window-modal box that does not block the event loop; ``details`` on demand."""

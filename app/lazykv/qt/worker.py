@@ -9,6 +9,7 @@ meant for, and a failure is reported against the request that failed.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 import traceback
@@ -28,6 +29,7 @@ from lazykv.core.engine.engine import (
 )
 from lazykv.core.engine.memory import MiB
 from lazykv.core.history.connection import data_dir
+from lazykv.core.history.keys import KeyringUnavailableError, PassphraseError
 from lazykv.core.history.persistence import Crypto, Persistence
 from lazykv.core.history.records import StoreError
 from lazykv.core.history.snapshot import SnapshotError
@@ -270,17 +272,24 @@ class EngineWorker(QObject):
             self._emit_status()
 
 
+# errors whose message is written for the user: shown as they are
+USER_ERRORS = (EngineError, SnapshotError, StoreError, PassphraseError, KeyringUnavailableError)
+
+
 def failure(err: BaseException) -> Failure:
-    """The user's sentence for ``err``: our own errors are written for the user; anything else is a bug,
-    said as such, with the traceback as the details."""
+    """The user's sentence for ``err``, never a bare ``str(err)`` (a KeyError(5) says "5"): our own errors
+    are written for the user; a file error says which file and what to check; anything else is a bug,
+    said as such with what to do. The traceback is always the details."""
     details = "".join(traceback.format_exception(err))
-    if isinstance(err, EngineError | SnapshotError | StoreError):
+    if isinstance(err, USER_ERRORS) and str(err).strip():
         return Failure(str(err), details)
     if isinstance(err, MemoryError):
         return Failure("Out of memory: close other programs, or choose a smaller context or the q8_0, "
                        "lazy or ladder KV cache.", details)
     if isinstance(err, OSError):
-        return Failure(f"A file could not be read or written: {err.strerror or err}"
-                       f"{f' ({err.filename})' if err.filename else ''}.", details)
-    return Failure(f"Something went wrong inside LazyKV Chat ({type(err).__name__}). "
-                   "The details below help a bug report.", details)
+        reason = err.strerror or (os.strerror(err.errno) if isinstance(err.errno, int) else "refused")
+        where = f" ({err.filename})" if err.filename else ""
+        return Failure(f"A file could not be read or written{where}: {reason}. Check that the disk has room "
+                       "and that the folder can be written to, then try again.", details)
+    return Failure(f"Something unexpected went wrong inside LazyKV Chat ({type(err).__name__}). Try again; "
+                   "if it happens again, please report it with the details below.", details)
