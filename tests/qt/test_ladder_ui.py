@@ -114,8 +114,8 @@ def test_the_idle_timer_does_not_add_a_step_to_a_manual_one(
     fake.reply = ("word " * 270,)  # the 16-bit step (288 cells) over 90 % full: the idle timer starts
     chat(qtbot, w, "Fill it")
     assert w.idle_conversion_pending
-    held(qtbot, fake, w.compact_action.trigger)
-    qtbot.wait(IDLE_MS + 300)  # the idle timer fires while the manual step is held
+    with qtbot.waitSignal(w._idle_timer.timeout, timeout=WAIT_MS):  # it fires while the manual step is held
+        held(qtbot, fake, w.compact_action.trigger)
     assert not w.idle_conversion_pending
     assert sum(isinstance(r, Convert) for r in w.engine.pending()) == 1
     fake.release()
