@@ -227,6 +227,15 @@ class FakeSession:
             raise self.restore_error
         self._kv = self._empty_kv(list(tokens))
 
+    def sync_kv(self, messages: Sequence[dict[str, str]]) -> int:
+        self._require()
+        self.calls.append("sync")
+        tokens = _words(messages)
+        kept = common_prefix(self._kv.tokens, tokens)
+        self._step()
+        self._kv.tokens = tokens
+        return len(tokens) - kept
+
     def clear_kv(self) -> None:
         self._kv = self._empty_kv()
 

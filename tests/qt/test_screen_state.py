@@ -207,3 +207,26 @@ def test_a_small_window_squeezes_nothing_onto_anything_and_a_large_one_gives_the
     w.resize(1300, 800)
     qtbot.waitUntil(lambda: w.memory_dock.width() >= roomy_dock, timeout=WAIT_MS)
     assert not panel.cells_bar.isTextVisible()  # the figures are in the line above it, never under the fill
+
+
+def test_paging_to_another_reply_puts_it_in_the_cache_and_the_context_indicator(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    """Defect 5: the context indicator kept the other reply's token count until the next send: the
+    cache now holds the version shown (the common prefix kept, the rest read)."""
+    w = fake_window()
+    fake.reply = ("A short one.",)
+    chat(qtbot, w, "Name a colour.")
+    short = w.kv.n_cells_used
+    fake.reply = ("A much longer reply with many more words in it than the first.",)
+    with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
+        w.regenerate()
+    settle(qtbot, w)
+    long = w.kv.n_cells_used
+    assert long > short + 5
+    w.previous_version.click()
+    settle(qtbot, w)
+    # the reply's closing (the template's end of turn) is in it now: a token or so more than at the reply
+    qtbot.waitUntil(lambda: short <= w.kv.n_cells_used <= short + 2, timeout=WAIT_MS)
+    assert f"Context {w.kv.n_cells_used:,} /" in w.context_meter.label.text()
+    assert "sync" in fake.calls

@@ -28,6 +28,7 @@ from lazykv.qt.worker import (
     Convert,
     Failure,
     Reply,
+    SyncKv,
 )
 
 
@@ -58,6 +59,9 @@ class ChatFlow:
             self.conversation.choose_version(number)
             self._rerender()
             self.conversations.persist(snapshot=False)
+            # the cache, and so the context indicator, follow the version shown (its snapshot too)
+            self.engine.submit(SyncKv(self.conversation.messages()),
+                               lambda _read: self.conversations.persist(snapshot=True))
 
     def edit_message(self, index: int) -> None:
         """Put a user turn back into the composer; sending replaces it and everything after it."""

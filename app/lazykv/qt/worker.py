@@ -94,6 +94,15 @@ class Convert(Request):
 
 
 @dataclass(eq=False)
+class SyncKv(Request):
+    """Make the cache hold ``messages`` (the common prefix stays, the rest is read): what is on screen
+    changed without a reply (another version of the last reply was chosen)."""
+
+    what: ClassVar[str] = "Reading the reply chosen"
+    messages: list[dict[str, str]]
+
+
+@dataclass(eq=False)
 class ClearKv(Request):
     """Empty the KV cache (a new chat): a lazy cache starts again in its 16-bit phase."""
 
@@ -164,6 +173,7 @@ class EngineWorker(QObject):
         self._handlers: dict[type[Request], Callable[[Any], Any]] = {
             LoadModel: self._load, Reply: self._reply, Convert: self._convert, SetCrypto: self._set_crypto,
             SaveSnapshot: self._save_snapshot, OpenConversation: self._open, ClearKv: self._clear_kv,
+            SyncKv: self._sync_kv,
         }
         self._queued.connect(self._run)
 
@@ -238,6 +248,9 @@ class EngineWorker(QObject):
 
     def _clear_kv(self, request: ClearKv) -> None:
         self._session.clear_kv()
+
+    def _sync_kv(self, request: SyncKv) -> int:
+        return self._session.sync_kv(request.messages)
 
     def _set_crypto(self, request: SetCrypto) -> None:
         self._persistence.set_crypto(request.crypto)  # None: no key kept for reading either

@@ -615,6 +615,20 @@ class EngineSession:
                 raise CancelledError(stopped) from err
             raise
 
+    def sync_kv(self, messages: Sequence[dict[str, str]]) -> int:
+        """Make the cache hold ``messages`` and nothing else (e.g. another version of the last reply was
+        chosen): the common prefix stays, the rest is dropped and what differs is read. Returns the
+        tokens read. Inside ``cancellable(token)``, setting the token stops the reading (the next reply
+        reads the rest)."""
+        llama, info = self._require()
+        tokens = self._head_tokens(messages, max(0, info.n_ctx - 1))
+        n_reused = common_prefix(llama.input_ids[: llama.n_tokens].tolist(), tokens)
+        if n_reused < llama.n_tokens:
+            llama._ctx.kv_cache_seq_rm(-1, n_reused, -1)
+            llama.n_tokens = n_reused
+        self._eval_or_cancel(llama, tokens[n_reused:])
+        return len(tokens) - n_reused
+
     def clear_kv(self) -> None:
         """Empty the KV cache (a lazy cache returns to its f16 phase)."""
         llama, _ = self._require()
