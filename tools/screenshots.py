@@ -159,7 +159,7 @@ def shoot_models() -> int:
     """The Models page on what this machine has (the models `make models` fetched at least), the fit
     at 8,192 tokens in the ladder; the Hub tab needs the network, so it is not in the picture."""
     from lazykv.core.settings import Settings
-    from lazykv.qt.models_dialog import ModelsDialog
+    from lazykv.qt.models_dialog import DISK_FIT, ModelsDialog
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("LazyKV Chat")
@@ -167,7 +167,7 @@ def shoot_models() -> int:
     settings.set("n_ctx", 8192)
     settings.set("kv_mode", "ladder")
     dialog = ModelsDialog(settings)
-    dialog.resize(1180, 520)
+    dialog.resize(1300, 500)
     dialog.show()
     loop = QEventLoop()
     QTimer.singleShot(TIMEOUT_MS, loop.quit)
@@ -176,7 +176,7 @@ def shoot_models() -> int:
 
     def planned() -> bool:  # scanned, and every fit column filled in (planned off the GUI thread)
         return dialog.rescan_button.isEnabled() and table.rowCount() > 0 and all(
-            table.item(r, 6).text() != "planning…" for r in range(table.rowCount()))
+            table.item(r, DISK_FIT).text() != "planning…" for r in range(table.rowCount()))
 
     poll.timeout.connect(lambda: planned() and loop.quit())
     poll.start(50)

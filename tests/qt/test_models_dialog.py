@@ -16,7 +16,7 @@ from lazykv.core.models.hub import Hub, read_header, repo_models
 from lazykv.core.models.scan import Places
 from lazykv.core.settings import Settings
 from lazykv.qt.main_window import MainWindow
-from lazykv.qt.models_dialog import ModelsDialog
+from lazykv.qt.models_dialog import DISK_FIT, DISK_FOUND, HUB_FIT, ModelsDialog
 from lazykv.qt.stall_meter import StallMeter
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
@@ -39,8 +39,8 @@ def _dialog(qtbot: QtBot, w: MainWindow, places: Places, hub_env: dict[str, str]
 
 def _settled(d: ModelsDialog) -> bool:
     """Scanned, and every fit cell shows its plan (or why there is none)."""
-    cells = [_cell(d, "disk_table", r, 6) for r in range(d.disk_table.rowCount())]
-    cells += [_cell(d, "hub_table", r, 3) for r in range(d.hub_table.rowCount())]
+    cells = [_cell(d, "disk_table", r, DISK_FIT) for r in range(d.disk_table.rowCount())]
+    cells += [_cell(d, "hub_table", r, HUB_FIT) for r in range(d.hub_table.rowCount())]
     return d.rescan_button.isEnabled() and all(c in FIT_WORDS or c.startswith("not offered") for c in cells)
 
 
@@ -73,19 +73,17 @@ def test_search_download_and_the_model_loads(qtbot: QtBot, fake_window: FakeWind
     qtbot.keyClick(d.search_edit, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: d.repo_list.count() == 1 and "acme/Tiny-GGUF" in d.repo_list.item(0).text())
     d.repo_list.setCurrentRow(0)
-    qtbot.waitUntil(lambda: d.hub_table.rowCount() == 3 and all(
-        _cell(d, "hub_table", r, 3) in FIT_WORDS or _cell(d, "hub_table", r, 3).startswith("not offered")
-        for r in range(3)), timeout=10_000)
-    assert "not offered: a projector" in _cell(d, "hub_table", _hub_row(d, "mmproj-tiny-f16.gguf"), 3)
+    qtbot.waitUntil(lambda: d.hub_table.rowCount() == 3 and _settled(d), timeout=10_000)
+    assert "not offered: a projector" in _cell(d, "hub_table", _hub_row(d, "mmproj-tiny-f16.gguf"), HUB_FIT)
     # the fit shown is the planner's, from the header read over the network
     hub = Hub.from_env(hub_env)
     model = next(m for m in repo_models("acme/Tiny-GGUF", hub) if m.name == "tiny-Q8_0.gguf")
     report = fit_report(read_header(model, hub), d.ctx_box.value(), str(d.kv_box.currentData()))
     row = _hub_row(d, "tiny-Q8_0.gguf")
-    assert _cell(d, "hub_table", row, 3) == report.word
-    longest = [_cell(d, "hub_table", row, 4 + i) for i in range(4)]
+    assert _cell(d, "hub_table", row, HUB_FIT) == report.word
+    longest = [_cell(d, "hub_table", row, HUB_FIT + 1 + i) for i in range(4)]
     assert longest == [f"{n:,}" for n in report.max_ctx.values()]
-    d.hub_table.sortItems(3)  # sortable by fit: the projector (not offered) sorts last
+    d.hub_table.sortItems(HUB_FIT)  # sortable by fit: the projector (not offered) sorts last
     assert _cell(d, "hub_table", 2, 0) == "mmproj-tiny-f16.gguf"
     assert d.select_hub_file("tiny-Q8_0.gguf")
     assert not d.load_button.isEnabled()
@@ -166,14 +164,17 @@ def test_the_disk_list_shows_every_tool_s_models_and_loads_one(qtbot: QtBot, fak
                                                                hub_env: dict[str, str]) -> None:
     w = fake_window()
     d = _dialog(qtbot, w, fake_home.places, hub_env)
-    rows = {_cell(d, "disk_table", r, 11): r for r in range(d.disk_table.rowCount())}
+    rows = {_cell(d, "disk_table", r, DISK_FOUND): r for r in range(d.disk_table.rowCount())}
     assert "Ollama: tiny:latest" in rows and "Hugging Face cache: acme/Tiny-GGUF/tiny-Q8_0.gguf" in rows
-    assert any(_cell(d, "disk_table", r, 6).startswith("not offered: a projector") for r in rows.values())
+    fits = [_cell(d, "disk_table", r, DISK_FIT) for r in rows.values()]
+    assert any(f.startswith("not offered: a projector") for f in fits)
     row = rows["Ollama: tiny:latest"]
-    assert _cell(d, "disk_table", row, 6) in FIT_WORDS
+    assert [_cell(d, "disk_table", row, c) for c in range(7)] == [
+        "Tiny Chat", "llama", "F16", "3M", "5.5 MiB", "4,096", "no"]
+    assert _cell(d, "disk_table", row, DISK_FIT) in FIT_WORDS
     with qtbot.waitSignal(d.planned, timeout=10_000):  # planned off the GUI thread
         d.ctx_box.setValue(131072)  # the fit follows the context chosen: the tiny model's 4,096 at most
-    assert _cell(d, "disk_table", rows["Ollama: tiny:latest"], 7) == "4,096"
+    assert _cell(d, "disk_table", rows["Ollama: tiny:latest"], DISK_FIT + 1) == "4,096"
     d.kv_box.setCurrentIndex(d.kv_box.findData(str(KvMode.F16)))
     assert d.select_path(fake_home.files["ollama"])
     with qtbot.waitSignal(w.model_loaded, timeout=10_000) as loaded:

@@ -52,9 +52,11 @@ POLL_MS = 100
 KEY = Qt.ItemDataRole.UserRole  # an item's payload
 SORT = Qt.ItemDataRole.UserRole + 1  # an item's sort key
 LONGEST = tuple(f"Longest {mode}" if mode is KvMode.F16 else str(mode) for mode in KvMode)
-DISK_COLUMNS = ("Model", "Quant", "Parameters", "Size", "Trained context", "Chat template", "Fit", *LONGEST,
+DISK_COLUMNS = ("Model", "Arch.", "Quant", "Params", "Size", "Trained ctx", "Template", "Fit", *LONGEST,
                 "Found in")
 HUB_COLUMNS = ("File", "Quant", "Size", "Fit", *LONGEST)
+DISK_FIT, DISK_FOUND = DISK_COLUMNS.index("Fit"), DISK_COLUMNS.index("Found in")
+HUB_FIT = HUB_COLUMNS.index("Fit")
 FIT_TIP = ("Fit: at the context and KV cache chosen above, against the memory available now. Longest: the "
            "longest context that still fits, in each KV cache mode (tokens).")
 
@@ -327,7 +329,8 @@ class ModelsDialog(QDialog):
             row = table.rowCount()
             table.insertRow(row)
             cells = [_Item(record.name if record.usable else record.path.name, payload=record),
-                     _Item(record.quant), _Item(human_params(record.n_params), record.n_params),
+                     _Item(record.architecture), _Item(record.quant),
+                     _Item(human_params(record.n_params), record.n_params),
                      _Item(fmt_bytes(record.size), record.size),
                      _Item(f"{record.n_ctx_train:,}" if record.n_ctx_train else "", record.n_ctx_train),
                      _Item("yes" if record.has_chat_template else "no" if record.usable else "")]
