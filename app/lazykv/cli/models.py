@@ -29,7 +29,8 @@ def main(argv: list[str]) -> int:
     finding = commands.add_parser("search", help="GGUF repos on the Hub")
     finding.add_argument("query")
     finding.add_argument("--limit", type=int, default=20)
-    getting = commands.add_parser("get", help="a repo's model files, or download one into the HF cache")
+    getting = commands.add_parser("get", help="download a repo's model into the Hugging Face cache (a repo "
+                                  "with several: their list, with sizes and what fits)")
     getting.add_argument("repo")
     getting.add_argument("--file", help="the model file to download (a split model: its first shard)")
     for sub in (listing, finding, getting):
@@ -101,8 +102,11 @@ def _search(args: argparse.Namespace) -> int:
 def _get(args: argparse.Namespace) -> int:
     hub = Hub.from_env()
     if args.file:
-        return _download(args, hub)
+        return _download(args, args.file, hub)
     models = repo_models(args.repo, hub)
+    offered = [m for m in models if not m.problem]
+    if len(offered) == 1 and not args.json:
+        return _download(args, offered[0].name, hub)
     rows = []
     devices = local_devices()
     for m in models:
@@ -119,7 +123,7 @@ def _get(args: argparse.Namespace) -> int:
         print(f"  {('not offered: ' + m.problem) if m.problem else _fit_text(report)}")
     if rows:
         print(f"Download one with: python -m lazykv models get {args.repo} --file NAME")
-    return 0
+    return 0 if not offered else 2  # several to choose from
 
 
 def _hub_fit(model: HubModel, hub: Hub, args: argparse.Namespace, devices: list[Device]) -> FitReport | None:
@@ -129,8 +133,8 @@ def _hub_fit(model: HubModel, hub: Hub, args: argparse.Namespace, devices: list[
         return None
 
 
-def _download(args: argparse.Namespace, hub: Hub) -> int:
-    job = downloads.start(args.repo, args.file, Places.current(), hub)
+def _download(args: argparse.Namespace, filename: str, hub: Hub) -> int:
+    job = downloads.start(args.repo, filename, Places.current(), hub)
     shown = 0.0
     try:
         while job.running:

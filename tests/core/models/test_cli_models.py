@@ -57,7 +57,7 @@ def test_search_and_a_repo_s_files(hub_env: dict[str, str], capsys: pytest.Captu
     files = json.loads(capsys.readouterr().out)
     assert [f["file"] for f in files] == ["tiny-Q4_K_M.gguf", "tiny-Q8_0.gguf", "mmproj-tiny-f16.gguf"]
     assert files[0]["fit"]["max_ctx"]["ladder"] > 0 and files[-1]["fit"] is None
-    assert cli.main(["get", "acme/Tiny-GGUF"]) == 0
+    assert cli.main(["get", "acme/Tiny-GGUF"]) == 2  # two chat models (and a projector): choose one
     assert "Download one with" in capsys.readouterr().out
 
 
@@ -73,3 +73,13 @@ def test_get_downloads_into_the_hf_cache(hub_env: dict[str, str], fake_hub: Fake
     path = Path(capsys.readouterr().out.strip())
     assert path.is_relative_to(Path(hub_env["HF_HOME"]) / "hub")
     assert path.read_bytes() == fake_hub.repos["acme/Tiny-GGUF"].files["tiny-Q8_0.gguf"]
+
+
+@pytest.mark.slow
+def test_get_a_repo_with_one_model_downloads_it_whole(hub_env: dict[str, str], fake_hub: FakeHub,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["get", "acme/Split-GGUF"]) == 0
+    first = Path(capsys.readouterr().out.strip())
+    shards = fake_hub.repos["acme/Split-GGUF"].files
+    assert first.name == min(shards)
+    assert {p.name: p.read_bytes() for p in first.parent.iterdir()} == shards
