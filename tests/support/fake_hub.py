@@ -23,7 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
+from tests.support.model_library import COMMIT
+
 CHUNK = 64 * 1024
 
 

@@ -9,13 +9,18 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from lazykv.core.models.hub import Hub
 from lazykv.core.models.scan import Places
-from tests.support.fake_hub import COMMIT, FakeHub, FakeRepo
 from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
+
+if TYPE_CHECKING:
+    from tests.support.fake_hub import FakeHub
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"  # the fake Hub's (and the fake cache's) one revision
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,8 @@ def fake_home(tmp_path: Path, tiny_gguf: Path, split_shards: dict[str, bytes]) -
 @pytest.fixture
 def fake_hub(tiny_gguf: Path, big_gguf: Path, split_shards: dict[str, bytes]) -> Iterator[FakeHub]:
     """A Hub on 127.0.0.1 with a few GGUF repos (a split one, a gated one, a private one)."""
+    from tests.support.fake_hub import FakeHub, FakeRepo  # uvicorn and Starlette only where a test needs them
+
     tiny, big, shards = tiny_gguf.read_bytes(), big_gguf.read_bytes(), split_shards
     hub = FakeHub()
     hub.add(FakeRepo("acme/Tiny-GGUF", {"tiny-Q8_0.gguf": tiny, "tiny-Q4_K_M.gguf": tiny + b"\0",
