@@ -41,7 +41,8 @@ def _settled(d: ModelsDialog) -> bool:
     """Scanned, and every fit cell shows its plan (or why there is none)."""
     cells = [_cell(d, "disk_table", r, DISK_FIT) for r in range(d.disk_table.rowCount())]
     cells += [_cell(d, "hub_table", r, HUB_FIT) for r in range(d.hub_table.rowCount())]
-    return d.rescan_button.isEnabled() and all(c in FIT_WORDS or c.startswith("not offered") for c in cells)
+    return d.rescan_button.isEnabled() and all(c in FIT_WORDS or c.startswith(("not offered", "unknown"))
+                                               for c in cells)
 
 
 def _cell(d: ModelsDialog, table: str, row: int, column: int) -> str:
@@ -181,3 +182,18 @@ def test_the_disk_list_shows_every_tool_s_models_and_loads_one(qtbot: QtBot, fak
         qtbot.mouseClick(d.load_button, Qt.MouseButton.LeftButton)
     assert Path(loaded.args[0].path) == fake_home.files["ollama"]
 
+
+
+def test_a_gated_repo_s_fit_is_unknown_and_says_why(qtbot: QtBot, fake_window: FakeWindow,
+                                                    hub_env: dict[str, str], tmp_path: Path) -> None:
+    w = fake_window()
+    d = _dialog(qtbot, w, Places(tmp_path / "home", dict(hub_env)), hub_env)
+    d.search_edit.setText("gated")
+    d.search()
+    qtbot.waitUntil(lambda: d.repo_list.count() == 1)
+    assert "gated" in d.repo_list.item(0).text()
+    d.repo_list.setCurrentRow(0)
+    qtbot.waitUntil(lambda: d.hub_table.rowCount() == 1 and _settled(d), timeout=10_000)
+    cell = d.hub_table.item(0, HUB_FIT)
+    assert cell.text() == "unknown: its header could not be read"
+    assert "accept its conditions" in cell.toolTip() and "HF_TOKEN" in cell.toolTip()

@@ -110,6 +110,7 @@ class ModelsDialog(QDialog):
         self._records: list[ModelRecord] = []
         self._hub_models: list[HubModel] = []
         self._hub_metas: dict[str, ModelMeta] = {}  # by "repo/file"
+        self._header_errors: dict[str, str] = {}  # by "repo/file": why its header could not be read
         self._generation = 0  # answers for an earlier repo are dropped
         self._devices: list[Device] = []  # this machine's GPUs, once the engine has said
         self._fitter = Background(self)  # plans apart from the Hub's answers, so a slow Hub never delays them
@@ -404,7 +405,7 @@ class ModelsDialog(QDialog):
 
     def _repo_chosen(self, item: QListWidgetItem | None) -> None:
         self._generation += 1
-        self._hub_models, self._hub_metas = [], {}
+        self._hub_models, self._hub_metas, self._header_errors = [], {}, {}
         self._fill_hub()
         if item is None:
             return
@@ -427,7 +428,14 @@ class ModelsDialog(QDialog):
             if not model.problem:
                 self._background.run(lambda m=model: read_header(m, hub),
                                      lambda meta, m=model: self._header_read(generation, m, meta),
-                                     lambda _err: None, "Reading a model's header")
+                                     lambda err, m=model: self._header_failed(generation, m, err),
+                                     "Reading a model's header")
+
+    def _header_failed(self, generation: int, model: HubModel, err: Exception) -> None:
+        """No header, no plan: the fit cell says so, and why (a gated repo, a damaged file, no network)."""
+        if generation == self._generation:
+            self._header_errors[_hub_key(model)] = str(err)
+            self._fill_hub()
 
     def _header_read(self, generation: int, model: HubModel, meta: ModelMeta) -> None:
         if generation == self._generation:
@@ -456,6 +464,9 @@ class ModelsDialog(QDialog):
                      _Item(fmt_bytes(model.size), model.size)]
             if model.problem:
                 cells += _fit_cells(None, f"not offered: {model.problem}")
+            elif _hub_key(model) in self._header_errors:
+                cells += _fit_cells(None, "unknown: its header could not be read")
+                cells[HUB_FIT].setToolTip(self._header_errors[_hub_key(model)])
             elif _hub_key(model) not in self._hub_metas:
                 cells += _fit_cells(None, "reading its header…")
             else:
