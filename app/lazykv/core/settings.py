@@ -215,6 +215,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("last_conversation", SettingKind.INT, 0, "Last conversation", "The conversation on screen at "
             "quit (its id; 0: none): the next start opens it again.", "Conversations", in_dialog=False,
             minimum=0, maximum=1 << 62),
+    # the local API
+    Setting("local_server", SettingKind.BOOL, False, "Local server", "Serve the loaded model over an "
+            "OpenAI-compatible API on 127.0.0.1 (for editors, Open WebUI, scripts). Its requests wait for "
+            "the chat's on the same engine, and the open chat keeps its context memory. Only this "
+            "machine can reach it; the command python -m lazykv serve has more options.", "Local API"),
+    Setting("local_server_port", SettingKind.INT, 8080, "Port", "The local server's port on 127.0.0.1 "
+            "(its address is http://127.0.0.1:PORT/v1).", "Local API", minimum=1024, maximum=65535),
+    Setting("api_cache_mb", SettingKind.INT, 2048, "API cache (MiB)", "The local server keeps each reply's "
+            "context memory as a snapshot (protected as the chat's snapshots are), so that a conversation's "
+            "next turn reads only its new part, after a restart too; beyond this, the least recently "
+            "used go.", "Local API", minimum=16, maximum=1_000_000, step=64),
     # sampling
     Setting("temperature", SettingKind.FLOAT, 0.7, "Temperature", "Randomness; 0 always picks the likeliest "
             "token.", "Sampling", minimum=0.0, maximum=2.0, step=0.05, special="0 = always the likeliest"),

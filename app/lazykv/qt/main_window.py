@@ -47,6 +47,7 @@ from lazykv.qt.conversations import UNDO_MS, Conversations
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.conversion_banner import ConversionBanner
 from lazykv.qt.elided_label import ElidedLabel
+from lazykv.qt.local_server import LOCAL_SERVER_SETTINGS, LocalServerSwitch
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.model_loading import ModelLoading
 from lazykv.qt.models_dialog import ModelsDialog
@@ -144,6 +145,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
                 [self.conversations_dock, self.memory_dock], list(FIRST_RUN_DOCK_WIDTHS),
                 Qt.Orientation.Horizontal))  # once shown: before, the docks' size hints win
         self._start_worker(session)
+        self.local_server = LocalServerSwitch(self)
         self.conversations = Conversations(self, self, self.setting("system_prompt"), self.timings.undo_ms)
         self._connect_conversations()
         self._idle_timer = QTimer(self)
@@ -203,6 +205,8 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
             self.conversations.setup_crypto()
         if reload and self.model_info is not None and self._state is UiState.READY:
             self.open_model(self.model_info.path)
+        if LOCAL_SERVER_SETTINGS.intersection(changed):
+            self.local_server.sync()
 
     def save_settings(self) -> None:
         snapshot = self.settings.copy()
@@ -601,6 +605,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
             console.say(f"finishing before exit: {', '.join(waiting)}")
         self._worker.close()
         self.engine.close()
+        self.local_server.stop(wait=True)
         deadline = QDeadlineTimer(self.timings.shutdown_deadline_ms)
         disk_done = self.background.wait(max(0, deadline.remainingTime()))
         engine_done = not self._thread.isRunning()

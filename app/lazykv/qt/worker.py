@@ -135,6 +135,16 @@ class OpenConversation(Request):
     messages: list[dict[str, str]]
 
 
+@dataclass(eq=False)
+class Borrow(Request):
+    """Lend the engine to another client for one call (the local API's requests): ``fn(session, crypto)``
+    runs on the engine's thread, with the snapshot protection in force; the chat's KV cache is then put
+    back as it was, so the chat's next reply reuses it."""
+
+    what: ClassVar[str] = "A local API request"
+    fn: Callable[[EngineSession, Crypto | None], Any]
+
+
 @dataclass(frozen=True)
 class Failure:
     """Why a request did not finish: a sentence for the user, the details on demand."""
@@ -174,6 +184,7 @@ class EngineWorker(QObject):
             LoadModel: self._load, Reply: self._reply, Convert: self._convert, SetCrypto: self._set_crypto,
             SaveSnapshot: self._save_snapshot, OpenConversation: self._open, ClearKv: self._clear_kv,
             SyncKv: self._sync_kv,
+            Borrow: self._borrow,
         }
         self._queued.connect(self._run)
 
@@ -266,6 +277,16 @@ class EngineWorker(QObject):
     def _open(self, request: OpenConversation) -> Any:
         return self._persistence.open(request.conv_id, request.messages,
                                       lambda done, total: self.progress.emit(request, (done, total)))
+
+    def _borrow(self, request: Borrow) -> Any:
+        chat = self._session.capture_kv() if self._session.cached_tokens() else None
+        try:
+            return request.fn(self._session, self._persistence.crypto)
+        finally:
+            if chat is not None:
+                self._session.restore_kv(chat.tokens, chat.state)
+            else:
+                self._session.clear_kv()
 
     @Slot()
     def shutdown(self) -> None:

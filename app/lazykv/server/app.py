@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from lazykv.core.engine.engine import SamplingSettings
 from lazykv.server import types
 from lazykv.server.engine_access import (
-    EngineAccess,
+    Access,
     Event,
     Generation,
     Outcome,
@@ -77,9 +77,9 @@ class ApiKeyMiddleware:
 
 
 class Api:
-    """The routes over one EngineAccess; ``model_name`` answers every request's "model"."""
+    """The routes over one engine owner (Access); ``model_name`` answers every request's "model"."""
 
-    def __init__(self, settings: ServerSettings, access: EngineAccess, model_name: str, created: int) -> None:
+    def __init__(self, settings: ServerSettings, access: Access, model_name: str, created: int) -> None:
         self.settings = settings
         self.access = access
         self.model_name = model_name
@@ -271,7 +271,7 @@ async def _next(events: asyncio.Queue[Event], gone: asyncio.Future[None]) -> Eve
     return None
 
 
-def create_app(settings: ServerSettings, access: EngineAccess, model_name: str, created: int) -> Starlette:
+def create_app(settings: ServerSettings, access: Access, model_name: str, created: int) -> Starlette:
     api = Api(settings, access, model_name, created)
     middleware = []
     if settings.cors_origins:
@@ -287,6 +287,7 @@ def create_app(settings: ServerSettings, access: EngineAccess, model_name: str, 
         Route("/v1/completions", api.completions, methods=["POST"]),
     ]
     app = Starlette(routes=routes, middleware=middleware)
+    app.state.api = api  # its owner may rename the model (the app loads another)
     app.add_exception_handler(404, _not_found)
     app.add_exception_handler(405, _not_allowed)
     return app

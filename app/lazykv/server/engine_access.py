@@ -14,6 +14,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from lazykv.core.chat.conversation import common_prefix
 from lazykv.core.engine.engine import EngineSession, PromptError, SamplingSettings
@@ -68,6 +69,19 @@ class Generation:
 
 class QueueFullError(Exception):
     """As many requests as the queue holds are running or waiting."""
+
+
+class Access(Protocol):
+    """What the routes need of an engine's owner: this module's EngineAccess (the headless server), or
+    the app's engine worker (its requests then wait for the chat's)."""
+
+    cache: PrefixCache | None
+
+    @property
+    def pending(self) -> int: ...
+
+    def submit(self, job: Generation) -> None:
+        """Queue ``job``, or QueueFullError."""
 
 
 def run_generation(session: EngineSession, cache: PrefixCache | None, job: Generation) -> Event:
@@ -168,14 +182,14 @@ class EngineAccess:
                 if closed or job.cancel.is_set():
                     _end(job, RequestFailed(503, "The request was cancelled.", "server_error", "cancelled"))
                 else:
-                    _guarded(self.session, self.cache, job)
+                    answer(self.session, self.cache, job)
             finally:
                 with self._lock:
                     self._running = None
                     self._pending -= 1
 
 
-def _guarded(session: EngineSession, cache: PrefixCache | None, job: Generation) -> None:
+def answer(session: EngineSession, cache: PrefixCache | None, job: Generation) -> None:
     """run_generation with every failure answered: the client gets a reason, the thread lives on."""
     try:
         run_generation(session, cache, job)

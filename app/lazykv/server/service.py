@@ -10,6 +10,7 @@ import threading
 import time
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.fingerprint import model_sha256
@@ -36,15 +37,12 @@ def open_cache(settings: ServerSettings, session: EngineSession, crypto: Crypto 
                        settings.cache_min_tokens)
 
 
-class Service:
-    def __init__(self, settings: ServerSettings, session: EngineSession, crypto: Crypto | None,
-                 log_level: str = "info") -> None:
+class HttpServer:
+    """uvicorn serving ``app`` as ``settings`` say: in the foreground, or on a thread of its own."""
+
+    def __init__(self, settings: ServerSettings, app: ASGIApp, log_level: str = "info") -> None:
         self.settings = settings
-        info = session.model_info()
-        self.cache = open_cache(settings, session, crypto)
-        self.access = EngineAccess(session, self.cache, settings.queue_size)
-        self.app = create_app(settings, self.access, info.name, int(time.time()))
-        self._config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level=log_level,
+        self._config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                                       lifespan="off", access_log=log_level == "debug",
                                       timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(self._config)
@@ -52,14 +50,12 @@ class Service:
         self.port = settings.port
 
     def run(self) -> None:
-        """Serve until Ctrl+C / SIGTERM, then cancel the running request and free the queue."""
-        try:
-            self._server.run()
-        finally:
-            self.access.close()
+        """Serve until Ctrl+C / SIGTERM."""
+        self._server.run()
 
     def start(self, timeout: float = 30.0) -> str:
-        """Serve on a thread of its own; returns the base URL (``.../v1``) once it accepts connections."""
+        """Serve on a thread of its own; returns the base URL (``.../v1``) once it accepts connections.
+        OSError when the address cannot be bound (e.g. the port is taken)."""
         sock = self._config.bind_socket()
         self.port = sock.getsockname()[1]
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
@@ -82,6 +78,40 @@ class Service:
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+class Service:
+    """The headless server: a loaded session on the API's own engine thread, behind an HttpServer."""
+
+    def __init__(self, settings: ServerSettings, session: EngineSession, crypto: Crypto | None,
+                 log_level: str = "info") -> None:
+        self.settings = settings
+        info = session.model_info()
+        self.cache = open_cache(settings, session, crypto)
+        self.access = EngineAccess(session, self.cache, settings.queue_size)
+        self.app = create_app(settings, self.access, info.name, int(time.time()))
+        self.http = HttpServer(settings, self.app, log_level)
+
+    def run(self) -> None:
+        """Serve until Ctrl+C / SIGTERM, then cancel the running request and free the queue."""
+        try:
+            self.http.run()
+        finally:
+            self.access.close()
+
+    def start(self, timeout: float = 30.0) -> str:
+        return self.http.start(timeout)
+
+    @property
+    def port(self) -> int:
+        return self.http.port
+
+    @property
+    def base_url(self) -> str:
+        return self.http.base_url
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.http.stop(timeout)
         self.access.close(timeout)
 
 
