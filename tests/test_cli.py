@@ -17,7 +17,8 @@ try:
     entry.main([sys.argv[1], "--help"])
 except SystemExit:
     pass
-qt = sorted(m for m in sys.modules if m.split(".")[0] in ("PySide6", "shiboken6") or m.startswith("lazykv.qt"))
+qt = sorted(m for m in sys.modules
+            if m.split(".")[0] in ("PySide6", "shiboken6") or m.startswith("lazykv.qt"))
 print("QT-MODULES", ",".join(qt))
 """
 
