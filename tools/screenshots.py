@@ -107,6 +107,7 @@ def shoot_all() -> int:
     window.show()
     window.open_configured_model()
     wait_for(window.model_loaded)
+    window.demo_notice.hide()  # the pictures show the chat; the demo model's note is the Models page's story
 
     window.system_edit.setText("You are a friendly assistant. Answer briefly.")
     window.system_edit.editingFinished.emit()
