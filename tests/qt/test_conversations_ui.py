@@ -107,10 +107,11 @@ def _no_modal_box(w: MainWindow) -> bool:
 
 
 def _without_a_keyring(qtbot: QtBot, fake_window: FakeWindow) -> MainWindow:
-    """A window asked to keep snapshots under the system keyring, where there is none: its banner shown."""
+    """A window asked to keep the history under the system keyring, where there is none: its banner
+    shown (the history stays closed until a protection is chosen, issue 24.4)."""
     keyring.set_keyring(fail.Keyring())
     w = fake_window(snapshot_encryption="keyring")
-    qtbot.waitUntil(w.keyring_notice.isVisible, timeout=WAIT_MS)
+    qtbot.waitUntil(w.history_notice.isVisible, timeout=WAIT_MS)
     return w
 
 
@@ -123,15 +124,16 @@ def test_without_a_keyring_a_banner_offers_the_choices_and_chat_goes_on(
 ) -> None:
     w = _without_a_keyring(qtbot, fake_window)
     assert _no_modal_box(w)  # nothing waits for an answer before the first message
-    first_line = w.keyring_notice.label.text()
+    first_line = w.history_notice.label.text()
     assert first_line.startswith("Your system's keyring") and "Secret Service" not in first_line
-    assert "Secret Service" in w.keyring_notice.details.text() and not w.keyring_notice.details.isVisible()
-    w.keyring_notice.details_button.click()
-    assert w.keyring_notice.details.isVisible()
-    chat(qtbot, w, "Saved anyway?")  # no snapshot key yet: the transcript only
-    assert [title for title, _ in stored()] == ["Saved anyway?"]
-    _choose(w.keyring_notice, "Save without encryption")
-    assert not w.keyring_notice.isVisible()
+    assert "Secret Service" in w.history_notice.details.text() and not w.history_notice.details.isVisible()
+    w.history_notice.details_button.click()
+    assert w.history_notice.details.isVisible()
+    chat(qtbot, w, "Saved anyway?")  # kept in the window: no protection chosen yet (issue 24.4)
+    assert w.conversations.unsaved_turns() == 2
+    _choose(w.history_notice, "Save without encryption")  # chosen in so many words: written now
+    assert not w.history_notice.isVisible()
+    qtbot.waitUntil(lambda: [title for title, _ in stored()] == ["Saved anyway?"], timeout=WAIT_MS)
     qtbot.waitUntil(lambda: w.conversations.snapshots_on, timeout=WAIT_MS)
     with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
         w.send_text("And now?")
@@ -143,7 +145,7 @@ def test_the_banners_passphrase_choice_asks_for_one_and_turns_snapshots_on(
     qtbot: QtBot, fake_window: FakeWindow
 ) -> None:
     w = _without_a_keyring(qtbot, fake_window)
-    _choose(w.keyring_notice, "Use a passphrase…")
+    _choose(w.history_notice, "Use a passphrase…")
     for name in ("passphrase-dialog", "passphrase-confirm-dialog"):  # chosen: typed twice
         qtbot.waitUntil(lambda n=name: w.findChild(QInputDialog, n) is not None, timeout=WAIT_MS)
         dialog = w.findChild(QInputDialog, name)

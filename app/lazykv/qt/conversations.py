@@ -70,9 +70,12 @@ from lazykv.qt.background import Background
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.notice_banner import NoticeBanner
 from lazykv.qt.operations import EngineClient
-from lazykv.qt.worker import ClearKv, Failure, OpenConversation, SaveSnapshot, SetCrypto
+from lazykv.qt.worker import ChangeCrypto, ClearKv, Failure, OpenConversation, SaveSnapshot, SetCrypto
 
-UNDO_MS = 10_000
+UNDO_MS = 10_000  # the status bar's offer to undo a delete
+# how long a delete can be undone (Chat > Undo delete): then the conversation is erased for good
+# (its snapshot key and file, its words in the search index, the WAL's old pages); at quit, at once
+ERASE_MS = 60_000
 FIELD_MIN_WIDTH = 400  # px: the field of a text question (rename, passphrase)
 # the snapshot_encryption setting's values (settings.SNAPSHOT_CHOICES)
 KEYRING, PASSPHRASE, NO_ENCRYPTION = "keyring", "passphrase", "none"
@@ -148,10 +151,10 @@ class Conversations(QObject):
     # after each database operation: its OpChanges, and {conversation id: its list row now, or None
     # when it is gone} for the conversations whose row it changed
     operation_did_execute = Signal(object, object)
-    _keyring_answered = Signal(object)  # Future[bytes]: the keyring answered after its timeout
+    _keyring_answered = Signal(int, object)  # the choice it answers, Future[bytes]: after its timeout
 
     def __init__(self, host: ConversationsHost, dialog_parent: QWidget, system_prompt: str,
-                 undo_ms: int = UNDO_MS) -> None:
+                 undo_ms: int = UNDO_MS, erase_ms: int = ERASE_MS) -> None:
         super().__init__(dialog_parent)
         self.host = host
         self._dialogs = dialog_parent
@@ -180,6 +183,8 @@ class Conversations(QObject):
         panel.private_toggled.connect(self.set_private)
         self.operation_did_execute.connect(self._show_changes)
         self._keyring_answered.connect(self._use_late_key)
+        self._choice = 0  # counts setup_crypto calls: an answer applies only to the choice it answers
+        self._scheme_in_use: str | None = None  # the scheme whose key protects the history now
         # "Deleted “title”  [Undo]" in the status bar for a while: its own label, so the button never
         # covers the words; Chat > Undo delete (Ctrl+Z) stays until the next delete
         self.undo_bar = QFrame()
@@ -198,6 +203,10 @@ class Conversations(QObject):
         self._undo_timer = QTimer(self)
         self._undo_timer.setSingleShot(True)
         self._undo_timer.timeout.connect(self.undo_bar.hide)
+        self._erase_timer = QTimer(self)
+        self._erase_timer.setSingleShot(True)
+        self._erase_timer.setInterval(max(erase_ms, undo_ms))
+        self._erase_timer.timeout.connect(self._erase_deleted)
 
     @property
     def current(self) -> int | None:
@@ -541,7 +550,9 @@ class Conversations(QObject):
             self.new_chat(self.chat.conversation.system_prompt)
 
         def done(deleted: Deleted) -> None:
+            self._erase_deleted()  # only the last delete can be undone: an earlier one is erased now
             record = self._deleted = deleted.record
+            self._erase_timer.start()
             self.host.statusBar().clearMessage()
             self.undo_text.setText(f"Deleted “{record.title}”")
             self.undo_bar.show()
@@ -560,6 +571,7 @@ class Conversations(QObject):
         record, self._deleted = self._deleted, None
         self.undo_bar.hide()
         self._undo_timer.stop()
+        self._erase_timer.stop()
         self.undo_changed.emit("")
         if record is None:
             return
@@ -570,6 +582,25 @@ class Conversations(QObject):
                 self.open(changes.id)
 
         self.execute(lambda s: s.undelete(record), done, "Undoing the delete")
+
+    def _erase_deleted(self) -> None:
+        """The undo of the last delete has passed: what the conversation left is erased for good
+        (``Store.erase``): its snapshot's key and file, its words in the search index, the WAL."""
+        record, self._deleted = self._deleted, None
+        self._erase_timer.stop()
+        if record is None:
+            return
+        self.undo_bar.hide()
+        self.undo_changed.emit("")
+        self.call(lambda s: s.erase(record), None, "Erasing the deleted conversation")
+
+    def erase_pending(self) -> None:
+        """At quit: a delete whose undo is still on hand is erased now (queued before the database
+        closes; the undo would not survive the quit anyway)."""
+        record, self._deleted = self._deleted, None
+        self._erase_timer.stop()
+        if record is not None:
+            self.host.database.submit(lambda s: s.erase(record))
 
     def export(self, conv_id: int, fmt: ExportFormat) -> None:
         path, _ = QFileDialog.getSaveFileName(
@@ -615,16 +646,29 @@ class Conversations(QObject):
     # -- the snapshot key ------------------------------------------------------------------------------
 
     def setup_crypto(self) -> None:
-        """How snapshots are protected, from the setting; asks when the keyring is missing."""
+        """How snapshots are protected, from the setting; asks when the keyring is missing. Each call
+        is a new choice: what an earlier one is still waiting for (a keyring, a passphrase check) is
+        dropped when it answers."""
         scheme = self.host.setting("snapshot_encryption")
+        self._choice += 1
         self._keyring_late = False  # a new choice: a late answer of the keyring is not waited for
         if scheme == NO_ENCRYPTION:
             self._use(Crypto(ENCRYPTION_NONE))
         elif scheme == PASSPHRASE:
             self.ask_passphrase()
         else:
-            self._keyring.run(load_or_create_key, self._use_keyring_key, self._keyring_missing,
-                              "Reading the keyring")
+            self._keyring.run(load_or_create_key, self._for_this_choice(self._use_keyring_key),
+                              self._for_this_choice(self._keyring_missing), "Reading the keyring")
+
+    def _for_this_choice(self, answer: Callable[[Any], None]) -> Callable[[Any], None]:
+        """``answer``, run only if no other choice was made since (a late answer must not undo it)."""
+        choice = self._choice
+
+        def current(value: Any) -> None:
+            if choice == self._choice:
+                answer(value)
+
+        return current
 
     def _use_keyring_key(self, key: bytes) -> None:
         self.keyring_failed = self._keyring_late = False
@@ -632,29 +676,65 @@ class Conversations(QObject):
         self._use(Crypto(ENCRYPTION_KEYRING, key))
 
     def _use(self, crypto: Crypto | None) -> None:
-        """Hand the protection to its one owner (the worker's Persistence); keep no key here."""
+        """Hand the protection to its one owner (the worker's Persistence); keep no key here. A new key
+        for a history already open re-encrypts it first, all or nothing (``_change_protection``)."""
+        key = crypto.database_key() if crypto is not None else None
+        key_id = None if key is None else hashlib.sha256(key).hexdigest()  # the GUI keeps no key
+        if crypto is not None and self._history_key is not _UNOPENED and key_id != self._history_key:
+            self._change_protection(crypto, key_id)
+            return
         self.snapshots_on = crypto is not None
         self.host.engine.submit(SetCrypto(crypto))
         self.snapshots_changed.emit(self.snapshots_on)
-        self._protect_history(crypto)
-
-    def _protect_history(self, crypto: Crypto | None) -> None:
-        """The history is encrypted under the scheme the user chose: at the session's first choice the
-        database is opened with its key (a plain one is encrypted then) and listed; a later choice
-        re-encrypts it in place. No choice (None: no keyring, no passphrase) changes nothing stored."""
-        key = crypto.database_key() if crypto is not None else None
-        key_id = None if key is None else hashlib.sha256(key).hexdigest()  # the GUI keeps no key
-        database = self.host.database
-        if self._history_key is _UNOPENED:
+        if crypto is None:
+            self._keep_typed_text_here()
+            return
+        self._scheme_in_use = self.host.setting("snapshot_encryption")
+        if self._history_key is _UNOPENED:  # the session's first choice: opened with its key, listed
             self._history_key = key_id
             self.history_locked = False
-            database.set_key(key)  # queued before the list and every later job
+            self.host.database.set_key(key)  # queued before the list and every later job
             self.start_up()
             self.refresh()
-        elif crypto is not None and key_id != self._history_key:
+
+    def _keep_typed_text_here(self, why: str = "", details: str = "") -> None:
+        """No protection is chosen (no keyring, no passphrase given): a history that is not open yet
+        stays closed, never opened in plain text; what is typed is kept in this window, and the banner
+        says so. One already open stays under its key."""
+        if self._history_open or self.history_locked:
+            return
+        self.host.history_notice.show_choices(
+            f"{why} Your conversations are not saved yet: choose how to protect them. Until then what you "
+            "type is kept in this window only.".strip(),
+            [("Use a passphrase…", lambda: self._choose_scheme(PASSPHRASE)),
+             ("Save without encryption", lambda: self._choose_scheme(NO_ENCRYPTION))],
+            f"{details}\n\nNothing is written to disk in plain text unless you choose to save without "
+            "encryption.".strip())
+
+    def _change_protection(self, crypto: Crypto, key_id: str | None) -> None:
+        """Re-encrypt the open history (and every snapshot key) under ``crypto`` on the worker, all or
+        nothing; then use it. A failure leaves everything under the old key, says so, puts the setting
+        back to the scheme in use, and can be retried by choosing again."""
+        previous = self._scheme_in_use
+        chosen = self.host.setting("snapshot_encryption")
+
+        def changed(_: object) -> None:
             self._history_key = key_id
-            self.host.background.run(lambda: database.change_key(key).result(),  # the list stays as it is
-                                     what="Re-encrypting the conversation history")
+            self._scheme_in_use = chosen
+            self.snapshots_on = True
+            self.snapshots_changed.emit(True)
+
+        def failed(failure: Failure) -> None:
+            self.host.show_error(
+                "The protection of your conversations was not changed",
+                f"{failure.message}\n\nEverything is still protected as before; choose the new protection "
+                "again in Settings to retry.", failure.details)
+            if previous is not None and previous != self.host.setting("snapshot_encryption"):
+                self.host.settings.set("snapshot_encryption", previous)
+                self.host.save_settings()
+
+        self.host.engine.submit(ChangeCrypto(crypto), self._for_this_choice(changed),
+                                self._for_this_choice(failed))
 
     def _keyring_missing(self, err: Exception) -> None:
         """No keyring: the chat goes on (saved as the history allows, without snapshots) and a banner
@@ -662,15 +742,19 @@ class Conversations(QObject):
         self.keyring_failed = True
         if isinstance(err, KeyringTimeoutError):  # it may still answer (an unlock prompt): then use it
             self._keyring_late = True
-            err.late.add_done_callback(self._keyring_answered_late)
+            choice = self._choice
+            err.late.add_done_callback(lambda answer: self._keyring_answered_late(choice, answer))
             if not self._history_open:
                 self._wait_for_the_keyring(err)
                 return
-        self._use(None)
         if isinstance(err, KeyringUnavailableError):
             first, details = str(err), err.details
         else:
             first, details = "Your system's keyring could not be used.", f"The OS keyring failed: {err}"
+        self._use(None)
+        if not self._history_open:  # never opened without its key: the typed text is kept here
+            self._keep_typed_text_here(first, details)
+            return
         self.host.keyring_notice.show_choices(
             f"{first} Conversations are still saved; to also keep snapshots (long chats resume at "
             "once), protect them with a passphrase or save them without encryption.",
@@ -693,17 +777,19 @@ class Conversations(QObject):
              ("Save without encryption", lambda: self._choose_scheme(NO_ENCRYPTION))],
             err.details)
 
-    def _keyring_answered_late(self, answer: Future[bytes]) -> None:
+    def _keyring_answered_late(self, choice: int, answer: Future[bytes]) -> None:
         """On the keyring's thread: hand its late answer to the GUI thread."""
         try:
-            self._keyring_answered.emit(answer)
+            self._keyring_answered.emit(choice, answer)
         except RuntimeError:  # this window is gone
             pass
 
-    def _use_late_key(self, answer: Future[bytes]) -> None:
+    def _use_late_key(self, choice: int, answer: Future[bytes]) -> None:
         """The keyring answered after its timeout (e.g. once unlocked): its key is used now, unless
-        another scheme was chosen meanwhile; a history it locked opens and what waited is written."""
-        if not self._keyring_late or self.host.setting("snapshot_encryption") != KEYRING:
+        another choice was made meanwhile; a history it locked opens and what waited is written."""
+        if choice != self._choice or not self._keyring_late:
+            return
+        if self.host.setting("snapshot_encryption") != KEYRING:
             return
         if answer.exception() is None:
             self._use_keyring_key(answer.result())
@@ -735,7 +821,8 @@ class Conversations(QObject):
         dialog = self._ask_text("passphrase-dialog", "Snapshot passphrase",
                                 "Passphrase for this session's conversation snapshots:", self.use_passphrase,
                                 password=True)  # fmt: skip
-        dialog.rejected.connect(lambda: self._use(None))  # no passphrase: no snapshots, history as it is
+        use = self._for_this_choice(self._use)  # for this choice only (a later one may come first)
+        dialog.rejected.connect(lambda: use(None))  # no passphrase: no snapshots, history as it is
 
     def use_passphrase(self, passphrase: str, confirmation: str | None = None) -> None:
         """Unlock with the chosen passphrase (a wrong one is asked again), or choose it, typed twice:
@@ -759,8 +846,9 @@ class Conversations(QObject):
             if isinstance(err, PassphraseError):
                 self.ask_passphrase()
 
-        self.host.background.run(check, lambda unlocked: self._use(Crypto(ENCRYPTION_PASSPHRASE,
-                                 unlocked=unlocked)), refused, "Checking the passphrase")  # fmt: skip
+        use = self._for_this_choice(
+            lambda unlocked: self._use(Crypto(ENCRYPTION_PASSPHRASE, unlocked=unlocked)))
+        self.host.background.run(check, use, self._for_this_choice(refused), "Checking the passphrase")
 
     def _confirm_passphrase(self, passphrase: str) -> None:
         self._ask_text("passphrase-confirm-dialog", "Confirm the passphrase",

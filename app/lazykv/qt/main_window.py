@@ -43,7 +43,7 @@ from lazykv.qt.background import Background
 from lazykv.qt.chat_flow import ChatFlow
 from lazykv.qt.chat_input import ChatInput
 from lazykv.qt.context_meter import ContextMeter
-from lazykv.qt.conversations import UNDO_MS, Conversations
+from lazykv.qt.conversations import ERASE_MS, UNDO_MS, Conversations
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.conversion_banner import ConversionBanner
 from lazykv.qt.elided_label import ElidedLabel
@@ -84,6 +84,7 @@ class Timings:
     idle_delay_ms: int = int(IDLE_DELAY_S * 1000)  # idle time before compacting a nearly full lazy cache
     sample_interval_ms: int = SAMPLE_INTERVAL_MS
     undo_ms: int = UNDO_MS
+    erase_ms: int = ERASE_MS  # how long a delete can be undone before the conversation is erased
     shutdown_deadline_ms: int = SHUTDOWN_DEADLINE_MS
 
 
@@ -146,7 +147,8 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
                 Qt.Orientation.Horizontal))  # once shown: before, the docks' size hints win
         self._start_worker(session)
         self.local_server = LocalServerSwitch(self)
-        self.conversations = Conversations(self, self, self.setting("system_prompt"), self.timings.undo_ms)
+        self.conversations = Conversations(self, self, self.setting("system_prompt"), self.timings.undo_ms,
+                                           self.timings.erase_ms)
         self._connect_conversations()
         self._idle_timer = QTimer(self)
         self._idle_timer.setSingleShot(True)
@@ -614,6 +616,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
             engine_done = self._thread.wait(deadline)
         if not engine_done:
             console.say("the engine did not stop in time; exiting without it")
+        self.conversations.erase_pending()  # an undo does not outlive the app: erased before closing
         database_done = self.database.close(max(500, deadline.remainingTime()) / 1000)
         self._shut_down = disk_done and engine_done and database_done
         return self._shut_down

@@ -118,6 +118,15 @@ class SetCrypto(Request):
 
 
 @dataclass(eq=False)
+class ChangeCrypto(Request):
+    """Re-encrypt the history and every snapshot key under ``crypto``, all or nothing
+    (``Persistence.change_crypto``): on failure the old protection stays, and the change can be retried."""
+
+    what: ClassVar[str] = "Re-encrypting the conversation history"
+    crypto: Crypto
+
+
+@dataclass(eq=False)
 class SaveSnapshot(Request):
     what: ClassVar[str] = "Saving the KV snapshot"
     conv_id: int
@@ -185,6 +194,7 @@ class EngineWorker(QObject):
             SaveSnapshot: self._save_snapshot, OpenConversation: self._open, ClearKv: self._clear_kv,
             SyncKv: self._sync_kv,
             Borrow: self._borrow,
+            ChangeCrypto: self._change_crypto,
         }
         self._queued.connect(self._run)
 
@@ -265,6 +275,9 @@ class EngineWorker(QObject):
 
     def _set_crypto(self, request: SetCrypto) -> None:
         self._persistence.set_crypto(request.crypto)  # None: no key kept for reading either
+
+    def _change_crypto(self, request: ChangeCrypto) -> None:
+        self._persistence.change_crypto(request.crypto)
 
     def _save_snapshot(self, request: SaveSnapshot) -> Any:
         """After a completed reply: the conversation's KV cache into its snapshot file (None: not saved)."""
