@@ -1,7 +1,8 @@
 """Render the app's main states to PNG under docs/ (``make screenshots``): real engine, real model.
 
 chatting (with the context indicator), a Markdown reply with code, the dark theme, conversion in
-progress, the memory panel after the conversion, the settings dialog; then the ladder: the settings
+progress, the memory panel after the conversion, the settings dialog, a relaunch that lands on the
+chat open at quit (its snapshot resumed); then the ladder: the settings
 with a context memory budget, and one conversation on each of its steps (16-bit, 8-bit, 4-bit) and
 while it is compacted to 4-bit; the Models page (``python tools/screenshots.py models``: that one
 alone, no model loaded). Runs on Qt's real xcb
@@ -150,10 +151,34 @@ def shoot_all() -> int:
     pause(300)
     shoot(window.settings_dialog, "screenshot-settings.png")
     window.settings_dialog.reject()
+    window = shoot_relaunch(window)
     ladder_shots = shoot_ladder(window)
     window.close()
     pause(200)  # let the closed dialog's deferred delete run while Qt is still up
     return 0 if shots and ladder_shots and shoot_models() == 0 else 1
+
+
+def shoot_relaunch(window):  # noqa: ANN001, ANN201 - a MainWindow in, the relaunched one out
+    """The first chat opened again (not the newest), the app quit and started again as it starts: the
+    new window lands on that chat, its snapshot resumed, and says so."""
+    from lazykv.__main__ import default_model_path
+    from lazykv.core.settings import Settings
+    from lazykv.qt.main_window import MainWindow
+
+    first = window.conversations_panel.ids()[-1]  # the oldest: the KV cache question
+    window.conversations.open(first)
+    wait_for(window.conversations.opened)
+    pause(300)
+    window.close()  # remembers the chat on screen
+    pause(300)
+    relaunched = MainWindow(Settings.load(), default_model=default_model_path(), reopen_last=True)
+    relaunched.resize(1180, 760)
+    relaunched.show()
+    relaunched.open_configured_model()
+    wait_for(relaunched.conversations.opened)
+    pause(300)
+    shoot(relaunched, "screenshot-relaunch.png")
+    return relaunched
 
 
 def shoot_models() -> int:
