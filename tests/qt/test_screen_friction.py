@@ -117,3 +117,18 @@ def test_check_boxes_stand_out_in_the_dark_theme(qtbot: QtBot) -> None:
     finally:
         theme.apply(app, "system")
     assert app.styleSheet() == ""
+
+
+def test_messages_dropped_to_fit_the_context_are_greyed_and_say_so(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    w = fake_window(context_full="drop_oldest", max_reply_tokens=8)
+    for i in range(5):
+        chat(qtbot, w, f"Message {i}: " + "more " * 50)
+    dropped = w.conversation.first_sent
+    assert dropped > 0 and w.transcript.left_out() == dropped
+    text = w.transcript.toPlainText()
+    assert text.count("left out of the context") == dropped
+    w.new_chat()
+    settle(qtbot, w)
+    assert w.transcript.left_out() == 0

@@ -121,7 +121,7 @@ class ChatFlow:
 
     def _rerender(self) -> None:
         self.transcript.show_messages(self.conversation.shown(), self.conversation.markers(),
-                                      self.conversation.stats())
+                                      self.conversation.stats(), self.conversation.first_sent)
         self._update_versions_bar()
 
     def _system_prompt_edited(self) -> None:
@@ -218,6 +218,7 @@ class ChatFlow:
         for label in self._reply_markers:  # under the reply (under the user's message if it has none)
             self._add_marker(label)
         self.transcript.end_reply(note or None, stats.summary() if stats else None)
+        self.transcript.set_left_out(self.conversation.first_sent)  # the turns dropped: greyed
         self._set_state(UiState.READY)
         self.conversations.persist(snapshot=True)
         if notes:

@@ -82,6 +82,7 @@ class TranscriptView(QTextBrowser):
         self._stats: dict[int, ReplyStats] = {}  # likewise
         self._frames: list[QTextFrame] = []  # frames of messages[self._first:], in order
         self._first = 0
+        self._left_out = 0  # the messages before this were dropped to fit the context: shown greyed
         self._reply: int | None = None  # index of the reply being streamed
         self._stream: _Stream | None = None  # how far it is rendered (None while it is not laid out)
         self._follow = True  # keep the end in view
@@ -107,9 +108,11 @@ class TranscriptView(QTextBrowser):
         self._append_frame(len(self._messages) - 1)
 
     def show_messages(self, messages: Iterable[Mapping[str, str]], markers: Iterable[Marker] = (),
-                      stats: Mapping[int, ReplyStats] | None = None) -> None:
+                      stats: Mapping[int, ReplyStats] | None = None, left_out: int = 0) -> None:
         """Replace the whole transcript (opening a conversation, after an edit): the newest first;
-        ``stats`` are the replies' figures by message index, shown under them."""
+        ``stats`` are the replies' figures by message index, shown under them; the first ``left_out``
+        messages are no longer sent to the model (greyed)."""
+        self._left_out = left_out
         self._markers = {}
         for marker in markers:
             self._markers.setdefault(marker.message_index, []).append((marker.offset, marker.label))
@@ -377,6 +380,15 @@ class TranscriptView(QTextBrowser):
         self._first = index
         self._fill(frame, index)
 
+    def set_left_out(self, n: int) -> None:
+        """The first ``n`` messages were dropped to fit the context: they are greyed and say so."""
+        old, self._left_out = self._left_out, n
+        for index in range(min(old, n), min(max(old, n), len(self._messages))):
+            self._rerender(index)
+
+    def left_out(self) -> int:
+        return self._left_out
+
     def _rerender(self, index: int) -> None:
         if index >= self._first:
             self._fill(self._frames[index - self._first], index)
@@ -385,9 +397,11 @@ class TranscriptView(QTextBrowser):
         """(Re)write a message's frame: role label, body, note; the streaming reply gets its label
         and an empty sub-frame that _render_reply fills."""
         message = self._message(index)
-        head = self._head_html(message)
+        left_out = index < self._left_out
+        head = self._head_html(message, left_out)
         if index != self._reply:
-            self._fill_html(frame, head + self._body_html(message, index) + self._footer_html(message))
+            self._fill_html(frame, head + self._body_html(message, index) + self._footer_html(message),
+                            muted=left_out)
             return
         self._fill_html(frame, head)
         cursor = QTextCursor(self.document())
@@ -396,13 +410,16 @@ class TranscriptView(QTextBrowser):
         message.code_blocks = []
         self._render_reply()
 
-    def _fill_html(self, frame: QTextFrame, html: str) -> None:
+    def _fill_html(self, frame: QTextFrame, html: str, muted: bool = False) -> None:
         cursor = frame.firstCursorPosition()
         cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
-        cursor.insertHtml(f'<div style="color:{self._colours.text}">{html}</div>')
+        colour = self._colours.muted if muted else self._colours.text
+        cursor.insertHtml(f'<div style="color:{colour}">{html}</div>')
 
-    def _head_html(self, message: _Message) -> str:
+    def _head_html(self, message: _Message, left_out: bool = False) -> str:
         label = ROLE_LABELS.get(message.role, message.role)
+        if left_out:
+            label += " · left out of the context (dropped to make room)"
         return (f'<p style="color:{self._colours.muted}; font-size: small; font-weight: bold; '
                 f'margin-bottom: 6px">{label}</p>')
 
