@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtGui import QColor, QImage
-from PySide6.QtWidgets import QApplication, QCheckBox, QInputDialog, QLineEdit
+from PySide6.QtWidgets import QApplication, QCheckBox, QInputDialog, QLineEdit, QPushButton
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.model_meta import read_model_meta
@@ -18,7 +18,7 @@ from lazykv.qt.chat_input import MAX_LINES, ChatInput
 from lazykv.qt.settings_dialog import SettingsDialog
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
-from tests.qt.helpers import chat, settle
+from tests.qt.helpers import WAIT_MS, chat, error_box, settle
 from tests.support.history import append_message, create_conversation
 
 
@@ -132,3 +132,24 @@ def test_messages_dropped_to_fit_the_context_are_greyed_and_say_so(
     w.new_chat()
     settle(qtbot, w)
     assert w.transcript.left_out() == 0
+
+
+def test_a_full_context_offers_to_drop_the_oldest_turns_and_retry(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    w = fake_window(context_full="stop", max_reply_tokens=8)
+    for i in range(5):
+        w.send_text(f"Message {i}: " + "more " * 50)
+        qtbot.waitUntil(lambda: w.state.name == "READY", timeout=WAIT_MS)
+        settle(qtbot, w)
+        if error_box(w) is not None:
+            break
+    box = error_box(w)
+    assert box is not None and "Message" in w.input.toPlainText()  # the turn is back in the box
+    retry = box.findChild(QPushButton, "drop-oldest-retry")
+    assert retry is not None
+    with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS) as finished:
+        retry.click()
+    assert finished.args[0].dropped and w.conversation.first_sent > 0
+    assert w.setting("context_full") == "stop"  # for that reply only
+    assert w.reply_options().context_full == "stop"

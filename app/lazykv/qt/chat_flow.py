@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QMessageBox,
     QPushButton,
 )
 
@@ -20,7 +21,7 @@ from lazykv.core.engine.engine import (
 )
 from lazykv.core.history.persistence import OpenHow, OpenResult
 from lazykv.core.idle import wants_idle_conversion
-from lazykv.core.kinds import ConversionStage, FinishReason, KvPhase
+from lazykv.core.kinds import ContextFullPolicy, ConversionStage, FinishReason, KvPhase
 from lazykv.qt.conversion_banner import compacted_text, marker_label
 from lazykv.qt.reply_stats import ReplyClock
 from lazykv.qt.ui_state import UiState
@@ -155,6 +156,7 @@ class ChatFlow:
         self.input.setFocus()  # a clicked Send button is disabled now: Qt would move focus elsewhere
         self.statusBar().showMessage("Generating…")
         self._reply = request = Reply(self.conversation.messages(), self.sampling(), self.reply_options())
+        self._drop_oldest_once = False
         chat = self.conversations.chat
         self.engine.submit(
             request,
@@ -230,6 +232,12 @@ class ChatFlow:
         self._maybe_schedule_idle_conversion()
         self.reply_finished.emit(result)
 
+    def _retry_dropping_oldest(self) -> None:
+        """The message that did not fit, sent again with the oldest turns left out (this once)."""
+        self._drop_oldest_once = True
+        self._send()
+        self._drop_oldest_once = False  # not sent (e.g. the box was empty): the setting applies again
+
     def _on_reply_failed(self, failure: Failure) -> None:
         """Stopped before anything was read: a reply with no text. A regenerate that failed: the earlier
         reply stays. Refused: take the turn back (drop the user's message from the transcript and the
@@ -252,7 +260,11 @@ class ChatFlow:
             self.conversations.forget_turn()
         self._rerender()
         self._set_state(self._idle_state())
-        self.show_error("The reply failed", failure.message, failure.details)
+        box = self.show_error("The reply failed", failure.message, failure.details)
+        if failure.context_full and self.setting("context_full") != ContextFullPolicy.DROP_OLDEST:
+            retry = box.addButton("Drop the oldest turns and retry", QMessageBox.ButtonRole.AcceptRole)
+            retry.setObjectName("drop-oldest-retry")
+            retry.clicked.connect(self._retry_dropping_oldest)
         self.reply_failed.emit(failure)
 
     def _keep_the_earlier_reply(self) -> None:

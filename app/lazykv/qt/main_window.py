@@ -37,6 +37,7 @@ from lazykv.core.engine.engine import (
 )
 from lazykv.core.history.store import Database
 from lazykv.core.idle import IDLE_DELAY_S
+from lazykv.core.kinds import ContextFullPolicy
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 from lazykv.qt import theme, window_state
 from lazykv.qt.background import Background
@@ -131,6 +132,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self._shut_down: bool | None = None  # after shutdown_engine: whether everything ended in time
         self._losing_unsaved_ok = False  # the user chose to quit although turns are not saved
         self._resuming = False  # the chat on screen is being resumed (its snapshot, or re-read)
+        self._drop_oldest_once = False  # the next reply drops the oldest turns to fit (a retry)
         self._conversion_from: KvStatus | None = None  # the cache's status when a conversion started
         self._models_dialog: ModelsDialog | None = None  # File > Models…, made when first opened
         self.ops = Operations(self)
@@ -191,7 +193,9 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         )
 
     def reply_options(self) -> ReplyOptions:
-        return ReplyOptions(self.setting("max_reply_tokens") or None, self.setting("context_full"))
+        """The next reply's; "Drop the oldest turns and retry" drops them for that one reply only."""
+        policy = ContextFullPolicy.DROP_OLDEST if self._drop_oldest_once else self.setting("context_full")
+        return ReplyOptions(self.setting("max_reply_tokens") or None, policy)
 
     def apply_settings(self, changed: dict[str, Any]) -> None:
         """Take new values (e.g. from the dialog), save them off the GUI thread, reload if needed."""

@@ -28,6 +28,7 @@ from lazykv.core.engine.engine import (
     SamplingSettings,
 )
 from lazykv.core.engine.memory import MiB
+from lazykv.core.errors import ContextFullError
 from lazykv.core.history.connection import data_dir
 from lazykv.core.history.keys import KeyringUnavailableError, PassphraseError
 from lazykv.core.history.persistence import Crypto, Persistence
@@ -161,6 +162,7 @@ class Failure:
     message: str
     details: str = ""
     cancelled: bool = False  # stopped on request (its cancel token), not an error
+    context_full: bool = False  # the conversation did not fit the context (dropping old turns would help)
 
 
 CANCELLED = Failure("stopped", cancelled=True)
@@ -329,7 +331,7 @@ def failure(err: BaseException) -> Failure:
     said as such with what to do. The traceback is always the details."""
     details = "".join(traceback.format_exception(err))
     if isinstance(err, USER_ERRORS) and str(err).strip():
-        return Failure(str(err), details)
+        return Failure(str(err), details, context_full=isinstance(err, ContextFullError))
     if isinstance(err, MemoryError):
         return Failure("Out of memory: close other programs, or choose a smaller context or the q8_0, "
                        "lazy or ladder KV cache.", details)
