@@ -176,6 +176,7 @@ def shoot_relaunch(window):  # noqa: ANN001, ANN201 - a MainWindow in, the relau
     relaunched.show()
     relaunched.open_configured_model()
     wait_for(relaunched.conversations.opened)
+    relaunched.demo_notice.hide()  # as in the other chat pictures
     pause(300)
     shoot(relaunched, "screenshot-relaunch.png")
     return relaunched
