@@ -23,6 +23,16 @@ if TYPE_CHECKING:
 COMMIT = "0123456789abcdef0123456789abcdef01234567"  # the fake Hub's (and the fake cache's) one revision
 
 
+@pytest.fixture(autouse=True)
+def _never_the_real_hub(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test: the Hub is a closed local port unless the test starts the fake one (hub_env), and the
+    Hugging Face cache and token are a fresh folder's, never the user's."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing answers
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
+    for name in ("HF_TOKEN", "HF_HUB_CACHE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @dataclass(frozen=True)
 class FakeHome:
     places: Places
