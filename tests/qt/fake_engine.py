@@ -178,6 +178,30 @@ class FakeSession:
         self._reply_ended = True
         return ReplyResult("".join(pieces), finish, len(tokens), n_reused, fitted.dropped)
 
+    def stream_continue(self, messages: Sequence[dict[str, str]], sampling: SamplingSettings,
+                        cancel: threading.Event, max_tokens: int | None = None
+                        ) -> Generator[str, None, ReplyResult]:
+        """As the engine: the reply so far is the prompt's end; only what follows is yielded."""
+        self._require()
+        self.calls.append("continue")
+        tokens = _words(messages)
+        n_reused = common_prefix(self._kv.tokens, tokens)
+        pieces: list[str] = []
+        finish = self.finish_reason
+        with self.cancellable(cancel):
+            try:
+                self._step()
+                self._kv.tokens = tokens
+                for piece in self.reply:
+                    self._step()
+                    pieces.append(piece)
+                    self._kv.tokens = self._kv.tokens + [hash(w) & 0xFFFF for w in piece.split()]
+                    yield piece
+            except CancelledError:
+                finish = FinishReason.CANCELLED
+        self._reply_ended = True
+        return ReplyResult("".join(pieces), finish, len(tokens), n_reused)
+
     def convert_kv_now(self) -> bool:
         info = self._require()
         self.calls.append("convert")

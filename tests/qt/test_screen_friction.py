@@ -12,13 +12,14 @@ from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.history.store import Store
+from lazykv.core.kinds import FinishReason
 from lazykv.core.settings import Settings
 from lazykv.qt import theme
 from lazykv.qt.chat_input import MAX_LINES, ChatInput
 from lazykv.qt.settings_dialog import SettingsDialog
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
-from tests.qt.helpers import WAIT_MS, chat, error_box, settle
+from tests.qt.helpers import WAIT_MS, chat, error_box, settle, stored
 from tests.support.history import append_message, create_conversation
 
 
@@ -153,3 +154,22 @@ def test_a_full_context_offers_to_drop_the_oldest_turns_and_retry(
     assert finished.args[0].dropped and w.conversation.first_sent > 0
     assert w.setting("context_full") == "stop"  # for that reply only
     assert w.reply_options().context_full == "stop"
+
+
+def test_a_reply_cut_off_can_be_continued_where_it_stopped(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    w = fake_window(max_reply_tokens=8)
+    fake.reply, fake.finish_reason = ("Red", " is"), FinishReason.LENGTH
+    chat(qtbot, w, "Name a colour and say why.")
+    assert w.continue_action.isEnabled()
+    fake.reply, fake.finish_reason = (" warm", " and bright."), FinishReason.STOP
+    with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
+        w.continue_action.trigger()
+    settle(qtbot, w)
+    assert fake.calls.count("continue") == 1
+    assert w.conversation.turns()[-1]["content"] == "Red is warm and bright."
+    assert w.conversation.versions(1) == ["Red is", "Red is warm and bright."]  # the cut one is kept
+    assert "Red is warm and bright." in w.transcript.toPlainText()
+    assert not w.continue_action.isEnabled()  # it ended by itself
+    assert stored(w)[0][1][-1]["content"] == "Red is warm and bright."

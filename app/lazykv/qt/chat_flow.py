@@ -148,14 +148,37 @@ class ChatFlow:
         self.conversations.persist(snapshot=False)
         self._request_reply()
 
-    def _request_reply(self) -> None:
-        self._reply_markers, self._reply_text = [], ""
+    def can_continue(self) -> bool:
+        """The last reply was cut off (a length limit, Stop, the app closed) and can go on."""
+        if not self._ends_with_reply():
+            return False
+        stats = self.conversation.stats().get(len(self.conversation) - 1)
+        return stats is not None and stats.note.startswith("Reply stopped")
+
+    def continue_reply(self) -> None:
+        """Go on with a reply that was cut off: what follows is added to it (the cut one stays as the
+        reply's previous version)."""
+        if self._state is not UiState.READY or not self.can_continue():
+            return
+        cut = self.conversation.turns()[-1]["content"]
+        self.conversation.take_back_reply()
+        self._rerender()
+        self._request_reply(continue_from=cut)
+
+    def _request_reply(self, continue_from: str = "") -> None:
+        self._reply_markers, self._reply_text = [], continue_from
+        self._continued = continue_from
         self.reply_clock = ReplyClock()
         self.transcript.begin_reply()
+        self.transcript.append_to_reply(continue_from)
         self._set_state(UiState.REPLYING)
         self.input.setFocus()  # a clicked Send button is disabled now: Qt would move focus elsewhere
         self.statusBar().showMessage("Generating…")
-        self._reply = request = Reply(self.conversation.messages(), self.sampling(), self.reply_options())
+        messages, options = self.conversation.messages(), self.reply_options()
+        if continue_from:
+            messages.append({"role": "assistant", "content": continue_from})
+            options = replace(options, continue_last=True)
+        self._reply = request = Reply(messages, self.sampling(), options)
         self._drop_oldest_once = False
         chat = self.conversations.chat
         self.engine.submit(
@@ -194,6 +217,7 @@ class ChatFlow:
 
     def _on_reply_finished(self, result: ReplyResult) -> None:
         self._reply = None
+        continued, self._continued = self._continued, ""
         if not result.text and self.conversation.regenerating:
             why = ("stopped before it began" if result.cancelled
                    else _how_it_ended(result, self.reply_options().max_tokens) or "the model wrote nothing")
@@ -203,6 +227,8 @@ class ChatFlow:
             self._maybe_schedule_idle_conversion()
             self.reply_finished.emit(result)
             return
+        if continued:  # the reply so far, and what followed it
+            result = replace(result, text=continued + result.text)
         notes = []
         if result.dropped:
             n = sum(1 for m in result.dropped if m["role"] != "system")
@@ -246,6 +272,7 @@ class ChatFlow:
             self._on_reply_finished(ReplyResult("", FinishReason.CANCELLED, 0, 0))
             return
         self._reply = None
+        self._continued = ""
         if self.conversation.regenerating:
             self._keep_the_earlier_reply()
             self._set_state(self._idle_state())

@@ -133,6 +133,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self._losing_unsaved_ok = False  # the user chose to quit although turns are not saved
         self._resuming = False  # the chat on screen is being resumed (its snapshot, or re-read)
         self._drop_oldest_once = False  # the next reply drops the oldest turns to fit (a retry)
+        self._continued = ""  # the reply streaming goes on with this cut-off one
         self._conversion_from: KvStatus | None = None  # the cache's status when a conversion started
         self._models_dialog: ModelsDialog | None = None  # File > Models…, made when first opened
         self.ops = Operations(self)
@@ -346,6 +347,8 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self.new_chat_action = self._action("&New chat", self.new_chat, K.StandardKey.New)
         self.new_private_action = self._action("New &private chat", self.new_private_chat, K("Ctrl+Shift+N"),
                                                "A new chat that is never saved (untick Private to end it)")
+        self.continue_action = self._action("C&ontinue the reply", self.continue_reply, K("Ctrl+Shift+R"),
+                                            "Go on with the last reply where it was cut off")
         self.regenerate_action = self._action("&Regenerate", self.regenerate, K("Ctrl+R"),
                                               "Replace the last reply with a new one")
         self.edit_last_action = self._action("&Edit last message", self._edit_last, K("Ctrl+E"),
@@ -378,9 +381,9 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         file_menu.addSeparator()
         file_menu.addAction(quit_action)
         chat_menu = self.menuBar().addMenu("&Chat")
-        for action in (self.new_chat_action, self.stop_action, self.regenerate_action, self.edit_last_action,
-                       self.copy_reply_action, self.rename_action, self.undo_delete_action,
-                       self.search_action, self.compact_action):
+        for action in (self.new_chat_action, self.stop_action, self.regenerate_action, self.continue_action,
+                       self.edit_last_action, self.copy_reply_action, self.rename_action,
+                       self.undo_delete_action, self.search_action, self.compact_action):
             chat_menu.addAction(action)
         self.private_action = QAction("&Private chat (save nothing)", self)
         self.private_action.setCheckable(True)
@@ -396,8 +399,8 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         toolbar = QToolBar("Main", self)
         toolbar.setObjectName("main-toolbar")
         toolbar.setMovable(False)
-        for action in (self.new_chat_action, self.regenerate_action, self.compact_action,
-                       self.settings_action):
+        for action in (self.new_chat_action, self.regenerate_action, self.continue_action,
+                       self.compact_action, self.settings_action):
             toolbar.addAction(action)
         toolbar.addAction(self.memory_dock.toggleViewAction())
         self.addToolBar(toolbar)
@@ -465,6 +468,7 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         self.system_edit.setReadOnly(not idle)
         self.transcript.actions_enabled = ready
         self.regenerate_action.setEnabled(ready and self._ends_with_reply())
+        self.continue_action.setEnabled(ready and self.can_continue())
         self._update_versions_bar()
         self.edit_last_action.setEnabled(ready and self.conversation.last_index("user") is not None)
         self.copy_reply_action.setEnabled(self.conversation.last_index("assistant") is not None)

@@ -60,6 +60,7 @@ class EngineConfig:
 class ReplyOptions:
     max_tokens: int | None = None
     context_full: ContextFullPolicy = ContextFullPolicy.STOP
+    continue_last: bool = False  # the last message is a reply cut off: go on with it (stream_continue)
 
 
 @dataclass(eq=False)
@@ -251,10 +252,14 @@ class EngineWorker(QObject):
 
     def _reply(self, request: Reply) -> ReplyResult:
         last_status = 0.0
-        stream = self._session.stream_reply(
-            request.messages, request.sampling, request.cancel, max_tokens=request.options.max_tokens,
-            context_full=request.options.context_full,
-        )
+        if request.options.continue_last:
+            stream = self._session.stream_continue(request.messages, request.sampling, request.cancel,
+                                                   max_tokens=request.options.max_tokens)
+        else:
+            stream = self._session.stream_reply(
+                request.messages, request.sampling, request.cancel, max_tokens=request.options.max_tokens,
+                context_full=request.options.context_full,
+            )
         while True:
             try:
                 piece = next(stream)

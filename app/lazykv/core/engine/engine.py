@@ -688,6 +688,23 @@ class EngineSession:
             n_generated = max_tokens
         return replace(result, text=text, finish_reason=finish_reason, n_generated=n_generated)
 
+    def stream_continue(
+        self,
+        messages: Sequence[dict[str, str]],
+        sampling: SamplingSettings,
+        cancel: threading.Event,
+        max_tokens: int | None = None,
+    ) -> Generator[str, None, ReplyResult]:
+        """Go on with the last message, a reply that was cut off (a length limit, Stop): the prompt is
+        the conversation before it, opened for the assistant, and the reply so far; yields only what
+        follows it. The cache keeps the common prefix, as for any reply."""
+        llama, _ = self._require()
+        if not messages or messages[-1]["role"] != "assistant":
+            raise ValueError("there is no reply to continue")
+        tokens, stop = self._prompt(messages[:-1])
+        partial = llama.tokenize(messages[-1]["content"].encode("utf-8"), add_bos=False, special=False)
+        return (yield from self.stream_tokens(tokens + partial, stop, sampling, cancel, max_tokens))
+
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[str]]:
         """The tokens of ``messages`` under the model's own chat template, ready for a reply, and the
         template's stop strings; PromptError when the template refuses them."""
