@@ -16,8 +16,9 @@ from pathlib import Path
 from PySide6.QtCore import QLockFile, QObject, Signal
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
 
+from lazykv.core.files import private_dir, restrict
+
 LOCK_NAME = "lazykv.lock"
-DIR_MODE = 0o700
 RAISE = b"raise\n"
 RAISED = b"raised\n"
 CONNECT_MS = 2000
@@ -39,9 +40,10 @@ class SingleInstance(QObject):
 
     def __init__(self, data_dir: Path, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)  # private, as the history in it
+        private_dir(data_dir, own=True)  # private, as the history in it
         self._name = server_name(data_dir)
-        self._lock = QLockFile(str(data_dir / LOCK_NAME))
+        self._lock_path = data_dir / LOCK_NAME
+        self._lock = QLockFile(str(self._lock_path))
         self._server: QLocalServer | None = None
         self.answered = False  # in a later process: whether the first one said it came forward
         self.listen_error = ""  # in the first process: why later starts cannot reach it ("" when they can)
@@ -50,6 +52,7 @@ class SingleInstance(QObject):
         if not self._lock.tryLock(0):
             self.answered = self._ask_first_to_raise()
             return False
+        restrict(self._lock_path)  # Qt makes it with the umask's mode
         QLocalServer.removeServer(self._name)  # a crashed holder's socket file
         self._server = QLocalServer(self)
         self._server.setSocketOptions(QLocalServer.SocketOption.UserAccessOption)

@@ -8,11 +8,13 @@ monitor never opens wider than the current one.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QRect, QSettings
 from PySide6.QtWidgets import QMainWindow
 
+from lazykv.core.files import PRIVATE_FILE, private_dir, restrict
 from lazykv.core.settings import config_dir
 
 FILE_NAME = "window.ini"
@@ -37,11 +39,14 @@ def restore(window: QMainWindow, path: Path | None = None) -> bool:
 
 def save(window: QMainWindow, path: Path | None = None) -> None:
     target = path or state_file()
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent, own=True)
+    if not target.exists():  # created owner-only: Qt writes it with the umask's mode otherwise
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY, PRIVATE_FILE))
     store = QSettings(str(target), QSettings.Format.IniFormat)
     store.setValue("geometry", window.saveGeometry())
     store.setValue("state", window.saveState(STATE_VERSION))
     store.sync()
+    restrict(target)  # Qt's save may replace the file with one of the umask's mode
 
 
 def fit_to_screen(window: QMainWindow) -> None:

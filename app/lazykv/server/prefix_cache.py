@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from lazykv import __version__
 from lazykv.core.engine.engine import EngineSession, KvRestoreError
-from lazykv.core.files import write_text_atomic
+from lazykv.core.files import private_dir, write_text_atomic
 from lazykv.core.history.persistence import Crypto
 from lazykv.core.history.snapshot import Binding as SnapshotBinding
 from lazykv.core.history.snapshot import (
@@ -120,7 +120,8 @@ class PrefixCache:
         self._hash_key = _hash_key(self._key)
         self._lock = threading.Lock()
         self.counters = _Counters()
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(self.folder.parent, own=True)
+        private_dir(self.folder, own=True)
         self._entries = self._load_index()
         self._remove_strays()
 

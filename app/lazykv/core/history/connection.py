@@ -21,7 +21,7 @@ from typing import Any
 
 import platformdirs
 
-from lazykv.core.files import fsync_dir
+from lazykv.core.files import fsync_dir, private_dir
 from lazykv.core.history.records import (
     MAX_TIME,
     ConversationNotFound,
@@ -254,8 +254,7 @@ def _writable(path: Path) -> bool:
 
 
 def _private_dir(path: Path) -> None:
-    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    _restrict(path, DIR_MODE)
+    private_dir(path, own=True)  # and each folder made above it
 
 
 def _restrict(path: Path, mode: int) -> None:
