@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(err))
 
     # imported only now: both import llama_cpp, which check_engine has vouched for
-    from lazykv.core.engine import engine
+    from lazykv.core.engine.model_load import check_model_file
+    from lazykv.core.engine.types import ModelFileError
     from lazykv.core.history.connection import data_dir
     from lazykv.qt.main_window import MainWindow
     from lazykv.qt.single_instance import SingleInstance
@@ -86,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(overrides.get("model_path") or settings["model_path"] or default_model_path())
     unavailable = ""  # why the model asked for cannot be opened: said in the window, another is chosen
     try:
-        engine.check_model_file(model)
-    except engine.ModelFileError as err:
+        check_model_file(model)
+    except ModelFileError as err:
         hint = "; run `make models` to fetch the default model" if model == default_model_path() else ""
         if args.model is not None or model == default_model_path():
             unavailable = f"{err}{hint}"

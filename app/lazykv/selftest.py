@@ -97,7 +97,8 @@ def _check_engine() -> tuple[str, Path]:
 
 
 def _check_model(model: Path) -> None:
-    from lazykv.core.engine.engine import ModelFileError, check_model_file
+    from lazykv.core.engine.model_load import check_model_file
+    from lazykv.core.engine.types import ModelFileError
 
     try:
         check_model_file(model)

@@ -34,7 +34,8 @@ MAX_CHILD_RSS = 600 << 20  # a child's peak RSS: interpreter, numpy, engine, and
 # test process's size at fork time
 CHILD = """
 import json, sys
-from lazykv.core.engine.engine import EngineSession, ModelFileError
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.types import ModelFileError
 from lazykv.core.errors import EngineError
 for path in sys.argv[1:]:
     out = {"path": path}

@@ -14,13 +14,12 @@ from lazykv.core.engine.engine import (
     EngineError,
     EngineSession,
     KvModeError,
-    ModelNotFoundError,
     NoModelError,
-    NotGGUFError,
     ReplyResult,
     SamplingSettings,
-    check_model_file,
 )
+from lazykv.core.engine.model_load import check_model_file
+from lazykv.core.engine.types import ModelNotFoundError, NotGGUFError
 from lazykv.core.errors import ContextFullError
 from lazykv.core.kinds import KvMode
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine.engine import ContextBudgetError, budget_n_ctx
+from lazykv.core.engine.engine import budget_n_ctx
 from lazykv.core.engine.memory import (
     BYTES_PER_VALUE,
     MAX_CTX,
@@ -19,6 +19,7 @@ from lazykv.core.engine.memory import (
     plan_context,
 )
 from lazykv.core.engine.model_meta import ModelMeta
+from lazykv.core.engine.types import ContextBudgetError
 from lazykv.core.kinds import KvMode
 
 GiB = 1024 * MiB

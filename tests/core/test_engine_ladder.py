@@ -9,14 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine.engine import (
-    ContextBudgetError,
-    ConversionEvent,
-    EngineSession,
-    KvRestoreError,
-    SamplingSettings,
-)
+from lazykv.core.engine.engine import ConversionEvent, EngineSession, KvRestoreError, SamplingSettings
 from lazykv.core.engine.memory import MiB, context_for_budget, kv_bytes
+from lazykv.core.engine.types import ContextBudgetError
 from lazykv.core.history.persistence import _layout_fits
 from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
 from tests.core.test_engine_snapshot import LONG, MEDIUM, SHORT, first_turn, reply

@@ -57,7 +57,7 @@ def test_a_fixed_layer_count_over_a_devices_free_memory_is_refused_with_the_coun
     smollm2_path: Path,
 ) -> None:
     """Checked before llama.cpp allocates: a GPU out of memory is a sentence, never an abort."""
-    from lazykv.core.engine.engine import _refuse_what_does_not_fit
+    from lazykv.core.engine.model_load import refuse_what_does_not_fit
     from lazykv.core.engine.memory import GiB, plan
     from lazykv.core.engine.model_meta import read_model_meta
 
@@ -65,13 +65,13 @@ def test_a_fixed_layer_count_over_a_devices_free_memory_is_refused_with_the_coun
     busy = (Device("CUDA0", "a 4 GiB laptop GPU", 200 * MiB, 4 * GiB),)  # the desktop holds the rest
     asked = plan(meta, 4096, "lazy", busy, 31, available=16 * GiB)
     with pytest.raises(ModelLoadError) as refused:
-        _refuse_what_does_not_fit(smollm2_path, meta, asked, busy, 0)
+        refuse_what_does_not_fit(smollm2_path, meta, asked, busy, 0)
     assert str(refused.value) == (
         f"{smollm2_path.name} with 31 GPU layers needs about {memory.fmt_bytes(asked.devices[0].total)} of "
         "CUDA0, which has 200.0 MiB free: choose Auto GPU layers (the model then runs on the CPU).")
     roomy = (Device("CUDA0", "a 4 GiB laptop GPU", 1024 * MiB + 150 * MiB, 4 * GiB),)
     with pytest.raises(ModelLoadError, match=r"choose Auto GPU layers, or at most \d+\.$"):
-        _refuse_what_does_not_fit(smollm2_path, meta, plan(meta, 65536, "f16", roomy, 31, available=16 * GiB),
+        refuse_what_does_not_fit(smollm2_path, meta, plan(meta, 65536, "f16", roomy, 31, available=16 * GiB),
                                   roomy, 0)
     auto = plan(meta, 4096, "lazy", busy, AUTO, available=16 * GiB)
-    _refuse_what_does_not_fit(smollm2_path, meta, auto, busy, 0)  # Auto's plan loads (on the CPU)
+    refuse_what_does_not_fit(smollm2_path, meta, auto, busy, 0)  # Auto's plan loads (on the CPU)

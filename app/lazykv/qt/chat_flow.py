@@ -18,6 +18,7 @@ from lazykv.core.engine.engine import (
     ConversionEvent,
     KvStatus,
     ReplyResult,
+    SamplingSettings,
 )
 from lazykv.core.history.persistence import OpenHow, OpenResult
 from lazykv.core.idle import wants_idle_conversion
@@ -29,6 +30,7 @@ from lazykv.qt.worker import (
     Convert,
     Failure,
     Reply,
+    ReplyOptions,
     SyncKv,
 )
 
@@ -36,6 +38,24 @@ from lazykv.qt.worker import (
 class ChatFlow:
     """The chat-flow part of ``MainWindow`` (mixed into it: it uses the window's widgets, engine client
     and conversations)."""
+
+    # what a reply is asked with (the settings, the command line's overrides first)
+
+    def sampling(self) -> SamplingSettings:
+        seed = self.setting("seed")
+        return SamplingSettings(
+            temperature=self.setting("temperature"),
+            top_p=self.setting("top_p"),
+            top_k=self.setting("top_k"),
+            min_p=self.setting("min_p"),
+            repeat_penalty=self.setting("repeat_penalty"),
+            seed=None if seed < 0 else seed,
+        )
+
+    def reply_options(self) -> ReplyOptions:
+        """The next reply's; "Drop the oldest turns and retry" drops them for that one reply only."""
+        policy = ContextFullPolicy.DROP_OLDEST if self._drop_oldest_once else self.setting("context_full")
+        return ReplyOptions(self.setting("max_reply_tokens") or None, policy)
 
     def send_text(self, text: str) -> None:
         self.input.setPlainText(text)

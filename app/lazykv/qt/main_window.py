@@ -33,11 +33,9 @@ from lazykv.core.engine.engine import (
     EngineSession,
     KvStatus,
     ModelInfo,
-    SamplingSettings,
 )
 from lazykv.core.history.store import Database
 from lazykv.core.idle import IDLE_DELAY_S
-from lazykv.core.kinds import ContextFullPolicy
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 from lazykv.qt import theme, window_state
 from lazykv.qt.background import Background
@@ -63,7 +61,6 @@ from lazykv.qt.worker import (
     EngineWorker,
     Failure,
     Reply,
-    ReplyOptions,
     Request,
     SaveSnapshot,
     failure,
@@ -181,22 +178,6 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
 
     def setting(self, name: str) -> Any:
         return self._overrides[name] if name in self._overrides else self.settings[name]
-
-    def sampling(self) -> SamplingSettings:
-        seed = self.setting("seed")
-        return SamplingSettings(
-            temperature=self.setting("temperature"),
-            top_p=self.setting("top_p"),
-            top_k=self.setting("top_k"),
-            min_p=self.setting("min_p"),
-            repeat_penalty=self.setting("repeat_penalty"),
-            seed=None if seed < 0 else seed,
-        )
-
-    def reply_options(self) -> ReplyOptions:
-        """The next reply's; "Drop the oldest turns and retry" drops them for that one reply only."""
-        policy = ContextFullPolicy.DROP_OLDEST if self._drop_oldest_once else self.setting("context_full")
-        return ReplyOptions(self.setting("max_reply_tokens") or None, policy)
 
     def apply_settings(self, changed: dict[str, Any]) -> None:
         """Take new values (e.g. from the dialog), save them off the GUI thread, reload if needed."""

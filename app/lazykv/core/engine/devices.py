@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import llama_cpp
 
-from lazykv.core.engine.engine import _remote_backends
 from lazykv.core.engine.memory import Device
+from lazykv.core.engine.model_load import remote_backends
 from lazykv.core.engine.remote import Unreachable
 
 # enum ggml_backend_dev_type
@@ -128,5 +128,5 @@ def no_device_note(build: str, local: Sequence[Device]) -> str:
 
 def discover(endpoints: Sequence[str] = ()) -> Discovery:
     """Local GPUs and the devices of the RPC servers at ``endpoints`` (ValueError on a malformed endpoint)."""
-    usable, unreachable = _remote_backends(endpoints) if endpoints else ([], [])
+    usable, unreachable = remote_backends(endpoints) if endpoints else ([], [])
     return Discovery(gpu_build(), tuple(local_gpus()), tuple(registered(usable)), tuple(unreachable))

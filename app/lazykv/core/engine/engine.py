@@ -11,7 +11,7 @@ import struct
 import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import jinja2
@@ -23,79 +23,44 @@ from lazykv.core.chat.context_policy import fit_messages
 from lazykv.core.chat.conversation import common_prefix
 from lazykv.core.engine.memory import (
     AUTO,
-    Device,
-    DeviceMemory,
     GpuLayers,
-    Plan,
-    context_for_budget,
-    fmt_bytes,
-    kv_bytes,
-    max_ctx,
     plan,
     split_by_device,
 )
-from lazykv.core.engine.model_meta import CTX_PADDING, GGUFError, KvSupport, ModelMeta, read_model_meta
-from lazykv.core.engine.remote import Unreachable, normalize_endpoints, probe_all
+from lazykv.core.engine.model_load import (
+    TYPE_NAMES,
+    budget_n_ctx,
+    kv_cache_params,
+    kv_mode_of,
+    read_checked_meta,
+    refuse_what_does_not_fit,
+    remote_backends,
+)
+from lazykv.core.engine.model_meta import KvSupport
+from lazykv.core.engine.types import (
+    CancelledError,
+    ConversionEvent,
+    KvModeError,
+    KvRestoreError,
+    KvSnapshot,
+    KvStatus,
+    ModelInfo,
+    ModelLoadError,
+    NoModelError,
+    PromptError,
+    ReplyResult,
+    SamplingSettings,
+)
 from lazykv.core.errors import EngineError
 from lazykv.core.kinds import (
     DEFAULT_KV_MODE,
     ContextFullPolicy,
     ConversionStage,
     FinishReason,
-    KvMode,
     KvPhase,
 )
 
-GGUF_MAGIC = b"GGUF"
 HEAD_MESSAGES = 64  # a re-read formats this many messages first, then twice as many while they fall short
-
-
-class ModelFileError(EngineError):
-    """The model file is missing or is not a GGUF file."""
-
-
-class ModelNotFoundError(ModelFileError):
-    """No file at the model path."""
-
-
-class NotGGUFError(ModelFileError):
-    """The file does not start with the GGUF magic."""
-
-
-class ModelLoadError(EngineError):
-    """llama.cpp refused a file that looked like GGUF."""
-
-
-class KvModeError(EngineError):
-    """The chosen KV cache mode cannot run this model."""
-
-
-class ContextBudgetError(EngineError):
-    """The context memory budget holds fewer tokens than the smallest context."""
-
-
-class NoModelError(EngineError):
-    """A reply was requested before a model was loaded."""
-
-
-class PromptError(EngineError):
-    """The model's chat template refused the messages (e.g. roles that do not alternate)."""
-
-
-class CancelledError(EngineError):
-    """The request was cancelled before it finished (what it did so far is kept, see each method)."""
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.1
-    seed: int | None = None  # None: a fresh random seed for every reply
-    presence_penalty: float = 0.0  # OpenAI's penalties (the local API's requests; the app leaves them at 0)
-    frequency_penalty: float = 0.0
 
 
 # used when a GGUF file carries no chat template
@@ -103,225 +68,6 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    path: Path
-    architecture: str
-    n_params: int
-    n_ctx_train: int
-    file_size: int
-    n_ctx: int
-    kv_mode: KvMode
-    n_threads: int
-    meta: ModelMeta
-    memory: tuple[DeviceMemory, ...] = ()  # what the engine allocated, per place (host, each device)
-    plan: Plan | None = None  # the memory plan the load followed (its n_gpu_layers, and why)
-    devices: tuple[Device, ...] = ()  # the devices offered to it, with their free/total memory before loading
-    plan_note: str = ""  # a sentence about the plan (a GPU build without a usable device: the CPU instead)
-    remote: tuple[str, ...] = ()  # the remote backends (llama.cpp RPC servers) the model runs on
-    unreachable: tuple[Unreachable, ...] = ()  # those asked for but left out, and why
-
-    @property
-    def name(self) -> str:
-        """The file name without .gguf: GGUF 'general.name' is often absent or less telling."""
-        return self.path.stem
-
-    @property
-    def gpus(self) -> tuple[Device, ...]:
-        """This machine's GPUs among the devices offered (RPC servers' devices left out)."""
-        return tuple(d for d in self.devices if not d.name.startswith("RPC"))
-
-
-@dataclass(frozen=True)
-class KvStatus:
-    """The KV cache right now, as the memory panel shows it."""
-
-    kv_mode: KvMode
-    phase: KvPhase  # how the cells are stored now (the rung of a lazy cache)
-    n_cells_used: int
-    n_cells_capacity: int  # cells the current storage holds (the f16 view while lazy is in f16)
-    n_cells_total: int  # cells of the cache (as q8_0 for a lazy cache, as q4_0 for the ladder)
-    kv_bytes: int  # allocated for K and V
-    n_conversions: int = 0
-    last_conversion_s: float = 0.0
-    rungs: tuple[KvPhase, ...] = ()  # a lazy cache's steps in order (f16, q8_0[, q4_0]); () when plain
-    n_cells_next: int = 0  # cells the next rung holds (== n_cells_capacity on the last; 0 when plain)
-    target: KvPhase | None = None  # the rung being converted to, else the last one converted to
-
-    @property
-    def next_rung(self) -> KvPhase | None:
-        """The rung this cache compacts to next; None on the last, for a plain cache and while converting."""
-        if self.phase not in self.rungs:
-            return None
-        after = self.rungs[self.rungs.index(self.phase) + 1 :]
-        return after[0] if after else None
-
-    @property
-    def fill(self) -> float:
-        return self.n_cells_used / self.n_cells_capacity if self.n_cells_capacity else 0.0
-
-    @property
-    def kv_bytes_used(self) -> int:
-        """Bytes holding cells in use: the storage fills in proportion to its cells."""
-        return int(self.kv_bytes * min(1.0, self.fill))
-
-
-@dataclass(frozen=True)
-class ConversionEvent:
-    """A lazy cache compacting one step (to ``target``): ``start``, ``progress`` per tensor, ``end``."""
-
-    stage: ConversionStage
-    done: int
-    total: int
-    n_cells: int  # cells (token positions) in use when it started
-    duration_s: float = 0.0  # set at ``end``
-    target: KvPhase = KvPhase.Q8_0  # the rung it converts to
-
-    @property
-    def fraction(self) -> float:
-        return self.done / self.total if self.total else 0.0
-
-
-@dataclass(frozen=True)
-class ReplyResult:
-    text: str
-    finish_reason: FinishReason
-    n_prompt: int  # tokens of the prompt sent
-    n_reused: int  # of those, tokens already in the KV cache (common prefix)
-    dropped: list[dict[str, str]] = field(default_factory=list)  # turns left out to fit
-    n_generated: int = 0  # tokens of the reply (the limit's count when it ran to ``max_tokens``)
-
-    @property
-    def cancelled(self) -> bool:
-        return self.finish_reason is FinishReason.CANCELLED
-
-
-@dataclass(frozen=True)
-class KvSnapshot:
-    """One conversation's KV cache as the engine saved it: what it is, its tokens, the state bytes."""
-
-    layout: dict[str, object]  # see EngineSession.layout()
-    tokens: list[int]
-    state: bytes  # the sequence state with its metadata (opaque to callers)
-
-
-class KvRestoreError(EngineError):
-    """A saved KV state was refused; the cache is left empty and the transcript must be re-read."""
-
-
-_TYPE_NAMES = {
-    llama_cpp.GGML_TYPE_F16: "f16", llama_cpp.GGML_TYPE_Q8_0: "q8_0", llama_cpp.GGML_TYPE_F32: "f32",
-    llama_cpp.GGML_TYPE_Q4_0: "q4_0", llama_cpp.GGML_TYPE_Q5_0: "q5_0",
-}
-_GGML_TYPES = {name: ggml_type for ggml_type, name in _TYPE_NAMES.items()}
-
-
-def check_model_file(path: Path) -> None:
-    """Raise a ModelFileError unless ``path`` is a readable file starting with the GGUF magic.
-
-    Checked here because llama.cpp reports a non-GGUF file only as a generic load failure.
-    """
-    if not path.is_file():
-        raise ModelNotFoundError(f"model file not found: {path}")
-    try:
-        with path.open("rb") as f:
-            magic = f.read(len(GGUF_MAGIC))
-    except OSError as err:
-        raise ModelFileError(f"cannot read model file {path}: {err.strerror}") from err
-    if magic != GGUF_MAGIC:
-        raise NotGGUFError(f"{path.name} is not a GGUF model file.",
-                           f"{path}: it starts with {magic!r}, not the GGUF magic {GGUF_MAGIC!r}")
-
-
-def read_checked_meta(path: Path) -> ModelMeta:
-    """The file's metadata, or the ModelFileError to show (stdlib only: safe before loading)."""
-    check_model_file(path)
-    try:
-        return read_model_meta(path)
-    except GGUFError as err:
-        raise ModelFileError(str(err), err.details) from err
-
-
-def _kv_mode(kv_mode: str) -> KvMode:
-    try:
-        return KvMode(kv_mode)
-    except ValueError:
-        known = ", ".join(KvMode)
-        raise EngineError(f"unknown KV cache mode {kv_mode!r} (known: {known})") from None
-
-
-def _kv_cache_params(kv_mode: KvMode, flash_attn: bool) -> dict[str, object]:
-    """A lazy cache is allocated as its last step's type: q8_0 for lazy q8_0, q4_0 for the ladder."""
-    params: dict[str, object] = {"flash_attn": flash_attn}
-    if kv_mode is not KvMode.F16:
-        storage = _GGML_TYPES[kv_mode.storage]
-        params.update(type_k=storage, type_v=storage)
-    if kv_mode.is_lazy:
-        params["kv_lazy_quant"] = True
-    return params
-
-
-def budget_n_ctx(meta: ModelMeta, budget: int, kv_mode: KvMode) -> int:
-    """The context length a KV memory budget (bytes) holds, or ContextBudgetError saying what it takes."""
-    n_ctx = context_for_budget(meta, budget, kv_mode)
-    if n_ctx < CTX_PADDING:
-        raise ContextBudgetError(
-            f"{fmt_bytes(budget)} of context memory holds fewer than {CTX_PADDING} tokens of "
-            f"{meta.path.name} with the {kv_mode} KV cache: {CTX_PADDING} tokens need "
-            f"{fmt_bytes(kv_bytes(meta, CTX_PADDING, kv_mode))}. Raise the budget, or set it to 0 to use "
-            "the context length."
-        )
-    return n_ctx
-
-
-def _refuse_what_does_not_fit(path: Path, meta: ModelMeta, chosen: Plan, devices: Sequence[Device],
-                              gpu_memory: int) -> None:
-    """ModelLoadError with what would fit when the plan needs more RAM than there is, or more of a device
-    than it has free (llama.cpp would run out of memory, or the machine would swap)."""
-    for d in chosen.devices:
-        if 0 < d.device.free < d.total:
-            auto = plan(meta, chosen.n_ctx, chosen.kv_mode, devices, AUTO, gpu_memory or None,
-                        chosen.available).n_gpu_layers
-            fits = f", or at most {auto}" if auto else " (the model then runs on the CPU)"
-            raise ModelLoadError(
-                f"{path.name} with {chosen.n_gpu_layers} GPU layers needs about {fmt_bytes(d.total)} of "
-                f"{d.device.name}, which has {fmt_bytes(d.device.free)} free: choose Auto GPU layers{fits}.")
-    if chosen.host_total <= chosen.available:
-        return
-    kv_mode = chosen.kv_mode
-    args = (devices, AUTO, gpu_memory or None, chosen.available)
-    same = max_ctx(meta, kv_mode, *args)
-    ladder = max_ctx(meta, KvMode.LADDER, *args) if meta.kv_support().allows(KvMode.LADDER) else 0
-    need = (f"{path.name} with {chosen.n_ctx} tokens of {kv_mode} KV cache needs about "
-            f"{fmt_bytes(chosen.host_total)} of RAM, and {fmt_bytes(chosen.available)} is available")
-    if same:
-        better = f"; with the ladder KV cache {ladder} tokens fit" if ladder > same else ""
-        raise ModelLoadError(f"{need}: at most {same} tokens fit{better}. Lower the context length.")
-    if ladder:
-        raise ModelLoadError(f"{need}: with the ladder KV cache {ladder} tokens fit. Choose the ladder.")
-    raise ModelLoadError(f"{need}: it does not fit in this machine's memory at any context length.")
-
-
-_registered: set[str] = set()  # RPC servers registered with the engine: process-wide, as in ggml
-
-
-def _remote_backends(endpoints: Sequence[str]) -> tuple[list[str], list[Unreachable]]:
-    """The endpoints the engine may use (they answered, and the engine registered them), and the others.
-
-    Probed first: llama.cpp's RPC client aborts the process on a server that does not answer."""
-    reachable, unreachable = probe_all(normalize_endpoints(endpoints), in_use=frozenset(_registered))
-    usable: list[str] = []
-    for endpoint in reachable:
-        try:
-            llama_cpp.rpc_add_server(endpoint)
-        except (RuntimeError, ConnectionError) as err:  # no RPC in this build; gone since the probe
-            unreachable.append(Unreachable(endpoint, str(err)))
-        else:
-            _registered.add(endpoint)
-            usable.append(endpoint)
-    return usable, unreachable
 
 
 class _AbortWatch:
@@ -400,15 +146,15 @@ class EngineSession:
         """
         path = Path(model_path)
         meta = read_checked_meta(path)
-        kv_mode = _kv_mode(kv_mode)
-        params = _kv_cache_params(kv_mode, flash_attn)
+        kv_mode = kv_mode_of(kv_mode)
+        params = kv_cache_params(kv_mode, flash_attn)
         support: KvSupport = meta.kv_support(flash_attn)
         if not support.allows(kv_mode):
             raise KvModeError(f"a {kv_mode} KV cache cannot run {path.name}: {support.reason}")
         if context_budget > 0:
             n_ctx = budget_n_ctx(meta, context_budget, kv_mode)
         threads = n_threads or default_threads()
-        remote, unreachable = _remote_backends(rpc_servers)
+        remote, unreachable = remote_backends(rpc_servers)
         from lazykv.core.engine import devices as found  # it imports this module
 
         gpus = tuple(found.local_gpus())
@@ -421,7 +167,7 @@ class EngineSession:
         if n_gpu_layers == AUTO:
             n_gpu_layers = chosen.n_gpu_layers
         note = found.no_device_note(found.gpu_build(), gpus) if not remote else ""
-        _refuse_what_does_not_fit(path, meta, chosen, offered, gpu_memory)
+        refuse_what_does_not_fit(path, meta, chosen, offered, gpu_memory)
         try:
             llama = llama_cpp.Llama(
                 model_path=str(path),
@@ -515,8 +261,8 @@ class EngineSession:
             "engine_version": llama_cpp.__version__,
             "n_ctx": info.n_ctx,
             "kv_mode": info.kv_mode,
-            "type_k": _TYPE_NAMES.get(meta["type_k"], str(meta["type_k"])),
-            "type_v": _TYPE_NAMES.get(meta["type_v"], str(meta["type_v"])),
+            "type_k": TYPE_NAMES.get(meta["type_k"], str(meta["type_k"])),
+            "type_v": TYPE_NAMES.get(meta["type_v"], str(meta["type_v"])),
             "lazy_phase": meta["lazy_phase"],
             "lazy_rungs": list(meta["lazy_rungs"]),
             "lazy_rot_k": meta["lazy_rot"][0],
