@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from lazykv import __version__, cli, console
 from lazykv.core.engine.engine_check import EngineMissingError, check_engine
-from lazykv.core.kinds import KvMode
+from lazykv.core.kinds import KV_MODE_WORDS, KvMode
 from lazykv.core.models.defaults import default_model_path
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 
@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--kv", choices=tuple(KvMode),
-        help="KV cache: f16, q8_0, lazy q8_0 (f16 until half full, then q8_0; the default setting), or "
-             "ladder (f16, then q8_0, then q4_0: about 3.5x the tokens of f16 in the same memory)"
+        help="KV cache (default: the setting): "
+             + "; ".join(f"{mode}: {mode.choice}" for mode in KV_MODE_WORDS),
     )
     parser.add_argument(
         "--self-test", action="store_true",

@@ -5,6 +5,7 @@ StrEnums compare equal to their strings, so JSON files and the engine's own stri
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -24,8 +25,23 @@ class KvMode(StrEnum):
 
     @property
     def storage(self) -> str:
-        """The ggml type the cache is allocated as (a lazy cache's last step)."""
+        """The ggml type the cache is allocated as (a lazy cache's last rung)."""
         return {KvMode.F16: "f16", KvMode.Q8_0: "q8_0", KvMode.LAZY: "q8_0", KvMode.LADDER: "q4_0"}[self]
+
+    @property
+    def choice(self) -> str:
+        """Its name in the Settings list and in ``--kv``'s help: "lazy q8_0 (f16 until half full)"."""
+        return KV_MODE_WORDS[self].choice
+
+    @property
+    def words(self) -> str:
+        """Its name in a sentence: "the lazy (16-bit, then 8-bit) cache"."""
+        return KV_MODE_WORDS[self].words
+
+    @property
+    def note(self) -> str:
+        """What choosing it trades, in one line (under the Settings choice)."""
+        return KV_MODE_WORDS[self].note
 
 
 DEFAULT_KV_MODE = KvMode.LAZY  # the settings' default, EngineSession.load's and EngineConfig's
@@ -43,11 +59,44 @@ class KvPhase(StrEnum):
     @property
     def words(self) -> str:
         """The rung as a user knows it: "16-bit", "8-bit", "4-bit"."""
-        return _PHASE_WORDS[self]
+        return PHASE_WORDS[self][0]
+
+    @property
+    def label(self) -> str:
+        """The rung as the memory panel names it: "16-bit (full precision)", "8-bit"."""
+        return PHASE_WORDS[self][1]
 
 
-_PHASE_WORDS = {KvPhase.F16: "16-bit", KvPhase.CONVERTING: "compacting", KvPhase.Q8_0: "8-bit",
-                KvPhase.Q4_0: "4-bit", KvPhase.Q5_0: "5-bit"}
+@dataclass(frozen=True)
+class KvModeWords:
+    choice: str  # in the Settings list and --kv's help
+    words: str  # in a sentence
+    note: str  # what choosing it trades, one line
+
+
+# The KV modes and rungs in words, declared once (docs/glossary.md): Settings, --kv, the memory panel,
+# the context meter, the banners and the transcript's lines all read them here. In the order Settings
+# lists the modes.
+KV_MODE_WORDS = {
+    KvMode.LAZY: KvModeWords(
+        "lazy q8_0 (f16 until half full)", "lazy (16-bit, then 8-bit)",
+        "Full f16 precision until the f16 part is full, then compacted to 8-bit in place: about 1.9× the "
+        "tokens of f16 in the same memory, nearly exact."),
+    KvMode.LADDER: KvModeWords(
+        "ladder (f16 → 8-bit → 4-bit)", "ladder (16-bit, then 8-bit, then 4-bit)",
+        "f16, then 8-bit, then 4-bit, each step when the one before is full: about 3.5× the tokens of f16 "
+        "in the same memory; the last, 4-bit step trades some quality for length."),
+    KvMode.Q8_0: KvModeWords(
+        "q8_0", "8-bit", "8-bit from the first token: about 1.9× the tokens of f16 in the same memory."),
+    KvMode.F16: KvModeWords("f16", "16-bit", "Full precision throughout: the most memory per token."),
+}
+PHASE_WORDS = {  # (in words, as the memory panel names it)
+    KvPhase.F16: ("16-bit", "16-bit (full precision)"),
+    KvPhase.CONVERTING: ("compacting", "compacting"),
+    KvPhase.Q8_0: ("8-bit", "8-bit"),
+    KvPhase.Q4_0: ("4-bit", "4-bit"),
+    KvPhase.Q5_0: ("5-bit", "5-bit"),
+}
 
 
 class ConversionStage(StrEnum):

@@ -18,7 +18,7 @@ from lazykv.core.engine.memory import AUTO, MAX_CTX, GpuLayers
 from lazykv.core.engine.remote import normalize_endpoints
 from lazykv.core.files import write_text_atomic
 from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL
-from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, KvMode, SettingKind
+from lazykv.core.kinds import DEFAULT_KV_MODE, KV_MODE_WORDS, ContextFullPolicy, SettingKind
 
 APP_DIR_NAME = "lazykv"
 SCHEMA_VERSION = 3
@@ -110,20 +110,8 @@ _VALIDATORS: dict[SettingKind, Callable[[Setting, Any], Any]] = {
 }
 
 
-KV_MODE_CHOICES = (
-    (KvMode.LAZY, "lazy q8_0 (f16 until half full)"),
-    (KvMode.LADDER, "ladder (f16 → 8-bit → 4-bit)"),
-    (KvMode.Q8_0, "q8_0"),
-    (KvMode.F16, "f16"),
-)
-KV_MODE_NOTES = (
-    (KvMode.LAZY, "Full f16 precision until the f16 part is full, then compacted to 8-bit in place: "
-                  "about 1.9× the tokens of f16 in the same memory, nearly exact."),
-    (KvMode.LADDER, "f16, then 8-bit, then 4-bit, each step when the one before is full: about 3.5× the "
-                    "tokens of f16 in the same memory; the last, 4-bit step trades some quality for length."),
-    (KvMode.Q8_0, "8-bit from the first token: about 1.9× the tokens of f16 in the same memory."),
-    (KvMode.F16, "Full precision throughout: the most memory per token."),
-)
+KV_MODE_CHOICES = tuple((mode, mode.choice) for mode in KV_MODE_WORDS)
+KV_MODE_NOTES = tuple((mode, mode.note) for mode in KV_MODE_WORDS)
 CONTEXT_FULL_CHOICES = (
     (ContextFullPolicy.STOP, "stop and tell me"),
     (ContextFullPolicy.DROP_OLDEST, "drop the oldest turns (keep the system prompt)"),

@@ -13,18 +13,11 @@ from PySide6.QtWidgets import QFormLayout, QLabel, QProgressBar, QSizePolicy, QV
 
 from lazykv.core.engine.engine import KvStatus, ModelInfo
 from lazykv.core.engine.memory import CTX_PADDING, ContextPlan, DeviceMemory, Estimate, Fit, fmt_bytes, placed
-from lazykv.core.kinds import KvMode, KvPhase
+from lazykv.core.kinds import KvPhase
 from lazykv.qt.kv_words import step_line
 
 HISTORY_SAMPLES = 120
 FIT_COLORS = {Fit.GREEN: "#1a7f37", Fit.YELLOW: "#b08800", Fit.RED: "#cf222e"}
-PHASE_TEXT = {  # plain words; the engine's names are in the tooltips (details on demand)
-    KvPhase.F16: "16-bit (full precision)",
-    KvPhase.Q8_0: "8-bit",
-    KvPhase.Q4_0: "4-bit",
-    KvPhase.Q5_0: "5-bit",
-}
-MODE_NAMES = {KvMode.F16: "f16", KvMode.Q8_0: "q8_0", KvMode.LAZY: "lazy", KvMode.LADDER: "ladder"}
 _RSS_COLOR = QColor("#0969da")
 _KV_COLOR = QColor("#8250df")
 
@@ -194,7 +187,7 @@ def tokens_per_mode(plan: ContextPlan) -> str:
     parts = []
     for mode, n in plan.per_mode.items():
         held = f"{n:,}" if n else f"under {CTX_PADDING}"  # the engine's smallest context: 256 tokens
-        text = f"{MODE_NAMES[mode]} {held}" + (" (the model's limit)" if plan.at_limit(mode) else "")
+        text = f"{mode} {held}" + (" (the model's limit)" if plan.at_limit(mode) else "")
         parts.append(f"<b>{text}</b>" if mode is plan.kv_mode else text)
     line = f"In {fmt_bytes(plan.kv_budget)} of KV memory: {' · '.join(parts)} tokens"
     return f"{line}<br>{steps_text(plan)}" if plan.steps else line
@@ -205,13 +198,13 @@ def steps_text(plan: ContextPlan) -> str:
     the memory panel will show once loaded, from the same planner (memory.step_cells)."""
     (first, n_first), *rest = plan.steps
     steps = [f"{first.words} up to {n_first:,} tokens", *(f"{p.words} up to {n:,}" for p, n in rest)]
-    return f"{MODE_NAMES[plan.kv_mode]} steps: {', then '.join(steps)}"
+    return f"{plan.kv_mode} steps: {', then '.join(steps)}"
 
 
 def _phase_text(status: KvStatus) -> str:
     if status.phase is KvPhase.CONVERTING:
         return f"compacting to {(status.target or KvPhase.Q8_0).words}…"
-    return PHASE_TEXT[status.phase]
+    return status.phase.label
 
 
 def _storage(status: KvStatus) -> str:
@@ -222,5 +215,5 @@ def _storage(status: KvStatus) -> str:
 def _mode_note(status: KvStatus) -> str:
     step = status.next_rung
     if step is not None:
-        return f" — {MODE_NAMES[status.kv_mode]}: goes to {step.words} at {status.n_cells_capacity:,} tokens"
+        return f" — {status.kv_mode}: goes to {step.words} at {status.n_cells_capacity:,} tokens"
     return ""

@@ -18,7 +18,6 @@ from lazykv.core.engine.engine import (
     read_checked_meta,
 )
 from lazykv.core.engine.remote import UNREACHABLE_DETAILS, unreachable_text
-from lazykv.core.kinds import KvMode
 from lazykv.core.models.defaults import models_folder
 from lazykv.core.settings import gpu_layers
 from lazykv.qt.model_info_dialog import ModelInfoDialog
@@ -119,7 +118,7 @@ class ModelLoading:
     def _on_model_loaded(self, info: ModelInfo) -> None:
         first = self.model_info is None
         if not first and len(self.conversation):  # a reload: the cache is empty now
-            label = (f"Context memory emptied here: {info.name} loaded with the {_KV_WORDS[info.kv_mode]} "
+            label = (f"Context memory emptied here: {info.name} loaded with the {info.kv_mode.words} "
                      "cache; the next reply reads the conversation again")
             self._add_marker(label)
             self.transcript.mark_here(label)
@@ -231,9 +230,5 @@ def _human_count(n: int) -> str:
             return f"{n / divisor:.3g}{suffix}"
     return str(n)
 
-
 DEMO_NOTE = ("This is a small demo model: it shows the app working but cannot hold a useful conversation. "
              "Models… (Ctrl+M) finds the models already on this computer, or downloads one that fits.")
-
-_KV_WORDS = {KvMode.F16: "16-bit", KvMode.Q8_0: "8-bit", KvMode.LAZY: "lazy (16-bit, then 8-bit)",
-             KvMode.LADDER: "ladder (16-bit, then 8-bit, then 4-bit)"}

@@ -50,6 +50,7 @@ from lazykv.core.history.snapshot import (
 )
 from lazykv.core.history.snapshot_budget import PENDING_PREFIX, SNAPSHOT_SUFFIX, Cleanup
 from lazykv.core.history.store import Database, Store
+from lazykv.core.kinds import KvPhase
 
 NOTE_MAX_CHARS = 200
 _NONCE_BYTES = 12
@@ -403,9 +404,9 @@ _QUANTIZED_RUNGS = ("q8_0", "q4_0", "q5_0")
 
 
 def _memory_words(ggml_type: str) -> str:
-    """A KV cache type as a user knows it: "8-bit" for q8_0, "16-bit" for f16."""
-    return {"q4_0": "4-bit", "q5_0": "5-bit", "q8_0": "8-bit", "f16": "16-bit", "f32": "32-bit"}.get(
-        ggml_type, ggml_type)
+    """A KV cache type as a user knows it: "8-bit" for q8_0, "16-bit" for f16 (another as it is)."""
+    rungs = set(KvPhase) - {KvPhase.CONVERTING}
+    return KvPhase(ggml_type).words if ggml_type in rungs else ggml_type
 
 
 def _one_line(text: str) -> str:
