@@ -57,6 +57,38 @@ class ChatFlow:
         policy = ContextFullPolicy.DROP_OLDEST if self._drop_oldest_once else self.setting("context_full")
         return ReplyOptions(self.setting("max_reply_tokens") or None, policy)
 
+    # the chat on screen
+
+    def _escape_in_input(self) -> None:
+        """Esc in the message box: leaves edit mode (as Cancel edit does)."""
+        if self._editing is not None:
+            self.cancel_edit()
+
+    def new_chat(self) -> None:
+        if self._state not in (UiState.NO_MODEL, UiState.READY):
+            return
+        self.conversations.new_chat(self.settings["system_prompt"])
+        self.statusBar().clearMessage()
+
+    def new_private_chat(self) -> None:
+        """A new, empty chat with Private on: nothing of it is saved; unticking Private ends it."""
+        if self._state not in (UiState.NO_MODEL, UiState.READY):
+            return
+        self.conversations.new_chat(self.settings["system_prompt"])
+        self.conversations.set_private(True)
+        self.statusBar().showMessage("New private chat: nothing of it is saved", 5000)
+
+    def show_chat(self, title: str | None) -> None:
+        """Show the chat on screen (Conversations changed it); a saved one's KV cache is resumed next."""
+        self.cancel_edit()
+        self.banner.close_task()  # a note of the chat shown before ("Resumed from the snapshot…")
+        self.resume_note = ""
+        self.system_edit.setText(self.conversation.system_prompt)
+        self._rerender()
+        self._set_state(self._state)
+        if title is not None:
+            self.statusBar().showMessage(f"Opened “{title}”", 3000)
+
     def send_text(self, text: str) -> None:
         self.input.setPlainText(text)
         self._send()

@@ -487,12 +487,6 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
             self.conversations.open(last if last in ids else ids[0])
 
     @Slot()
-    def _escape_in_input(self) -> None:
-        """Esc in the message box: leaves edit mode (as Cancel edit does)."""
-        if self._editing is not None:
-            self.cancel_edit()
-
-    @Slot()
     def _rename_current(self) -> None:
         """F2 anywhere in the window: rename the conversation selected in the list, else the one on
         screen; the focus comes back where it was."""
@@ -513,33 +507,6 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         dialog = ShortcutsDialog(self.findChildren(QAction), self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
-
-    @Slot()
-    def new_chat(self) -> None:
-        if self._state not in (UiState.NO_MODEL, UiState.READY):
-            return
-        self.conversations.new_chat(self.settings["system_prompt"])
-        self.statusBar().clearMessage()
-
-    @Slot()
-    def new_private_chat(self) -> None:
-        """A new, empty chat with Private on: nothing of it is saved; unticking Private ends it."""
-        if self._state not in (UiState.NO_MODEL, UiState.READY):
-            return
-        self.conversations.new_chat(self.settings["system_prompt"])
-        self.conversations.set_private(True)
-        self.statusBar().showMessage("New private chat: nothing of it is saved", 5000)
-
-    def show_chat(self, title: str | None) -> None:
-        """Show the chat on screen (Conversations changed it); a saved one's KV cache is resumed next."""
-        self.cancel_edit()
-        self.banner.close_task()  # a note of the chat shown before ("Resumed from the snapshot…")
-        self.resume_note = ""
-        self.system_edit.setText(self.conversation.system_prompt)
-        self._rerender()
-        self._set_state(self._state)
-        if title is not None:
-            self.statusBar().showMessage(f"Opened “{title}”", 3000)
 
     @Slot()
     def _sample_memory(self) -> None:
