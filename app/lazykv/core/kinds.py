@@ -11,7 +11,7 @@ from enum import StrEnum
 
 class KvMode(StrEnum):
     """How the KV cache is stored: f16, q8_0, lazy q8_0 (f16 until the f16 view is full), or the ladder
-    (allocated as q4_0: f16, then 8-bit, then 4-bit, each step when the one before is full)."""
+    (allocated as q4_0: f16, then 8-bit, then 4-bit, each rung used when the one before is full)."""
 
     F16 = "f16"
     Q8_0 = "q8_0"
@@ -48,7 +48,8 @@ DEFAULT_KV_MODE = KvMode.LAZY  # the settings' default, EngineSession.load's and
 
 
 class KvPhase(StrEnum):
-    """How a cache's cells are stored right now: a step (rung) of a lazy cache, or converting between two."""
+    """Where a cache is right now (its phase): on a rung (f16, q8_0, q4_0, q5_0), or converting between
+    two (a step). docs/glossary.md."""
 
     F16 = "f16"
     CONVERTING = "converting"

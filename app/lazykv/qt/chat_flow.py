@@ -381,11 +381,11 @@ class ChatFlow:
 
     def _update_compact_action(self, ready: bool) -> None:
         """Enabled while a lazy cache in use can go one step down and no compaction is on its way (a
-        second click must not take a ladder two steps down); it says to which step."""
-        step = self.kv.next_rung if self.kv is not None and self.kv.n_cells_used > 0 else None
-        self.compact_action.setEnabled(ready and step is not None and not self._compacting())
-        if step is not None:
-            tip = f"Compact the context memory to {step.words} now"
+        second click must not take a ladder two steps down); it says to which rung."""
+        rung = self.kv.next_rung if self.kv is not None and self.kv.n_cells_used > 0 else None
+        self.compact_action.setEnabled(ready and rung is not None and not self._compacting())
+        if rung is not None:
+            tip = f"Compact the context memory to {rung.words} now"
         elif self.kv is None or not self.kv.kv_mode.is_lazy:
             tip = "Only a lazy or ladder KV cache compacts (Settings > KV cache)"
         else:
@@ -428,7 +428,7 @@ class ChatFlow:
         """A conversion of the KV cache began or ended (through ``MainWindow._on_conversion``)."""
         self.banner.on_event(event)
         if event.stage is ConversionStage.START:
-            self._conversion_from = self.kv  # the step it leaves, for the marker at its end
+            self._conversion_from = self.kv  # the rung it leaves, for the marker at its end
         if event.stage is ConversionStage.START and self.kv is not None:
             converting = replace(self.kv, phase=KvPhase.CONVERTING, n_cells_used=event.n_cells,
                                  target=event.target)

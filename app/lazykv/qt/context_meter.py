@@ -8,7 +8,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QWidget
 
 from lazykv.core.engine.engine import KvStatus
-from lazykv.qt.kv_words import meter_line, steps_sentence
+from lazykv.qt.kv_words import meter_line, rungs_sentence
 
 FULL_WARNING = 0.9  # from this fill on the bar turns red
 
@@ -44,6 +44,6 @@ class ContextMeter(QWidget):
         self.label.setText(meter_line(status))
         self.setToolTip(
             f"The conversation fills {used:,} of the {capacity:,} tokens the model can see at once "
-            f"({100 * used / capacity:.0f} %). {steps_sentence(status)}"
+            f"({100 * used / capacity:.0f} %). {rungs_sentence(status)}"
             " When it is full, the oldest messages are left out or the reply stops (Settings)."
         )

@@ -1,6 +1,7 @@
 """The KV cache's state in words, for the memory panel, the context indicator and the banner.
 
-A lazy cache goes down in steps (rungs): 16-bit, then 8-bit (lazy q8_0's last), then 4-bit (the ladder's)."""
+A lazy cache goes down its rungs one step at a time: 16-bit, then 8-bit (lazy q8_0's last), then 4-bit
+(the ladder's). docs/glossary.md has the words."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ from lazykv.core.engine.engine import KvStatus
 from lazykv.core.kinds import KvPhase
 
 
-def step_line(status: KvStatus) -> str:
-    """``16-bit: 230 of 1,152 tokens · next 8-bit: 2,168``: the step in use, how full, and the next one."""
+def rung_line(status: KvStatus) -> str:
+    """``16-bit: 230 of 1,152 tokens · next 8-bit: 2,168``: the rung in use, how full, and the next one."""
     if status.phase is KvPhase.CONVERTING:
         return f"compacting to {_target(status).words}… at {status.n_cells_used:,} tokens"
     line = f"{status.phase.words}: {status.n_cells_used:,} of {status.n_cells_capacity:,} tokens"
-    step = status.next_rung
-    if step is not None:
-        return f"{line} · next {step.words}: {status.n_cells_next:,}"
+    rung = status.next_rung
+    if rung is not None:
+        return f"{line} · next {rung.words}: {status.n_cells_next:,}"
     return f"{line} · the last step" if status.rungs else line
 
 
@@ -24,19 +25,19 @@ def meter_line(status: KvStatus) -> str:
     head = f"Context {min(status.n_cells_used, status.n_cells_total):,} / {status.n_cells_total:,} tokens"
     if status.phase is KvPhase.CONVERTING:
         return f"{head} · compacting to {_target(status).words}…"
-    step = status.next_rung
-    if step is not None:
-        return (f"{head} · {status.phase.words} up to {status.n_cells_capacity:,} · next {step.words} up to "
+    rung = status.next_rung
+    if rung is not None:
+        return (f"{head} · {status.phase.words} up to {status.n_cells_capacity:,} · next {rung.words} up to "
                 f"{status.n_cells_next:,}")
     return f"{head} · {status.phase.words}"
 
 
-def steps_sentence(status: KvStatus) -> str:
-    """The whole way down, for a tooltip: what each step holds."""
+def rungs_sentence(status: KvStatus) -> str:
+    """The whole way down, for a tooltip: the rungs in order."""
     if not status.rungs:
         return f"The cache is stored at {status.phase.words}."
-    steps = ", then ".join(f"{rung.words}" for rung in status.rungs)
-    return (f"This cache is stored at {steps}: each step starts when the one before is full, compacting the "
+    rungs = ", then ".join(f"{rung.words}" for rung in status.rungs)
+    return (f"This cache is stored at {rungs}: each step starts when the one before is full, compacting the "
             f"context memory in place (a short pause). It holds {status.n_cells_total:,} tokens at its last "
             "step.")
 

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QFormLayout, QLabel, QProgressBar, QSizePolicy, QV
 from lazykv.core.engine.engine import KvStatus, ModelInfo
 from lazykv.core.engine.memory import CTX_PADDING, ContextPlan, DeviceMemory, Estimate, Fit, fmt_bytes, placed
 from lazykv.core.kinds import KvPhase
-from lazykv.qt.kv_words import step_line
+from lazykv.qt.kv_words import rung_line
 
 HISTORY_SAMPLES = 120
 FIT_COLORS = {Fit.GREEN: "#1a7f37", Fit.YELLOW: "#b08800", Fit.RED: "#cf222e"}
@@ -75,7 +75,7 @@ class MemoryPanel(QWidget):
         self.memory: tuple[DeviceMemory, ...] = ()  # the loaded model's, per place
         self.phase_label = QLabel("no model")
         self.phase_label.setObjectName("kv-phase")
-        self.step_label = QLabel("–")  # the step in use and the next one
+        self.step_label = QLabel("–")  # the rung in use and the next one
         self.step_label.setObjectName("kv-step")
         self.cells_bar = QProgressBar()  # the figures are in the line above: no text under the fill
         self.cells_bar.setTextVisible(False)
@@ -119,7 +119,7 @@ class MemoryPanel(QWidget):
     def set_status(self, status: KvStatus) -> None:
         self.status = status
         self.phase_label.setText(_phase_text(status) + _mode_note(status))
-        self.step_label.setText(step_line(status))
+        self.step_label.setText(rung_line(status))
         self.cells_bar.setRange(0, max(1, status.n_cells_capacity))
         self.cells_bar.setValue(min(status.n_cells_used, status.n_cells_capacity))
         self.cells_bar.setFormat(f"{status.n_cells_used} / {status.n_cells_capacity} ({_storage(status)})")
@@ -213,7 +213,7 @@ def _storage(status: KvStatus) -> str:
 
 
 def _mode_note(status: KvStatus) -> str:
-    step = status.next_rung
-    if step is not None:
-        return f" — {status.kv_mode}: goes to {step.words} at {status.n_cells_capacity:,} tokens"
+    rung = status.next_rung
+    if rung is not None:
+        return f" — {status.kv_mode}: goes to {rung.words} at {status.n_cells_capacity:,} tokens"
     return ""

@@ -134,7 +134,7 @@ class SaveSnapshot(Request):
     conv_id: int
     messages: list[dict[str, str]]  # what the cache holds (Conversation.messages()): the snapshot's binding
     budget_bytes: int
-    compact: bool = False  # at the cache's last step (the "compact_snapshots" setting)
+    compact: bool = False  # at the cache's last rung (the "compact_snapshots" setting)
 
 
 @dataclass(eq=False)

@@ -246,7 +246,7 @@ class EngineSession:
 
     def convert_kv_now(self) -> bool:
         """Compact a lazy cache one step now (to 8-bit, then on a ladder to 4-bit), e.g. while the user
-        reads; False if there was nothing to do (the last step, or an empty cache)."""
+        reads; False if there was nothing to do (the last rung, or an empty cache)."""
         llama, info = self._require()
         if not info.kv_mode.is_lazy:
             return False
@@ -254,7 +254,7 @@ class EngineSession:
 
     def layout(self, written_at: str | None = None) -> dict[str, object]:
         """What a saved KV state must match to restore here (the snapshot header carries the same keys);
-        ``written_at``: the layout of a state written at that later step (see capture_kv)."""
+        ``written_at``: the layout of a state written at that later rung (see capture_kv)."""
         llama, info = self._require()
         meta = llama.state_metadata(written_at=written_at)
         return {
@@ -276,7 +276,7 @@ class EngineSession:
 
     def capture_kv(self, compact: bool = False) -> KvSnapshot:
         """The conversation's KV cache (sequence 0) and the tokens it holds. ``compact``: a lazy cache
-        saves its cells at its last step (a ladder's 4-bit) even while they are still on an earlier one,
+        saves its cells at its last rung (a ladder's 4-bit) even while they are still on an earlier one,
         converted on the way out; the live cache is unchanged."""
         llama, _ = self._require()
         lazy = llama.kv_lazy_info()

@@ -221,7 +221,7 @@ class Persistence:
         self, conv_id: int, messages: Sequence[dict[str, str]], budget_bytes: int = 0, compact: bool = False
     ) -> SaveResult:
         """Snapshot the conversation's cache now; ``messages`` are the ones it holds (what the engine
-        was sent: ``Conversation.messages()``); ``compact``: at the cache's last step (see
+        was sent: ``Conversation.messages()``); ``compact``: at the cache's last rung (see
         EngineSession.capture_kv). Then prune the least recently used snapshots past the budget
         (never this one) and the leftovers. SnapshotsOffError without a crypto."""
         crypto = self._crypto
