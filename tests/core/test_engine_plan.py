@@ -57,8 +57,8 @@ def test_a_fixed_layer_count_over_a_devices_free_memory_is_refused_with_the_coun
     smollm2_path: Path,
 ) -> None:
     """Checked before llama.cpp allocates: a GPU out of memory is a sentence, never an abort."""
-    from lazykv.core.engine.model_load import refuse_what_does_not_fit
     from lazykv.core.engine.memory import GiB, plan
+    from lazykv.core.engine.model_load import refuse_what_does_not_fit
     from lazykv.core.engine.model_meta import read_model_meta
 
     meta = read_model_meta(smollm2_path)
