@@ -20,7 +20,7 @@ from lazykv.qt.settings_dialog import SettingsDialog
 from lazykv.qt.ui_state import UiState
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
-from tests.qt.helpers import FAST, WAIT_MS, chat, saved_then_new_chat, settle, stored
+from tests.qt.helpers import FAST, WAIT_MS, chat, held, saved_then_new_chat, settle, stored
 
 
 def test_settings_and_the_memory_panel_give_the_ladder_s_steps_from_one_plan(
@@ -230,3 +230,21 @@ def test_paging_to_another_reply_puts_it_in_the_cache_and_the_context_indicator(
     qtbot.waitUntil(lambda: short <= w.kv.n_cells_used <= short + 2, timeout=WAIT_MS)
     assert f"Context {w.kv.n_cells_used:,} /" in w.context_meter.label.text()
     assert "sync" in fake.calls
+
+
+def test_a_chat_chosen_while_a_reply_streams_is_refused_and_the_list_shows_the_chat_on_screen(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    """Defect 3's other half: the list never highlights a chat other than the one on screen."""
+    w = fake_window()
+    other = saved_then_new_chat(qtbot, w, "The other chat")
+    chat(qtbot, w, "This chat")
+    current = w.conversations.current
+    held(qtbot, fake, lambda: w.send_text("A reply that takes a while"))
+    w.conversations_panel.select(other)  # as a click does, before the window hears of it
+    w.conversations_panel.open_requested.emit(other)
+    assert w.conversations_panel.selected_id() == current and w.conversations.current == current
+    assert "reply has ended" in w.statusBar().currentMessage()
+    fake.release()
+    qtbot.waitUntil(lambda: w.state.name == "READY", timeout=WAIT_MS)
+    settle(qtbot, w)

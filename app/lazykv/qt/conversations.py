@@ -462,7 +462,8 @@ class Conversations(QObject):
         if not self.host.can_switch_conversation():
             self.host.conversations_panel.select(self.current)
             self.host.statusBar().showMessage(
-                "Wait for the reply (or stop it) before opening another conversation", 5000)
+                "Another conversation opens once the reply has ended (Stop ends it) or the model has "
+                "loaded", 5000)
             return
         self._opening = conv_id
         self.call(lambda s: _load(s, conv_id), self._show, "Opening the conversation")
