@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QDeadlineTimer, QEvent, QObject, Qt, QThread, QTimer, Signal, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QResizeEvent
+from PySide6.QtCore import QEvent, QObject, Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtGui import QAction, QKeySequence, QResizeEvent
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -25,7 +25,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from lazykv import console
 from lazykv.core.chat.conversation import Conversation
 from lazykv.core.engine import memory
 from lazykv.core.engine.engine import (
@@ -56,7 +55,8 @@ from lazykv.qt.reply_stats import ReplyClock
 from lazykv.qt.settings_dialog import SettingsDialog
 from lazykv.qt.shortcuts_dialog import ShortcutsDialog
 from lazykv.qt.transcript import TranscriptView
-from lazykv.qt.ui_state import UiState
+from lazykv.qt.ui_state import APP_TITLE, UiState
+from lazykv.qt.window_close import Closing
 from lazykv.qt.worker import (
     EngineWorker,
     Failure,
@@ -66,7 +66,6 @@ from lazykv.qt.worker import (
     failure,
 )
 
-APP_TITLE = "LazyKV Chat"
 FIRST_RUN_DOCK_WIDTHS = (240, 250)  # conversations, memory (px)
 MIN_DOCK_WIDTH = 200  # the memory panel's rows stay readable
 MODEL_LABEL_MIN = 160  # px: the status bar's model line takes at most 2/5 of the window, at least this
@@ -86,7 +85,7 @@ class Timings:
     shutdown_deadline_ms: int = SHUTDOWN_DEADLINE_MS
 
 
-class MainWindow(ChatFlow, ModelLoading, QMainWindow):
+class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
     """Sends engine requests to an EngineWorker on its own QThread and never waits on it.
 
     ``overrides`` (from the command line) take precedence over the saved settings for this
@@ -543,40 +542,6 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
         first_load = self._state is UiState.LOADING and self.model_info is None
         return self._state in (UiState.NO_MODEL, UiState.READY) or self._resuming or first_load
 
-    @Slot()
-    def shutdown_engine(self) -> bool:
-        """Hide the window, stop what the engine does, drop what is queued, free the model, and wait
-        for the engine's thread at most ``timings.shutdown_deadline_ms``. Pending disk writes finish
-        too. True when everything ended in time; safe to call more than once.
-
-        The one place the GUI thread waits on the engine: at exit, with the window already gone."""
-        if self._shut_down is not None:
-            return self._shut_down
-        self._shut_down = False
-        self.hide()
-        self.stop_downloads()
-        self._sampler.stop()
-        self._idle_timer.stop()
-        self._keep_cut_reply()
-        waiting = self.ops.labels()
-        if waiting:
-            console.say(f"finishing before exit: {', '.join(waiting)}")
-        self._worker.close()
-        self.engine.close()
-        self.local_server.stop(wait=True)
-        deadline = QDeadlineTimer(self.timings.shutdown_deadline_ms)
-        disk_done = self.background.wait(max(0, deadline.remainingTime()))
-        engine_done = not self._thread.isRunning()
-        if not engine_done:
-            self.shutdown_requested.emit()
-            engine_done = self._thread.wait(deadline)
-        if not engine_done:
-            console.say("the engine did not stop in time; exiting without it")
-        self.conversations.erase_pending()  # an undo does not outlive the app: erased before closing
-        database_done = self.database.close(max(500, deadline.remainingTime()) / 1000)
-        self._shut_down = disk_done and engine_done and database_done
-        return self._shut_down
-
     # -- dock widths through a small window ------------------------------------------------------------
 
     def _watch_dock_widths(self) -> None:
@@ -615,49 +580,3 @@ class MainWindow(ChatFlow, ModelLoading, QMainWindow):
             self.resizeDocks(squeezed, [self._dock_widths[d] for d in squeezed], Qt.Orientation.Horizontal)
         else:
             self._dock_widths.update((d, d.width()) for d in docks)
-
-    def closeEvent(self, event: QCloseEvent) -> None:
-        if self._asked_before_losing_turns():
-            event.ignore()
-            return
-        window_state.save(self)
-        self._remember_last_conversation()
-        self.shutdown_engine()
-        super().closeEvent(event)
-
-    def _remember_last_conversation(self) -> None:
-        """The next start opens the chat on screen now (a private one leaves no trace: the newest then)."""
-        current = None if self.conversations.private else self.conversations.current
-        if self.settings.set("last_conversation", current or 0):
-            self.save_settings()  # shutdown_engine waits for it
-
-    def _asked_before_losing_turns(self) -> bool:
-        """Turns that wait for the history to open would be lost by quitting: ask first (window-modal,
-        the event loop runs on). True while the question stands."""
-        unsaved = self.conversations.unsaved_turns()
-        if not unsaved or self._losing_unsaved_ok or self._shut_down is not None:
-            return False
-        if self.findChild(QMessageBox, "unsaved-box") is None:
-            self._ask_before_losing_turns(unsaved)
-        return True
-
-    def _ask_before_losing_turns(self, unsaved: int) -> None:
-        messages, they, them = ("1 message you typed is", "it", "it") if unsaved == 1 else \
-            (f"{unsaved} messages you typed are", "they", "them")
-        text = (f"{messages} not saved: {self.conversations.why_unsaved()}. If you quit now, {they} will "
-                "be lost.")
-        box = QMessageBox(QMessageBox.Icon.Warning, APP_TITLE, text, QMessageBox.StandardButton.NoButton,
-                          self)
-        box.setInformativeText(f"Keep the window open and {they} will be saved as soon as the history opens.")
-        box.setObjectName("unsaved-box")
-        lose = box.addButton(f"Quit and lose {them}", QMessageBox.ButtonRole.DestructiveRole)
-        box.setDefaultButton(box.addButton("Keep the window open", QMessageBox.ButtonRole.RejectRole))
-        lose.clicked.connect(self._quit_losing_turns)
-        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        box.open()
-
-    def _quit_losing_turns(self) -> None:
-        self._losing_unsaved_ok = True
-        console.say(f"quit with {self.conversations.unsaved_turns()} messages not saved "
-                    f"({self.conversations.why_unsaved()})")
-        self.close()

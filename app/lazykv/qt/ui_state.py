@@ -1,8 +1,11 @@
-"""The window's state, which says which actions are open: no model, loading, ready, replying."""
+"""The window's name and its state, which says which actions are open: no model, loading, ready,
+replying."""
 
 from __future__ import annotations
 
 import enum
+
+APP_TITLE = "LazyKV Chat"
 
 
 class UiState(enum.Enum):
