@@ -377,3 +377,20 @@ def test_a_damaged_passphrase_file_says_what_to_do(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(PassphraseError, match="move it away"):
         PassphraseLock(path).unlock("pw")
+
+
+# made by PassphraseLock.create("correct horse battery", ...) of keys.py at 245602d (scrypt N=2**15)
+OLD_RECORD = Path(__file__).parent / "data" / "passphrase-v1.json"
+OLD_RECORD_KEY = "42a2d3bfb3ab25e9168d747a418cadbf3ecefa27ba31518e5470615ba4f5e247"
+
+
+def test_a_record_written_by_the_scrypt_release_opens_with_its_key_and_is_upgraded(tmp_path: Path) -> None:
+    """Issue 24.11, on a fixture the old code path wrote: same key, now behind Argon2id."""
+    path = tmp_path / "passphrase.json"
+    path.write_bytes(OLD_RECORD.read_bytes())
+    with pytest.raises(WrongPassphraseError):
+        PassphraseLock(path, FAST_KDF).unlock("correct horse")
+    unlocked = PassphraseLock(path, FAST_KDF).unlock("correct horse battery")
+    assert unlocked.key.hex() == OLD_RECORD_KEY and unlocked.upgraded
+    assert json.loads(path.read_text())["kdf"] == FAST_KDF.to_json()
+    assert PassphraseLock(path, FAST_KDF).unlock("correct horse battery").key.hex() == OLD_RECORD_KEY
