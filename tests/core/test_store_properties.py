@@ -39,7 +39,7 @@ def conversations(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chats=st.lists(conversations(), min_size=1, max_size=3))
 def test_a_store_save_load_round_trip_of_arbitrary_conversations(chats: list[dict[str, Any]]) -> None:
     folder = Path(tempfile.mkdtemp(prefix="lazykv-roundtrip-"))
