@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import keyring
+import pytest
 from keyring.backends import fail
 from PySide6.QtWidgets import QApplication, QInputDialog, QMessageBox
 from pytestqt.qtbot import QtBot
@@ -180,6 +181,7 @@ def test_a_history_locked_by_another_key_is_a_banner_and_nothing_is_lost(
     assert w.close()
 
 
+@pytest.mark.slow  # writing the 100,000 messages (with their full-text index) takes most of its 7-17 s
 def test_opening_a_100000_message_conversation_keeps_the_gui_responsive(
     qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
 ) -> None:
