@@ -35,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1; any other needs --api-key)")
     parser.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    parser.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1")
+    parser.add_argument("--api-key", metavar="KEY",
+                        help=f"require 'Authorization: Bearer KEY' on /v1 (other users can read a command "
+                             f"line in the process list; ${API_KEY_ENV} they cannot)")
     parser.add_argument("--ctx", type=int, default=DEFAULT_CTX, metavar="N",
                         help=f"context size in tokens (default {DEFAULT_CTX})")
     parser.add_argument("--kv", choices=tuple(KvMode), default=str(DEFAULT_KV_MODE),

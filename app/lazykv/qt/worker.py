@@ -303,10 +303,9 @@ class EngineWorker(QObject):
         try:
             return request.fn(self._session, self._persistence.crypto)
         finally:
+            self._session.clear_kv()  # a lazy cache the request compacted starts again at its 16-bit step
             if chat is not None:
                 self._session.restore_kv(chat.tokens, chat.state)
-            else:
-                self._session.clear_kv()
 
     @Slot()
     def shutdown(self) -> None:

@@ -1,0 +1,138 @@
+"""The API cache on its own (no model: a stand-in session hands it tokens and state bytes)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from lazykv.core.engine.engine import KvSnapshot
+from lazykv.core.history.persistence import Crypto
+from lazykv.core.history.snapshot import Encryption
+from lazykv.server.prefix_cache import BLOCK, INDEX, SUFFIX, Binding, PrefixCache
+
+BINDING = Binding(model_sha256="ab" * 32, n_ctx=4096, kv_mode="lazy", engine_version="0.3.36+lazykv.test")
+LAYOUT = {"engine_version": BINDING.engine_version, "n_ctx": 4096, "kv_mode": "lazy", "type_k": "f16",
+          "type_v": "f16", "lazy_phase": "f16", "n_rot_k": 0, "n_rot_v": 0, "state_version": 1}
+
+
+class StandIn:
+    """What the cache asks of an EngineSession: its tokens, a capture, a restore."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.restored: tuple[list[int], bytes] | None = None
+
+    def cached_tokens(self) -> list[int]:
+        return list(self.tokens)
+
+    def capture_kv(self) -> KvSnapshot:
+        return KvSnapshot(LAYOUT, list(self.tokens), bytes(t % 251 for t in self.tokens) * 16)
+
+    def restore_kv(self, tokens: list[int], state: memoryview) -> None:
+        self.restored = (tokens, bytes(state))
+
+
+def crypto() -> Crypto:
+    return Crypto(Encryption.KEYRING, key=b"k" * 32)
+
+
+def cache(tmp_path: Path, budget: int = 2**30, binding: Binding = BINDING, key: Crypto | None = None
+          ) -> PrefixCache:
+    return PrefixCache(tmp_path, binding, key or crypto(), budget)
+
+
+def test_block_hashes_chain_every_token_before_them(tmp_path: Path) -> None:
+    c = cache(tmp_path)
+    tokens = list(range(4 * BLOCK))
+    changed = [*tokens[: 2 * BLOCK + 5], -1, *tokens[2 * BLOCK + 6 :]]
+    a, b = c.block_hashes(tokens), c.block_hashes(changed)
+    assert len(a) == 4 and a[:2] == b[:2] and all(x != y for x, y in zip(a[2:], b[2:], strict=True))
+    assert c.block_hashes(tokens[: BLOCK - 1]) == []
+
+
+def test_the_longest_shared_prefix_is_restored_and_the_rest_is_read(tmp_path: Path) -> None:
+    c = cache(tmp_path)
+    conversation = list(range(1000, 1000 + 3 * BLOCK + 10))
+    c.save(StandIn(conversation))
+    next_turn = [*conversation, *range(7, 40)]  # the cache holds an exact prefix of it
+    match = c.best(next_turn)
+    assert match is not None and match.n_tokens == len(conversation)
+    edited = [*conversation[: 2 * BLOCK + 3], 5, 5, 5]  # an edit inside the third block
+    assert c.best(edited).n_tokens == 2 * BLOCK
+    session = StandIn([])
+    assert c.restore(session, c.best(next_turn))
+    assert session.restored[0] == conversation
+    assert c.best(list(range(BLOCK * 2))) is None  # nothing in common
+
+
+def test_a_reply_adding_less_than_a_block_is_not_saved_again(tmp_path: Path) -> None:
+    c = cache(tmp_path)
+    tokens = list(range(2 * BLOCK))
+    first = c.save(StandIn(tokens))
+    assert c.save(StandIn([*tokens, *range(BLOCK - 1)])) is first
+    assert len(c.entries()) == 1
+    assert c.save(StandIn([*tokens, *range(BLOCK)])) is not first
+    assert len(c.entries()) == 2
+
+
+def test_short_caches_are_not_worth_a_file(tmp_path: Path) -> None:
+    c = cache(tmp_path)
+    assert c.save(StandIn(list(range(BLOCK - 1)))) is None and not c.entries()
+
+
+def test_entries_survive_a_restart_and_strays_are_removed(tmp_path: Path) -> None:
+    c = cache(tmp_path)
+    entry = c.save(StandIn(list(range(3 * BLOCK))))
+    (c.folder / f"{'0' * 64}{SUFFIX}").write_bytes(b"not in the index")
+    (c.folder / f".pending-x{SUFFIX}").write_bytes(b"an unfinished save")
+    again = cache(tmp_path)
+    assert [e.digest for e in again.entries()] == [entry.digest]
+    assert sorted(p.name for p in again.folder.iterdir()) == sorted([INDEX, f"{entry.digest}{SUFFIX}"])
+
+
+def test_another_binding_or_key_never_sees_the_entries(tmp_path: Path) -> None:
+    tokens = list(range(3 * BLOCK))
+    cache(tmp_path).save(StandIn(tokens))
+    other_ctx = Binding(BINDING.model_sha256, 8192, BINDING.kv_mode, BINDING.engine_version)
+    assert cache(tmp_path, binding=other_ctx).best(tokens) is None  # its own folder, empty
+    assert cache(tmp_path, key=Crypto(Encryption.KEYRING, key=b"x" * 32)).best(tokens) is None
+
+
+def test_a_forged_index_entry_is_refused_by_the_file(tmp_path: Path) -> None:
+    """The index is a hint: an entry claiming tokens its file does not hold is refused and dropped."""
+    c = cache(tmp_path)
+    real = c.save(StandIn(list(range(3 * BLOCK))))
+    claimed = list(range(500, 500 + 3 * BLOCK))
+    index = json.loads((c.folder / INDEX).read_text())
+    forged = c.digest(claimed)
+    index["entries"][0].update(digest=forged, blocks=c.block_hashes(claimed))
+    (c.folder / INDEX).write_text(json.dumps(index))
+    os.rename(c.folder / f"{real.digest}{SUFFIX}", c.folder / f"{forged}{SUFFIX}")
+    fooled = cache(tmp_path)
+    session = StandIn([])
+    assert not fooled.restore(session, fooled.best(claimed))
+    assert session.restored is None and not fooled.entries()
+    assert fooled.counters.refused == 1
+
+
+def test_the_least_recently_used_go_past_the_budget(tmp_path: Path) -> None:
+    c = cache(tmp_path)
+    sizes = c.save(StandIn(list(range(3 * BLOCK)))).size
+    c = cache(tmp_path, budget=int(sizes * 2.5))
+    kept = [c.save(StandIn(list(range(n * 10_000, n * 10_000 + 3 * BLOCK)))) for n in (1, 2, 3)]
+    assert {e.digest for e in c.entries()} == {kept[1].digest, kept[2].digest}
+    assert c.stats().bytes <= c.stats().budget and c.counters.evicted == 2
+
+
+@pytest.mark.parametrize("scheme", [Encryption.KEYRING, Encryption.NONE])
+def test_files_are_the_apps_snapshot_container(tmp_path: Path, scheme: Encryption) -> None:
+    c = cache(tmp_path, key=crypto() if scheme is Encryption.KEYRING else Crypto(Encryption.NONE))
+    tokens = list(range(3 * BLOCK))
+    entry = c.save(StandIn(tokens))
+    data = (c.folder / f"{entry.digest}{SUFFIX}").read_bytes()
+    assert data.startswith(b"LKVSNAP\x00")
+    assert (bytes(t % 251 for t in tokens) in data) is (scheme is Encryption.NONE)
+    assert c.restore(StandIn([]), c.best(tokens))
