@@ -55,6 +55,7 @@ bench: setup
 	QT_QPA_PLATFORM=offscreen $(PY) -m bench
 	QT_QPA_PLATFORM=offscreen $(PY) -m bench.gui_stall
 	$(PY) -m bench.resume
+	$(PY) -m bench.server_restart
 	$(PY) -m bench.store_cost
 	$(PY) -m bench.turn_save_cost
 	$(PY) -m bench.device
