@@ -8,6 +8,7 @@ logits of a q8_0-cache context against those of one on ggml-cpu's reference path
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -31,11 +32,40 @@ SHAPES = [(70, 256), (70, 333), (1, 333), (1, 1000)]
 LOGITS_NMSE_VS_F16 = 2.0
 
 
-@pytest.mark.parametrize("n_threads", [1, 2])
-@pytest.mark.parametrize("mask", [True, False], ids=["mask", "nomask"])
-@pytest.mark.parametrize("gqa", [1, 3, 8])
-@pytest.mark.parametrize("head", [64, 128, 256])
-@pytest.mark.parametrize("types", KV_TYPES, ids=[f"K {k} V {v}" for k, v in KV_TYPES])
+# the op-level cases: every combination runs in `make test`; `make test-fast` runs a covering subset, in
+# which every value of each parameter meets every value of each other one (all pairs: 15 of the 180)
+AXES = {"types": KV_TYPES, "head": [64, 128, 256], "gqa": [1, 3, 8], "mask": [True, False],
+        "n_threads": [1, 2]}
+
+
+def all_pairs(axes: dict[str, list]) -> set[tuple]:
+    """Index tuples of a small set of combinations covering every pair of values of two axes (greedy:
+    each pick covers the most pairs still missing, the first such combination in product order)."""
+    sizes = [len(values) for values in axes.values()]
+    combos = list(itertools.product(*(range(n) for n in sizes)))
+    missing = {(a, i, b, j) for a, b in itertools.combinations(range(len(sizes)), 2)
+               for i in range(sizes[a]) for j in range(sizes[b])}
+    chosen: set[tuple] = set()
+    while missing:
+        best = max(combos, key=lambda c: sum((a, c[a], b, c[b]) in missing
+                                             for a, b in itertools.combinations(range(len(c)), 2)))
+        chosen.add(best)
+        missing -= {(a, best[a], b, best[b]) for a, b in itertools.combinations(range(len(best)), 2)}
+    return chosen
+
+
+def fa_cases() -> list:
+    fast = all_pairs(AXES)
+    cases = []
+    for index in itertools.product(*(range(len(values)) for values in AXES.values())):
+        types, head, gqa, mask, n_threads = (axis[i] for axis, i in zip(AXES.values(), index, strict=True))
+        case_id = f"K {types[0]} V {types[1]}-{head}-{gqa}-{'mask' if mask else 'nomask'}-{n_threads}"
+        marks = () if index in fast else (pytest.mark.slow,)
+        cases.append(pytest.param(types, head, gqa, mask, n_threads, id=case_id, marks=marks))
+    return cases
+
+
+@pytest.mark.parametrize(("types", "head", "gqa", "mask", "n_threads"), fa_cases())
 def test_fa_quantized_kv_matches_reference(
     types: tuple[str, str], head: int, gqa: int, mask: bool, n_threads: int
 ) -> None:
