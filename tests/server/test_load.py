@@ -81,7 +81,10 @@ def test_eight_clients_two_hundred_requests(start: Callable[..., Service], tmp_p
     gc.collect()
     growth = process_rss() - rss_after_warm_up[0]
     assert growth <= MAX_RSS_GROWTH, f"RSS grew {growth / MiB:.1f} MiB after warm-up"
-    assert server.access.pending == 0
+    deadline = time.monotonic() + 30  # the last answer is out before its snapshot is saved
+    while server.access.pending:
+        assert time.monotonic() < deadline, "the engine did not finish"
+        time.sleep(0.01)
     stats = server.cache.stats()
     assert stats.bytes <= stats.budget
     print(f"load: {dict(outcomes)} in {elapsed:.1f} s, RSS growth {growth / MiB:+.1f} MiB, "
