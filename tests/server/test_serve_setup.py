@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from pathlib import Path
 
@@ -84,3 +85,15 @@ def test_a_cancelled_generation_stops_within_one_token(smollm2_path: Path) -> No
     assert len(pieces) == 1
     assert len(session.cached_tokens()) <= end.n_prompt + 1  # at most the token being made when it stopped
     session.close()
+
+
+def test_serve_says_when_its_port_is_taken(smollm2_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = serve.main(["--model", str(smollm2_path), "--port", str(port), "--ctx", "512",
+                           "--no-api-cache"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err

@@ -112,6 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"Listening on {settings.host}: other machines can reach this server; every /v1 request "
                   "needs the API key.", file=sys.stderr)
         service.run()
+    except OSError as err:
+        raise SetupError(f"cannot listen on {settings.host}:{settings.port}: {err.strerror or err}") from None
     finally:
         session.close()
     return 0

@@ -50,13 +50,25 @@ class HttpServer:
         self.port = settings.port
 
     def run(self) -> None:
-        """Serve until Ctrl+C / SIGTERM."""
-        self._server.run()
+        """Serve until Ctrl+C / SIGTERM; OSError when the address cannot be bound."""
+        self._server.run(sockets=[self._bind()])
+
+    def _bind(self) -> socket.socket:
+        """The listening socket (uvicorn's own bind exits the process when the port is taken)."""
+        host = self.settings.host
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host.strip("[]"), self.settings.port))
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
     def start(self, timeout: float = 30.0) -> str:
         """Serve on a thread of its own; returns the base URL (``.../v1``) once it accepts connections.
         OSError when the address cannot be bound (e.g. the port is taken)."""
-        sock = self._config.bind_socket()
+        sock = self._bind()
         self.port = sock.getsockname()[1]
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="lazykv-api-http", daemon=True)
