@@ -136,3 +136,20 @@ def test_files_are_the_apps_snapshot_container(tmp_path: Path, scheme: Encryptio
     assert data.startswith(b"LKVSNAP\x00")
     assert (bytes(t % 251 for t in tokens) in data) is (scheme is Encryption.NONE)
     assert c.restore(StandIn([]), c.best(tokens))
+
+
+def test_a_file_moved_into_another_models_folder_is_refused_by_its_header(tmp_path: Path) -> None:
+    """Even with its index entry copied along (same key, so the prefix hashes match), a snapshot of
+    another model is not restored: its authenticated header names the other model."""
+    tokens = list(range(3 * BLOCK))
+    source = cache(tmp_path)
+    entry = source.save(StandIn(tokens))
+    other_model = Binding("cd" * 32, BINDING.n_ctx, BINDING.kv_mode, BINDING.engine_version)
+    target = cache(tmp_path, binding=other_model)
+    os.replace(source.folder / f"{entry.digest}{SUFFIX}", target.folder / f"{entry.digest}{SUFFIX}")
+    os.replace(source.folder / INDEX, target.folder / INDEX)
+    moved = cache(tmp_path, binding=other_model)
+    session = StandIn([])
+    assert not moved.restore(session, moved.best(tokens))
+    assert session.restored is None and moved.counters.refused == 1
+    assert "model_sha256" in moved.counters.last_error
