@@ -175,7 +175,7 @@ def test_a_key_change_that_fails_changes_nothing_says_so_and_can_be_retried(
     monkeypatch.setattr(Persistence, "change_crypto", real)
     w.apply_settings({"snapshot_encryption": "passphrase"})  # tried again
     give_passphrase_without_waiting(qtbot, w)
-    qtbot.waitUntil(lambda: w.conversations._scheme_in_use == "passphrase", timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: w.conversations.protection.scheme_in_use == "passphrase", timeout=WAIT_MS)
     settle(qtbot, w)
     assert w.conversations.snapshots_on and [t for t, _ in stored(w)] == ["Kept under the keyring"]
 

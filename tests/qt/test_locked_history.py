@@ -17,7 +17,7 @@ from pytestqt.qtbot import QtBot
 
 from lazykv.core.history import keys
 from lazykv.core.history.connection import data_dir
-from lazykv.qt import conversations
+from lazykv.qt import protection_prompts
 from lazykv.qt.main_window import MainWindow
 from tests.qt.conftest import FakeWindow
 from tests.qt.helpers import WAIT_MS, chat, settle, stored
@@ -42,7 +42,7 @@ class HangingKeyring(MemoryKeyring):
 def _hang(monkeypatch: pytest.MonkeyPatch, secrets: dict[tuple[str, str], str]) -> HangingKeyring:
     backend = HangingKeyring(secrets)
     keyring.set_keyring(backend)
-    monkeypatch.setattr(conversations, "load_or_create_key",
+    monkeypatch.setattr(protection_prompts, "load_or_create_key",
                         functools.partial(keys.load_or_create_key, TIMEOUT_S))
     return backend
 

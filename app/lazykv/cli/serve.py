@@ -128,24 +128,22 @@ def _loopback(host: str) -> bool:
 def snapshot_crypto(no_encryption: bool):  # -> Crypto (imported lazily: keyring, cryptography)
     """How API cache snapshots are protected: the OS keyring's key, else a passphrase (environment or
     prompt), or none when asked in so many words. Never plain text by default."""
-    from lazykv.core.history.connection import data_dir
-    from lazykv.core.history.keys import (
-        PASSPHRASE_FILE,
-        KeyringUnavailableError,
-        PassphraseError,
-        PassphraseLock,
-        load_or_create_key,
+    from lazykv.core.history.keys import KeyringUnavailableError, PassphraseError, load_or_create_key
+    from lazykv.core.history.protection import (
+        keyring_crypto,
+        passphrase_crypto,
+        passphrase_lock,
+        unlock_or_create,
     )
-    from lazykv.core.history.persistence import Crypto
-    from lazykv.core.history.snapshot import Encryption
+    from lazykv.core.history.protection import no_encryption as unencrypted
 
     if no_encryption:
-        return Crypto(Encryption.NONE)
+        return unencrypted()
     try:
-        return Crypto(Encryption.KEYRING, key=load_or_create_key())
+        return keyring_crypto(load_or_create_key())
     except KeyringUnavailableError as err:
         reason = str(err)
-    lock = PassphraseLock(data_dir() / PASSPHRASE_FILE)
+    lock = passphrase_lock()
     passphrase = os.environ.get(PASSPHRASE_ENV)
     if passphrase is None:
         if not sys.stdin.isatty():
@@ -153,11 +151,10 @@ def snapshot_crypto(no_encryption: bool):  # -> Crypto (imported lazily: keyring
                              "pass --no-encryption (or --no-api-cache).")
         passphrase = getpass.getpass("Snapshot passphrase: ")
     try:
-        if lock.is_set():
-            unlocked = lock.unlock(passphrase)
-        else:
+        again = None
+        if not lock.is_set():
             again = passphrase if PASSPHRASE_ENV in os.environ else getpass.getpass("Type it again: ")
-            unlocked = lock.create(passphrase, again)
+        unlocked = unlock_or_create(lock, passphrase, again)
     except PassphraseError as err:
         raise SetupError(str(err)) from None
-    return Crypto(Encryption.PASSPHRASE, unlocked=unlocked)
+    return passphrase_crypto(unlocked)

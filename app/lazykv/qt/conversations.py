@@ -13,21 +13,15 @@ a delete and its undo, an import); only a new search query lists anew.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import (
-    QFileDialog,
     QFrame,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
-    QLineEdit,
     QMessageBox,
     QPushButton,
     QStatusBar,
@@ -37,50 +31,38 @@ from PySide6.QtWidgets import (
 from lazykv.core.chat.conversation import Conversation
 from lazykv.core.engine.engine import ModelInfo, SamplingSettings
 from lazykv.core.engine.memory import fmt_bytes
-from lazykv.core.files import write_text_atomic
-from lazykv.core.history.connection import data_dir
-from lazykv.core.history.keys import (
-    PASSPHRASE_FILE,
-    KeyringTimeoutError,
-    KeyringUnavailableError,
-    PassphraseError,
-    PassphraseLock,
-    UnlockedPassphrase,
-    load_or_create_key,
+from lazykv.core.history.persistence import OpenResult, SaveResult
+from lazykv.core.history.protection import (
+    Protection,
 )
-from lazykv.core.history.persistence import Crypto, OpenResult, SaveResult
 from lazykv.core.history.records import (
     Change,
     ConversationRecord,
     ConversationSummary,
     Deleted,
+    Loaded,
     OpChanges,
     OpChangesWithId,
-    StoreError,
-    StoreLockedError,
     Synced,
+    loaded,
     new_uid,
 )
-from lazykv.core.history.snapshot import ENCRYPTION_KEYRING, ENCRYPTION_NONE, ENCRYPTION_PASSPHRASE
 from lazykv.core.history.snapshot_budget import Cleanup
 from lazykv.core.history.store import Database, Store
-from lazykv.core.kinds import ExportFormat
 from lazykv.core.settings import Settings
 from lazykv.qt.background import Background
+from lazykv.qt.conversation_files import ConversationFiles
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.notice_banner import NoticeBanner
 from lazykv.qt.operations import EngineClient
-from lazykv.qt.worker import ChangeCrypto, ClearKv, Failure, OpenConversation, SaveSnapshot, SetCrypto
+from lazykv.qt.protection_prompts import ProtectionPrompts
+from lazykv.qt.worker import ClearKv, Failure, OpenConversation, SaveSnapshot
 
 UNDO_MS = 10_000  # the status bar's offer to undo a delete
 # how long a delete can be undone (Chat > Undo delete): then the conversation is erased for good
 # (its snapshot key and file, its words in the search index, the WAL's old pages); at quit, at once
 ERASE_MS = 60_000
-FIELD_MIN_WIDTH = 400  # px: the field of a text question (rename, passphrase)
-# the snapshot_encryption setting's values (settings.SNAPSHOT_CHOICES)
-KEYRING, PASSPHRASE, NO_ENCRYPTION = "keyring", "passphrase", "none"
 C = TypeVar("C", bound=OpChanges)
-_UNOPENED = object()
 TITLE_CHARS = 60
 
 
@@ -138,7 +120,7 @@ class Chat:
     unsaved_private_turns: bool = False
 
 
-class Conversations(QObject):
+class Conversations(ProtectionPrompts, ConversationFiles, QObject):
     """Owns the chat on screen and asks for the snapshot protection (the key itself lives only in the
     engine worker's Persistence: the GUI knows whether snapshots are on, not the key)."""
 
@@ -160,15 +142,12 @@ class Conversations(QObject):
         self._dialogs = dialog_parent
         self.chat = Chat(Conversation(system_prompt))
         self.private = False
-        self.keyring_failed = False  # the OS keyring could not give the key this session
-        self.history_locked = False  # encrypted under another key: nothing is saved until it opens
+        self.protection = Protection()  # the session's choices of protection (no key is kept here)
         self._history_open = False  # opened with the scheme's key: turns can be written
         self._waiting_chats: list[Chat] = []  # left (New chat) with turns to write once it opens
-        self._keyring_late = False  # the keyring timed out; its late answer is still awaited
         self.snapshots_on = False
         self.last_saved: SaveResult | None = None
         self._keyring = Background(self)  # its own thread: a keyring that hangs holds up no database job
-        self._history_key: str | None | object = _UNOPENED  # which key the database has (a digest)
         self._deleted: ConversationRecord | None = None
         self._opening: int | None = None  # the id being read from the database to open
         self.resume: OpenConversation | None = None  # the engine request resuming the chat on screen
@@ -183,8 +162,6 @@ class Conversations(QObject):
         panel.private_toggled.connect(self.set_private)
         self.operation_did_execute.connect(self._show_changes)
         self._keyring_answered.connect(self._use_late_key)
-        self._choice = 0  # counts setup_crypto calls: an answer applies only to the choice it answers
-        self._scheme_in_use: str | None = None  # the scheme whose key protects the history now
         # "Deleted “title”  [Undo]" in the status bar for a while: its own label, so the button never
         # covers the words; Chat > Undo delete (Ctrl+Z) stays until the next delete
         self.undo_bar = QFrame()
@@ -207,6 +184,16 @@ class Conversations(QObject):
         self._erase_timer.setSingleShot(True)
         self._erase_timer.setInterval(max(erase_ms, undo_ms))
         self._erase_timer.timeout.connect(self._erase_deleted)
+
+    @property
+    def keyring_failed(self) -> bool:
+        """The OS keyring could not give the key this session."""
+        return self.protection.keyring_failed
+
+    @property
+    def history_locked(self) -> bool:
+        """The history is encrypted under another key: nothing is saved until it opens."""
+        return self.protection.history_locked
 
     @property
     def current(self) -> int | None:
@@ -310,9 +297,9 @@ class Conversations(QObject):
 
     def why_unsaved(self) -> str:
         """Why the history is not open, in a few words for a sentence."""
-        if self._keyring_late:
+        if self.protection.keyring_late:
             return "your system's keyring has not answered yet"
-        if self.history_locked:
+        if self.protection.history_locked:
             return "your saved conversations are locked with another key"
         return "the conversation history is not open yet"
 
@@ -322,7 +309,7 @@ class Conversations(QObject):
 
     def _history_opened(self) -> None:
         """The history opened with the scheme's key: what waited for it is written now, in order."""
-        self._history_open, self.history_locked = True, False
+        self._history_open, self.protection.history_locked = True, False
         self.host.history_notice.hide()  # it only ever says that the history is locked
         waiting, self._waiting_chats = self._waiting_chats, []
         for chat in waiting:
@@ -466,7 +453,7 @@ class Conversations(QObject):
                 "loaded", 5000)
             return
         self._opening = conv_id
-        self.call(lambda s: _load(s, conv_id), self._show, "Opening the conversation")
+        self.call(lambda s: loaded(s.conversation(conv_id)), self._show, "Opening the conversation")
 
     def _show(self, loaded: Loaded) -> None:
         record, conversation, messages = loaded.record, loaded.conversation, loaded.messages
@@ -603,300 +590,10 @@ class Conversations(QObject):
         if record is not None:
             self.host.database.submit(lambda s: s.erase(record))
 
-    def export(self, conv_id: int, fmt: ExportFormat) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self._dialogs, "Export conversation", f"conversation{fmt.suffix}", fmt.file_filter
-        )
-        if path:
-            self.export_to(conv_id, fmt, Path(path))
-
-    def export_to(self, conv_id: int, fmt: ExportFormat, path: Path) -> None:
-        def job(store: Store) -> Path:
-            if fmt is ExportFormat.MARKDOWN:
-                text = store.export_markdown(conv_id)
-            else:
-                text = json.dumps(store.export_json(conv_id), indent=2, ensure_ascii=False)
-            write_text_atomic(path, text + "\n")
-            return path
-
-        def done(written: Path) -> None:
-            self.host.statusBar().showMessage(f"Exported to {written}", 5000)
-
-        self.call(job, done, "Exporting")
-
-    def ask_import(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self._dialogs, "Import conversation", "", "JSON (*.json)")
-        if path:
-            self.import_from(Path(path))
-
-    def import_from(self, path: Path) -> None:
-        def job(store: Store) -> OpChanges:
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, ValueError) as err:
-                raise StoreError(f"{path.name} is not a conversation export ({err}). Choose a file saved "
-                                 "with Export (JSON).") from err
-            try:
-                return store.import_json(data)
-            except ValueError as err:  # a part of it that is not a conversation: said as such
-                raise StoreError(f"{path.name} is not a conversation export LazyKV Chat can read ({err}). "
-                                 "Choose a file saved with Export (JSON).") from err
-
-        self.execute(job, None, f"Importing {path.name}")
-
-    # -- the snapshot key ------------------------------------------------------------------------------
-
-    def setup_crypto(self) -> None:
-        """How snapshots are protected, from the setting; asks when the keyring is missing. Each call
-        is a new choice: what an earlier one is still waiting for (a keyring, a passphrase check) is
-        dropped when it answers."""
-        scheme = self.host.setting("snapshot_encryption")
-        self._choice += 1
-        self._keyring_late = False  # a new choice: a late answer of the keyring is not waited for
-        if scheme == NO_ENCRYPTION:
-            self._use(Crypto(ENCRYPTION_NONE))
-        elif scheme == PASSPHRASE:
-            self.ask_passphrase()
-        else:
-            self._keyring.run(load_or_create_key, self._for_this_choice(self._use_keyring_key),
-                              self._for_this_choice(self._keyring_missing), "Reading the keyring")
-
-    def _for_this_choice(self, answer: Callable[[Any], None]) -> Callable[[Any], None]:
-        """``answer``, run only if no other choice was made since (a late answer must not undo it)."""
-        choice = self._choice
-
-        def current(value: Any) -> None:
-            if choice == self._choice:
-                answer(value)
-
-        return current
-
-    def _use_keyring_key(self, key: bytes) -> None:
-        self.keyring_failed = self._keyring_late = False
-        self.host.keyring_notice.hide()
-        self._use(Crypto(ENCRYPTION_KEYRING, key))
-
-    def _use(self, crypto: Crypto | None) -> None:
-        """Hand the protection to its one owner (the worker's Persistence); keep no key here. A new key
-        for a history already open re-encrypts it first, all or nothing (``_change_protection``)."""
-        key = crypto.database_key() if crypto is not None else None
-        key_id = None if key is None else hashlib.sha256(key).hexdigest()  # the GUI keeps no key
-        if crypto is not None and self._history_key is not _UNOPENED and key_id != self._history_key:
-            self._change_protection(crypto, key_id)
-            return
-        self.snapshots_on = crypto is not None
-        self.host.engine.submit(SetCrypto(crypto))
-        self.snapshots_changed.emit(self.snapshots_on)
-        if crypto is None:
-            self._keep_typed_text_here()
-            return
-        self._scheme_in_use = self.host.setting("snapshot_encryption")
-        if self._history_key is _UNOPENED:  # the session's first choice: opened with its key, listed
-            self._history_key = key_id
-            self.history_locked = False
-            self.host.database.set_key(key)  # queued before the list and every later job
-            self.start_up()
-            self.refresh()
-
-    def _keep_typed_text_here(self, why: str = "", details: str = "") -> None:
-        """No protection is chosen (no keyring, no passphrase given): a history that is not open yet
-        stays closed, never opened in plain text; what is typed is kept in this window, and the banner
-        says so. One already open stays under its key."""
-        if self._history_open or self.history_locked:
-            return
-        self.host.history_notice.show_choices(
-            f"{why} Your conversations are not saved yet: choose how to protect them. Until then what you "
-            "type is kept in this window only.".strip(),
-            [("Use a passphrase…", lambda: self._choose_scheme(PASSPHRASE)),
-             ("Save without encryption", lambda: self._choose_scheme(NO_ENCRYPTION))],
-            f"{details}\n\nNothing is written to disk in plain text unless you choose to save without "
-            "encryption.".strip())
-
-    def _change_protection(self, crypto: Crypto, key_id: str | None) -> None:
-        """Re-encrypt the open history (and every snapshot key) under ``crypto`` on the worker, all or
-        nothing; then use it. A failure leaves everything under the old key, says so, puts the setting
-        back to the scheme in use, and can be retried by choosing again."""
-        previous = self._scheme_in_use
-        chosen = self.host.setting("snapshot_encryption")
-
-        def changed(_: object) -> None:
-            self._history_key = key_id
-            self._scheme_in_use = chosen
-            self.snapshots_on = True
-            self.snapshots_changed.emit(True)
-
-        def failed(failure: Failure) -> None:
-            self.host.show_error(
-                "The protection of your conversations was not changed",
-                f"{failure.message}\n\nEverything is still protected as before; choose the new protection "
-                "again in Settings to retry.", failure.details)
-            if previous is not None and previous != self.host.setting("snapshot_encryption"):
-                self.host.settings.set("snapshot_encryption", previous)
-                self.host.save_settings()
-
-        self.host.engine.submit(ChangeCrypto(crypto), self._for_this_choice(changed),
-                                self._for_this_choice(failed))
-
-    def _keyring_missing(self, err: Exception) -> None:
-        """No keyring: the chat goes on (saved as the history allows, without snapshots) and a banner
-        offers the other schemes; no question waits for an answer."""
-        self.keyring_failed = True
-        if isinstance(err, KeyringTimeoutError):  # it may still answer (an unlock prompt): then use it
-            self._keyring_late = True
-            choice = self._choice
-            err.late.add_done_callback(lambda answer: self._keyring_answered_late(choice, answer))
-            if not self._history_open:
-                self._wait_for_the_keyring(err)
-                return
-        if isinstance(err, KeyringUnavailableError):
-            first, details = str(err), err.details
-        else:
-            first, details = "Your system's keyring could not be used.", f"The OS keyring failed: {err}"
-        self._use(None)
-        if not self._history_open:  # never opened without its key: the typed text is kept here
-            self._keep_typed_text_here(first, details)
-            return
-        self.host.keyring_notice.show_choices(
-            f"{first} Conversations are still saved; to also keep snapshots (long chats resume at "
-            "once), protect them with a passphrase or save them without encryption.",
-            [("Use a passphrase…", lambda: self._choose_scheme(PASSPHRASE)),
-             ("Save without encryption", lambda: self._choose_scheme(NO_ENCRYPTION))],
-            details)
-
-    def _wait_for_the_keyring(self, err: KeyringTimeoutError) -> None:
-        """The keyring has not answered and the history is not open: it stays closed (never opened
-        without its key, so nothing is written in plain text meanwhile); the chat goes on, its turns
-        kept here and written when the keyring answers, or once another choice opens the history."""
-        self.snapshots_on = False
-        self.host.engine.submit(SetCrypto(None))
-        self.snapshots_changed.emit(False)
-        self.host.history_notice.show_choices(
-            "Your saved conversations stay closed until your system's keyring answers (it may be waiting "
-            "for you to unlock it). You can chat: what you type is kept here and saved as soon as it "
-            "answers.",
-            [("Use a passphrase…", lambda: self._choose_scheme(PASSPHRASE)),
-             ("Save without encryption", lambda: self._choose_scheme(NO_ENCRYPTION))],
-            err.details)
-
-    def _keyring_answered_late(self, choice: int, answer: Future[bytes]) -> None:
-        """On the keyring's thread: hand its late answer to the GUI thread."""
-        try:
-            self._keyring_answered.emit(choice, answer)
-        except RuntimeError:  # this window is gone
-            pass
-
     def _use_late_key(self, choice: int, answer: Future[bytes]) -> None:
         """The keyring answered after its timeout (e.g. once unlocked): its key is used now, unless
         another choice was made meanwhile; a history it locked opens and what waited is written."""
-        if choice != self._choice or not self._keyring_late:
-            return
-        if self.host.setting("snapshot_encryption") != KEYRING:
+        if not self.protection.takes_late_key(choice, self.host.setting("snapshot_encryption")):
             return
         if answer.exception() is None:
             self._use_keyring_key(answer.result())
-
-    def _choose_scheme(self, scheme: str) -> None:
-        self.host.apply_settings({"snapshot_encryption": scheme})
-
-    def _history_failed(self, err: Exception) -> None:
-        """Opening or listing the history failed. Encrypted under another key: said in a banner (the
-        chat goes on, its turns kept here and written once the history opens); else an error."""
-        if not isinstance(err, StoreLockedError):
-            self.host.show_exception("The conversation history could not be opened", err)
-            self._history_opened()  # not locked: saves try again, and say their own errors
-            return
-        if self.history_locked:
-            return  # opening and listing both failed: one banner
-        self.history_locked, self._history_open = True, False
-        self._history_key = _UNOPENED  # the next scheme chosen opens it anew (set_key, not change_key)
-        self.host.history_notice.show_choices(
-            "Your saved conversations are locked: they were protected with another key (another "
-            "keyring, or a passphrase). You can chat: what you type is kept here and saved once they "
-            "are unlocked.",
-            [(label, lambda scheme=scheme: self._choose_scheme(scheme)) for scheme, label in
-             ((PASSPHRASE, "Unlock with a passphrase…"), (KEYRING, "Use the keyring"))
-             if scheme != self.host.setting("snapshot_encryption")],
-            str(err))
-
-    def ask_passphrase(self) -> None:
-        dialog = self._ask_text("passphrase-dialog", "Snapshot passphrase",
-                                "Passphrase for this session's conversation snapshots:", self.use_passphrase,
-                                password=True)  # fmt: skip
-        use = self._for_this_choice(self._use)  # for this choice only (a later one may come first)
-        dialog.rejected.connect(lambda: use(None))  # no passphrase: no snapshots, history as it is
-
-    def use_passphrase(self, passphrase: str, confirmation: str | None = None) -> None:
-        """Unlock with the chosen passphrase (a wrong one is asked again), or choose it, typed twice:
-        nothing is ever written under an unchecked passphrase."""
-        if not passphrase:
-            self._use(None)
-            return
-        lock = PassphraseLock(data_dir() / PASSPHRASE_FILE)
-        if not lock.is_set() and confirmation is None:
-            self._confirm_passphrase(passphrase)
-            return
-        salt_hex = self.host.settings["passphrase_salt"]  # kept: snapshots saved before the verifier
-
-        def check() -> UnlockedPassphrase:
-            if lock.is_set():
-                return lock.unlock(passphrase)
-            return lock.create(passphrase, confirmation or "", bytes.fromhex(salt_hex) if salt_hex else None)
-
-        def refused(err: Exception) -> None:
-            self.host.show_exception("The passphrase was not accepted", err)
-            if isinstance(err, PassphraseError):
-                self.ask_passphrase()
-
-        use = self._for_this_choice(
-            lambda unlocked: self._use(Crypto(ENCRYPTION_PASSPHRASE, unlocked=unlocked)))
-        self.host.background.run(check, use, self._for_this_choice(refused), "Checking the passphrase")
-
-    def _confirm_passphrase(self, passphrase: str) -> None:
-        self._ask_text("passphrase-confirm-dialog", "Confirm the passphrase",
-                       "Type the new passphrase again:", lambda again: self.use_passphrase(passphrase, again),
-                       password=True)
-
-    def _ask_text(self, name: str, title: str, label: str, on_text: Callable[[str], None],
-                  password: bool = False, text: str = "") -> QInputDialog:
-        """A window-modal text question starting with ``text``, deleted when closed; ``on_text`` gets
-        the accepted text."""
-        dialog = QInputDialog(self._dialogs)
-        dialog.setObjectName(name)
-        dialog.setWindowTitle(title)
-        dialog.setLabelText(label)
-        dialog.setTextValue(text)
-        if password:
-            dialog.setTextEchoMode(QLineEdit.EchoMode.Password)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.textValueSelected.connect(on_text)
-        dialog.open()
-        for field in dialog.findChildren(QLineEdit):  # made by open(); the dialog's layout follows it
-            field.setMinimumWidth(FIELD_MIN_WIDTH)  # its title whole, and room for a long name to edit
-        return dialog
-
-
-@dataclasses.dataclass(frozen=True)
-class Loaded:
-    """A conversation read for opening: its record, its Conversation and the messages its resume sends."""
-
-    record: ConversationRecord
-    conversation: Conversation
-    messages: list[dict[str, str]]
-
-
-def _load(store: Store, conv_id: int) -> Loaded:
-    """Everything opening a conversation needs, built on the database thread: a long one's turns are
-    never copied on the GUI thread."""
-    record = store.conversation(conv_id)
-    conversation = Conversation(record.system_prompt)
-    for i, message in enumerate(record.messages):
-        if message["role"] == "system":
-            conversation.system_prompt = message["content"]
-            continue
-        conversation.add(message["role"], message["content"])
-        if (stats := record.stats.get(i)) is not None:
-            conversation.set_stats(len(conversation) - 1, stats)
-        if i in record.versions:
-            conversation.set_versions(len(conversation) - 1, record.versions[i])
-    return Loaded(record, conversation, conversation.messages())
-

@@ -15,7 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from lazykv.core.chat.conversation import ReplyStats
+from lazykv.core.chat.conversation import Conversation, ReplyStats
 
 DEFAULT_TITLE = "New chat"
 ROLES = ("user", "assistant", "system")
@@ -284,3 +284,27 @@ def insert_messages(db: sqlite3.Connection, conv_id: int, messages: Sequence[dic
         [(conv_id, first + i, m["role"], m["content"]) for i, m in enumerate(messages)],
     )
 
+
+@dataclass(frozen=True)
+class Loaded:
+    """A conversation read for opening: its record, its Conversation and the messages its resume sends."""
+
+    record: ConversationRecord
+    conversation: Conversation
+    messages: list[dict[str, str]]
+
+
+def loaded(record: ConversationRecord) -> Loaded:
+    """Everything opening a conversation needs, built where the record was read (the database thread):
+    a long one's turns are never copied on the GUI thread."""
+    conversation = Conversation(record.system_prompt)
+    for i, message in enumerate(record.messages):
+        if message["role"] == "system":
+            conversation.system_prompt = message["content"]
+            continue
+        conversation.add(message["role"], message["content"])
+        if (stats := record.stats.get(i)) is not None:
+            conversation.set_stats(len(conversation) - 1, stats)
+        if i in record.versions:
+            conversation.set_versions(len(conversation) - 1, record.versions[i])
+    return Loaded(record, conversation, conversation.messages())

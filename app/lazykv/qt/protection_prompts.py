@@ -1,0 +1,258 @@
+"""The questions and notices of the history's protection, for ``Conversations``: which protection
+is chosen (the setting), the keyring's key read off the GUI thread, the passphrase asked (twice when it
+is new) and checked off the GUI thread, banners instead of modal questions. The choices themselves and
+what a key means for the database are kept in core (``lazykv.core.history.protection``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QInputDialog,
+    QLineEdit,
+)
+
+from lazykv.core.history.keys import (
+    KeyringTimeoutError,
+    PassphraseError,
+    UnlockedPassphrase,
+    load_or_create_key,
+)
+from lazykv.core.history.persistence import Crypto
+from lazykv.core.history.protection import (
+    KEYRING,
+    NO_ENCRYPTION,
+    PASSPHRASE,
+    HistoryKey,
+    keyring_crypto,
+    keyring_problem,
+    no_encryption,
+    passphrase_crypto,
+    passphrase_lock,
+    unlock_or_create,
+)
+from lazykv.core.history.records import (
+    StoreLockedError,
+)
+from lazykv.qt.worker import ChangeCrypto, Failure, SetCrypto
+
+FIELD_MIN_WIDTH = 400  # px: the field of a text question (rename, passphrase)
+
+
+class ProtectionPrompts:
+    """The protection part of ``Conversations`` (mixed into it: it uses its host, database, banners
+    and ``protection``)."""
+
+    def setup_crypto(self) -> None:
+        """How snapshots are protected, from the setting; asks when the keyring is missing. Each call
+        is a new choice: what an earlier one is still waiting for (a keyring, a passphrase check) is
+        dropped when it answers."""
+        scheme = self.host.setting("snapshot_encryption")
+        self.protection.choose()
+        if scheme == NO_ENCRYPTION:
+            self._use(no_encryption())
+        elif scheme == PASSPHRASE:
+            self.ask_passphrase()
+        else:
+            self._keyring.run(load_or_create_key, self._for_this_choice(self._use_keyring_key),
+                              self._for_this_choice(self._keyring_missing), "Reading the keyring")
+
+    def _for_this_choice(self, answer: Callable[[Any], None]) -> Callable[[Any], None]:
+        """``answer``, run only if no other choice was made since (a late answer must not undo it)."""
+        choice = self.protection.choice
+
+        def current(value: Any) -> None:
+            if self.protection.is_current(choice):
+                answer(value)
+
+        return current
+
+    def _use_keyring_key(self, key: bytes) -> None:
+        self.protection.keyring_failed = self.protection.keyring_late = False
+        self.host.keyring_notice.hide()
+        self._use(keyring_crypto(key))
+
+    def _use(self, crypto: Crypto | None) -> None:
+        """Hand the protection to its one owner (the worker's Persistence); keep no key here. A new key
+        for a history already open re-encrypts it first, all or nothing (``_change_protection``)."""
+        what, key, key_id = self.protection.what_for(crypto)
+        if what is HistoryKey.REKEY:
+            assert crypto is not None
+            self._change_protection(crypto, key_id)
+            return
+        self.snapshots_on = crypto is not None
+        self.host.engine.submit(SetCrypto(crypto))
+        self.snapshots_changed.emit(self.snapshots_on)
+        if crypto is None:
+            self._keep_typed_text_here()
+            return
+        scheme = self.host.setting("snapshot_encryption")
+        if what is HistoryKey.OPEN:  # the session's first choice: opened with its key, listed
+            self.protection.opened(key_id, scheme)
+            self.host.database.set_key(key)  # queued before the list and every later job
+            self.start_up()
+            self.refresh()
+        else:
+            self.protection.scheme_in_use = scheme
+
+    def _keep_typed_text_here(self, why: str = "", details: str = "") -> None:
+        """No protection is chosen (no keyring, no passphrase given): a history that is not open yet
+        stays closed, never opened in plain text; what is typed is kept in this window, and the banner
+        says so. One already open stays under its key."""
+        if self._history_open or self.protection.history_locked:
+            return
+        self.host.history_notice.show_choices(
+            f"{why} Your conversations are not saved yet: choose how to protect them. Until then what you "
+            "type is kept in this window only.".strip(),
+            [("Use a passphrase…", lambda: self._choose_scheme(PASSPHRASE)),
+             ("Save without encryption", lambda: self._choose_scheme(NO_ENCRYPTION))],
+            f"{details}\n\nNothing is written to disk in plain text unless you choose to save without "
+            "encryption.".strip())
+
+    def _change_protection(self, crypto: Crypto, key_id: str | None) -> None:
+        """Re-encrypt the open history (and every snapshot key) under ``crypto`` on the worker, all or
+        nothing; then use it. A failure leaves everything under the old key, says so, puts the setting
+        back to the scheme in use, and can be retried by choosing again."""
+        previous = self.protection.scheme_in_use
+        chosen = self.host.setting("snapshot_encryption")
+
+        def changed(_: object) -> None:
+            self.protection.rekeyed(key_id, chosen)
+            self.snapshots_on = True
+            self.snapshots_changed.emit(True)
+
+        def failed(failure: Failure) -> None:
+            self.host.show_error(
+                "The protection of your conversations was not changed",
+                f"{failure.message}\n\nEverything is still protected as before; choose the new protection "
+                "again in Settings to retry.", failure.details)
+            if previous is not None and previous != self.host.setting("snapshot_encryption"):
+                self.host.settings.set("snapshot_encryption", previous)
+                self.host.save_settings()
+
+        self.host.engine.submit(ChangeCrypto(crypto), self._for_this_choice(changed),
+                                self._for_this_choice(failed))
+
+    def _keyring_missing(self, err: Exception) -> None:
+        """No keyring: the chat goes on (saved as the history allows, without snapshots) and a banner
+        offers the other schemes; no question waits for an answer."""
+        self.protection.keyring_failed = True
+        if isinstance(err, KeyringTimeoutError):  # it may still answer (an unlock prompt): then use it
+            self.protection.keyring_late = True
+            choice = self.protection.choice
+            err.late.add_done_callback(lambda answer: self._keyring_answered_late(choice, answer))
+            if not self._history_open:
+                self._wait_for_the_keyring(err)
+                return
+        first, details = keyring_problem(err)
+        self._use(None)
+        if not self._history_open:  # never opened without its key: the typed text is kept here
+            self._keep_typed_text_here(first, details)
+            return
+        self.host.keyring_notice.show_choices(
+            f"{first} Conversations are still saved; to also keep snapshots (long chats resume at "
+            "once), protect them with a passphrase or save them without encryption.",
+            [("Use a passphrase…", lambda: self._choose_scheme(PASSPHRASE)),
+             ("Save without encryption", lambda: self._choose_scheme(NO_ENCRYPTION))],
+            details)
+
+    def _wait_for_the_keyring(self, err: KeyringTimeoutError) -> None:
+        """The keyring has not answered and the history is not open: it stays closed (never opened
+        without its key, so nothing is written in plain text meanwhile); the chat goes on, its turns
+        kept here and written when the keyring answers, or once another choice opens the history."""
+        self.snapshots_on = False
+        self.host.engine.submit(SetCrypto(None))
+        self.snapshots_changed.emit(False)
+        self.host.history_notice.show_choices(
+            "Your saved conversations stay closed until your system's keyring answers (it may be waiting "
+            "for you to unlock it). You can chat: what you type is kept here and saved as soon as it "
+            "answers.",
+            [("Use a passphrase…", lambda: self._choose_scheme(PASSPHRASE)),
+             ("Save without encryption", lambda: self._choose_scheme(NO_ENCRYPTION))],
+            err.details)
+
+    def _keyring_answered_late(self, choice: int, answer: Future[bytes]) -> None:
+        """On the keyring's thread: hand its late answer to the GUI thread."""
+        try:
+            self._keyring_answered.emit(choice, answer)
+        except RuntimeError:  # this window is gone
+            pass
+
+    def _choose_scheme(self, scheme: str) -> None:
+        self.host.apply_settings({"snapshot_encryption": scheme})
+
+    def _history_failed(self, err: Exception) -> None:
+        """Opening or listing the history failed. Encrypted under another key: said in a banner (the
+        chat goes on, its turns kept here and written once the history opens); else an error."""
+        if not isinstance(err, StoreLockedError):
+            self.host.show_exception("The conversation history could not be opened", err)
+            self._history_opened()  # not locked: saves try again, and say their own errors
+            return
+        if self.protection.history_locked:
+            return  # opening and listing both failed: one banner
+        self._history_open = False
+        self.protection.locked()  # the next scheme chosen opens it anew (set_key, not change_key)
+        self.host.history_notice.show_choices(
+            "Your saved conversations are locked: they were protected with another key (another "
+            "keyring, or a passphrase). You can chat: what you type is kept here and saved once they "
+            "are unlocked.",
+            [(label, lambda scheme=scheme: self._choose_scheme(scheme)) for scheme, label in
+             ((PASSPHRASE, "Unlock with a passphrase…"), (KEYRING, "Use the keyring"))
+             if scheme != self.host.setting("snapshot_encryption")],
+            str(err))
+
+    def ask_passphrase(self) -> None:
+        dialog = self._ask_text("passphrase-dialog", "Snapshot passphrase",
+                                "Passphrase for this session's conversation snapshots:", self.use_passphrase,
+                                password=True)  # fmt: skip
+        use = self._for_this_choice(self._use)  # for this choice only (a later one may come first)
+        dialog.rejected.connect(lambda: use(None))  # no passphrase: no snapshots, history as it is
+
+    def use_passphrase(self, passphrase: str, confirmation: str | None = None) -> None:
+        """Unlock with the chosen passphrase (a wrong one is asked again), or choose it, typed twice:
+        nothing is ever written under an unchecked passphrase."""
+        if not passphrase:
+            self._use(None)
+            return
+        lock = passphrase_lock()
+        if not lock.is_set() and confirmation is None:
+            self._confirm_passphrase(passphrase)
+            return
+        salt_hex = self.host.settings["passphrase_salt"]  # kept: snapshots saved before the verifier
+
+        def check() -> UnlockedPassphrase:
+            return unlock_or_create(lock, passphrase, confirmation, salt_hex)
+
+        def refused(err: Exception) -> None:
+            self.host.show_exception("The passphrase was not accepted", err)
+            if isinstance(err, PassphraseError):
+                self.ask_passphrase()
+
+        use = self._for_this_choice(lambda unlocked: self._use(passphrase_crypto(unlocked)))
+        self.host.background.run(check, use, self._for_this_choice(refused), "Checking the passphrase")
+
+    def _confirm_passphrase(self, passphrase: str) -> None:
+        self._ask_text("passphrase-confirm-dialog", "Confirm the passphrase",
+                       "Type the new passphrase again:", lambda again: self.use_passphrase(passphrase, again),
+                       password=True)
+
+    def _ask_text(self, name: str, title: str, label: str, on_text: Callable[[str], None],
+                  password: bool = False, text: str = "") -> QInputDialog:
+        """A window-modal text question starting with ``text``, deleted when closed; ``on_text`` gets
+        the accepted text."""
+        dialog = QInputDialog(self._dialogs)
+        dialog.setObjectName(name)
+        dialog.setWindowTitle(title)
+        dialog.setLabelText(label)
+        dialog.setTextValue(text)
+        if password:
+            dialog.setTextEchoMode(QLineEdit.EchoMode.Password)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.textValueSelected.connect(on_text)
+        dialog.open()
+        for field in dialog.findChildren(QLineEdit):  # made by open(); the dialog's layout follows it
+            field.setMinimumWidth(FIELD_MIN_WIDTH)  # its title whole, and room for a long name to edit
+        return dialog
