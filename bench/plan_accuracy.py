@@ -3,7 +3,7 @@
 For both test models × 3 context sizes × the 4 KV modes, on the CPU and over RPC (a local
 ggml-rpc-server on 127.0.0.1, half of the layers and all of them), loads the model as the app does
 (EngineSession.load) and compares llama.cpp's own figures (llama_get_memory_use, patch 0018) with
-``lazykv.core.engine.memory.plan``, per buffer kind (weights, KV cache, compute) and place (host
+``lazykv.core.engine.planner.plan``, per buffer kind (weights, KV cache, compute) and place (host
 memory, the device). Writes bench/results/plan_accuracy.md (``--out`` elsewhere); exit status 1 when
 an error is over 5 %.
 """
@@ -24,8 +24,8 @@ import llama_cpp
 from bench.device import start_server
 from lazykv.core.engine.devices import rpc_devices
 from lazykv.core.engine.engine import EngineSession
-from lazykv.core.engine.memory import Bytes, Device, plan
 from lazykv.core.engine.model_meta import read_model_meta
+from lazykv.core.engine.planner import Bytes, Device, plan
 from lazykv.core.kinds import KvMode
 from lazykv.core.models import model_fetch
 
@@ -145,7 +145,7 @@ def report(rows: list[Row], command: str, seconds: float) -> str:
         "# Memory plan vs llama.cpp's own allocation",
         "",
         f"`{command}` ({seconds:.0f} s), engine llama_cpp_python {llama_cpp.__version__}. The plan is",
-        "`lazykv.core.engine.memory.plan` (pure, from the GGUF header); the reference is what the engine",
+        "`lazykv.core.engine.planner.plan` (pure, from the GGUF header); the reference is what the engine",
         "allocated (`llama_get_memory_use`, patch 0018) when the app loaded the model (`EngineSession.load`,",
         "n_ubatch 512, flash attention). RPC: a local `ggml-rpc-server` on 127.0.0.1 (CPU backend);",
         "`rpc-half` offloads the output layer and the last n_layer/2 layers, `rpc-all` every layer.",

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from lazykv.cli import estimate
-from lazykv.core.engine.memory import MiB, max_ctx_per_mode, plan
+from lazykv.core.engine.memory import MiB
 from lazykv.core.engine.model_meta import read_model_meta
+from lazykv.core.engine.planner import max_ctx_per_mode, plan
 from tests.support.rpc_server import rpc_server
 
 KEYS = {"n_gpu_layers", "fit", "host", "devices", "max_ctx"}

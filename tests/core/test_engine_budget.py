@@ -14,11 +14,11 @@ from lazykv.core.engine.memory import (
     MAX_CTX,
     MiB,
     context_for_budget,
-    estimate,
     kv_bytes,
     plan_context,
 )
 from lazykv.core.engine.model_meta import ModelMeta
+from lazykv.core.engine.planner import estimate
 from lazykv.core.engine.types import ContextBudgetError
 from lazykv.core.kinds import KvMode
 

@@ -9,7 +9,8 @@ import pytest
 
 from lazykv.core.engine import devices, memory
 from lazykv.core.engine.engine import EngineSession, ModelLoadError
-from lazykv.core.engine.memory import AUTO, Device, MiB
+from lazykv.core.engine.memory import MiB
+from lazykv.core.engine.planner import AUTO, Device
 
 pytestmark = pytest.mark.slow
 
@@ -57,9 +58,10 @@ def test_a_fixed_layer_count_over_a_devices_free_memory_is_refused_with_the_coun
     smollm2_path: Path,
 ) -> None:
     """Checked before llama.cpp allocates: a GPU out of memory is a sentence, never an abort."""
-    from lazykv.core.engine.memory import GiB, plan
+    from lazykv.core.engine.memory import GiB
     from lazykv.core.engine.model_load import refuse_what_does_not_fit
     from lazykv.core.engine.model_meta import read_model_meta
+    from lazykv.core.engine.planner import plan
 
     meta = read_model_meta(smollm2_path)
     busy = (Device("CUDA0", "a 4 GiB laptop GPU", 200 * MiB, 4 * GiB),)  # the desktop holds the rest

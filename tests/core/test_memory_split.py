@@ -7,17 +7,9 @@ from pathlib import Path
 
 from llama_cpp import MemoryUse
 
-from lazykv.core.engine.memory import (
-    HOST_CPU,
-    DeviceMemory,
-    Fit,
-    MiB,
-    Offload,
-    estimate,
-    placed,
-    split_by_device,
-)
+from lazykv.core.engine.memory import DeviceMemory, Fit, MiB, placed, split_by_device
 from lazykv.core.engine.model_meta import ModelMeta
+from lazykv.core.engine.planner import HOST_CPU, Offload, estimate
 
 RPC = "RPC0"
 ENDPOINT = "127.0.0.1:50052"

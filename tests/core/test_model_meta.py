@@ -9,8 +9,9 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from lazykv.core.engine.memory import MAX_BYTES, Fit, estimate, fmt_bytes, process_rss
+from lazykv.core.engine.memory import MAX_BYTES, Fit, fmt_bytes, process_rss
 from lazykv.core.engine.model_meta import GGML_BLOCKS, GGUFError, padded_ctx, read_model_meta
+from lazykv.core.engine.planner import estimate
 from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
 
 

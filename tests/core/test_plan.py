@@ -8,20 +8,17 @@ from pathlib import Path
 import pytest
 from bench import plan_accuracy
 
-from lazykv.core.engine.memory import (
+from lazykv.core.engine.memory import MAX_BYTES, Fit, GiB, MiB
+from lazykv.core.engine.model_meta import ModelMeta, TensorBytes, TensorGroup
+from lazykv.core.engine.planner import (
     AUTO,
     DEVICE_HEADROOM,
-    MAX_BYTES,
     Device,
-    Fit,
-    GiB,
-    MiB,
     _layer_owners,
     max_ctx,
     max_ctx_per_mode,
     plan,
 )
-from lazykv.core.engine.model_meta import ModelMeta, TensorBytes, TensorGroup
 from lazykv.core.kinds import KvMode
 from tests.support.rpc_server import rpc_server
 
@@ -186,7 +183,7 @@ def test_the_plan_is_within_5_percent_of_what_llama_cpp_allocates(
 
 def test_the_estimate_plans_auto_layers_on_the_gpus_and_rpc_before_them() -> None:
     """The settings' and the panel's estimate is this plan, as EngineSession.load will lay it out."""
-    from lazykv.core.engine.memory import Offload, estimate
+    from lazykv.core.engine.planner import Offload, estimate
 
     meta = _meta()
     cpu = estimate(meta, 8192, "q8_0", available=RAM)

@@ -20,7 +20,7 @@ import pytest
 
 import lazykv
 from lazykv.core.engine.engine import EngineSession, SamplingSettings
-from lazykv.core.engine.memory import HOST_CPU
+from lazykv.core.engine.planner import HOST_CPU
 from lazykv.core.engine.remote import (
     RPC_CONN_CAPS_SIZE,
     RPC_PROTO_VERSION,

@@ -9,8 +9,9 @@ from PySide6.QtWidgets import QLabel
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.engine import ModelInfo
-from lazykv.core.engine.memory import AUTO, Device, DeviceMemory, GiB, MiB, fmt_bytes, plan
+from lazykv.core.engine.memory import DeviceMemory, GiB, MiB, fmt_bytes
 from lazykv.core.engine.model_meta import read_model_meta
+from lazykv.core.engine.planner import AUTO, Device, plan
 from lazykv.core.kinds import KvMode
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.model_info_dialog import ModelInfoDialog

@@ -11,8 +11,9 @@ from PySide6.QtWidgets import QInputDialog, QLabel
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.engine import ConversionEvent
-from lazykv.core.engine.memory import estimate, plan_context
+from lazykv.core.engine.memory import plan_context
 from lazykv.core.engine.model_meta import read_model_meta
+from lazykv.core.engine.planner import estimate
 from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
 from lazykv.core.settings import Settings
 from lazykv.qt.memory_panel import MemoryPanel

@@ -7,16 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from lazykv.core.engine.memory import (
-    AUTO,
-    HOST_CPU,
-    GpuLayers,
-    MiB,
-    Plan,
-    fmt_bytes,
-    max_ctx_per_mode,
-    plan,
-)
+from lazykv.core.engine.memory import MiB, fmt_bytes
+from lazykv.core.engine.planner import AUTO, HOST_CPU, GpuLayers, Plan, max_ctx_per_mode, plan
 from lazykv.core.errors import EngineError
 from lazykv.core.kinds import KvMode
 

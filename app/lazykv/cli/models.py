@@ -8,7 +8,8 @@ import sys
 import time
 from typing import Any
 
-from lazykv.core.engine.memory import Device, fmt_bytes
+from lazykv.core.engine.memory import fmt_bytes
+from lazykv.core.engine.planner import Device
 from lazykv.core.kinds import KvMode
 from lazykv.core.models import download as downloads
 from lazykv.core.models.fit import FitReport, fit_report, local_devices

@@ -14,7 +14,8 @@ from typing import Any
 
 import platformdirs
 
-from lazykv.core.engine.memory import AUTO, MAX_CTX, GpuLayers
+from lazykv.core.engine.memory import MAX_CTX
+from lazykv.core.engine.planner import AUTO, GpuLayers
 from lazykv.core.engine.remote import normalize_endpoints
 from lazykv.core.files import write_text_atomic
 from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL

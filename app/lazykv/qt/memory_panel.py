@@ -12,7 +12,8 @@ from PySide6.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPalette,
 from PySide6.QtWidgets import QFormLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout, QWidget
 
 from lazykv.core.engine.engine import KvStatus, ModelInfo
-from lazykv.core.engine.memory import CTX_PADDING, ContextPlan, DeviceMemory, Estimate, Fit, fmt_bytes, placed
+from lazykv.core.engine.memory import CTX_PADDING, ContextPlan, DeviceMemory, Fit, fmt_bytes, placed
+from lazykv.core.engine.planner import Estimate
 from lazykv.core.kinds import KvPhase
 from lazykv.qt.kv_words import rung_line
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLabel, QVBoxLayout, QWidget
 
-from lazykv.core.engine.memory import HOST_CPU, Plan, fmt_bytes
+from lazykv.core.engine.memory import fmt_bytes
 from lazykv.core.engine.model_meta import ModelMeta
+from lazykv.core.engine.planner import HOST_CPU, Plan
 
 
 def describe(meta: ModelMeta) -> list[tuple[str, str]]:

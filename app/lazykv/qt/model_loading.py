@@ -12,7 +12,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
 )
 
-from lazykv.core.engine import devices, memory
+from lazykv.core.engine import devices, memory, planner
 from lazykv.core.engine.engine import (
     ModelInfo,
     read_checked_meta,
@@ -97,18 +97,18 @@ class ModelLoading:
         """The memory estimate of a model about to load (its header is read off the GUI thread)."""
         title = f"{path.name}, KV {config.kv_mode}"
 
-        def done(found: tuple[Any, tuple[memory.Device, ...]]) -> None:
+        def done(found: tuple[Any, tuple[planner.Device, ...]]) -> None:
             meta, gpus = found
             budget = config.context_budget_mb * memory.MiB
             plan = memory.plan_context(meta, config.n_ctx, config.kv_mode, budget)
-            offload = memory.Offload.of(config.rpc_servers, config.rpc_layers)
-            est = memory.estimate(meta, plan.n_ctx, config.kv_mode, offload=offload, gpus=gpus,
+            offload = planner.Offload.of(config.rpc_servers, config.rpc_layers)
+            est = planner.estimate(meta, plan.n_ctx, config.kv_mode, offload=offload, gpus=gpus,
                                   gpu_layers=config.n_gpu_layers,
                                   gpu_memory=config.gpu_memory_mb * memory.MiB)
             self.memory_panel.set_estimate(f"{path.name}, ctx {plan.n_ctx}, KV {config.kv_mode}", est,
                                            plan=plan)
 
-        def read() -> tuple[Any, tuple[memory.Device, ...]]:
+        def read() -> tuple[Any, tuple[planner.Device, ...]]:
             return read_checked_meta(path), tuple(devices.local_gpus())
 
         self.background.run(read, done,

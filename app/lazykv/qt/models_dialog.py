@@ -36,8 +36,9 @@ from PySide6.QtWidgets import (
 )
 
 from lazykv.core.engine import memory
-from lazykv.core.engine.memory import Device, fmt_bytes
+from lazykv.core.engine.memory import fmt_bytes
 from lazykv.core.engine.model_meta import CTX_PADDING, ModelMeta
+from lazykv.core.engine.planner import Device
 from lazykv.core.kinds import KvMode
 from lazykv.core.models import download as downloads
 from lazykv.core.models.fit import ORDER, FitReport, fit_report, local_devices

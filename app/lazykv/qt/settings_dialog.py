@@ -26,18 +26,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from lazykv.core.engine.memory import (
-    ContextPlan,
-    Device,
-    Fit,
-    MiB,
-    Offload,
-    estimate,
-    fmt_bytes,
-    kv_bytes,
-    plan_context,
-)
+from lazykv.core.engine.memory import ContextPlan, Fit, MiB, fmt_bytes, kv_bytes, plan_context
 from lazykv.core.engine.model_meta import CTX_PADDING, ModelMeta
+from lazykv.core.engine.planner import Device, Offload, estimate
 from lazykv.core.engine.remote import parse_endpoint_text
 from lazykv.core.kinds import KvMode, SettingKind
 from lazykv.core.settings import SETTINGS, SETTINGS_BY_NAME, Setting, Settings, gpu_layers

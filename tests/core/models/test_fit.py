@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine import memory
+from lazykv.core.engine import memory, planner
 from lazykv.core.engine.memory import Fit
 from lazykv.core.engine.model_meta import CTX_PADDING, read_model_meta
 from lazykv.core.kinds import KvMode
@@ -24,14 +24,14 @@ def test_the_fit_and_largest_contexts_are_the_planner_s(tiny_gguf: Path, availab
     # the tiny model's header with a long training context and real-model weights, so the limits bite
     meta = replace(read_model_meta(tiny_gguf), n_ctx_train=131072, file_size=int(0.03 * GiB))
     report = fit_report(meta, 4096, kv_mode, available)
-    assert report.plan == memory.plan(meta, 4096, kv_mode, available=available)
+    assert report.plan == planner.plan(meta, 4096, kv_mode, available=available)
     assert report.word == {Fit.GREEN: "fits", Fit.YELLOW: "tight", Fit.RED: "does not fit"}[report.fit]
     for mode, n in report.max_ctx.items():
         limit = memory.ctx_limit(meta)
         if n:
-            assert memory.plan(meta, n, mode, available=available).fit is not Fit.RED
+            assert planner.plan(meta, n, mode, available=available).fit is not Fit.RED
         if n < limit:  # one step more does not fit
-            assert memory.plan(meta, n + CTX_PADDING, mode, available=available).fit is Fit.RED
+            assert planner.plan(meta, n + CTX_PADDING, mode, available=available).fit is Fit.RED
     assert report.max_ctx[KvMode.F16] <= report.max_ctx[KvMode.Q8_0] <= report.max_ctx[KvMode.LADDER]
     assert report.max_ctx[KvMode.LAZY] == report.max_ctx[KvMode.Q8_0]  # allocated as q8_0
 
@@ -53,17 +53,17 @@ def test_the_real_test_models_are_listed_with_the_planner_s_fit(model_path: Path
     available = 2 * GiB
     for mode in KvMode:
         report = fit_report(record.meta, 8192, mode, available)
-        assert report.plan == memory.plan(read_model_meta(model_path), 8192, mode, available=available)
-        assert report.max_ctx == memory.max_ctx_per_mode(record.meta, available=available)
+        assert report.plan == planner.plan(read_model_meta(model_path), 8192, mode, available=available)
+        assert report.max_ctx == planner.max_ctx_per_mode(record.meta, available=available)
 
 
 def test_a_gpu_takes_layers_and_the_fit_is_the_planner_s_with_it(tiny_gguf: Path) -> None:
     # 3 GiB of weights (no tensor table: the planner spreads the file's bytes over the layers)
     meta = replace(read_model_meta(tiny_gguf), n_ctx_train=131072, file_size=int(3 * GiB), tensors=None)
-    gpu = memory.Device("CUDA0", "a GPU", free=6 * GiB, total=8 * GiB)
+    gpu = planner.Device("CUDA0", "a GPU", free=6 * GiB, total=8 * GiB)
     report = fit_report(meta, 8192, "ladder", int(1 * GiB), devices=[gpu])
-    assert report.plan == memory.plan(meta, 8192, "ladder", [gpu], memory.AUTO, available=int(1 * GiB))
+    assert report.plan == planner.plan(meta, 8192, "ladder", [gpu], planner.AUTO, available=int(1 * GiB))
     assert report.plan.n_gpu_layers > 0
-    assert report.max_ctx == memory.max_ctx_per_mode(meta, [gpu], available=int(1 * GiB))
+    assert report.max_ctx == planner.max_ctx_per_mode(meta, [gpu], available=int(1 * GiB))
     on_cpu = fit_report(meta, 8192, "ladder", int(1 * GiB))
     assert on_cpu.fit is Fit.RED and report.fit is not Fit.RED  # 3 GiB of weights: only with the GPU

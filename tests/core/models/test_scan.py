@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from lazykv.core.engine import memory
+from lazykv.core.engine import planner
 from lazykv.core.models.record import NOT_A_CHAT_MODEL, quant_of
 from lazykv.core.models.scan import (
     FOLDER,
@@ -64,7 +64,7 @@ def test_a_split_model_is_one_model_of_all_its_shards(fake_home: FakeHome) -> No
     assert full.meta is not None and record.meta.tensors is not None and full.meta.tensors is not None
     assert record.meta.tensors.total == full.meta.tensors.total
     assert [g.nbytes for g in record.meta.tensors.layers] == [g.nbytes for g in full.meta.tensors.layers]
-    split_plan, whole_plan = (memory.plan(m, 4096, "lazy", available=8 << 30)
+    split_plan, whole_plan = (planner.plan(m, 4096, "lazy", available=8 << 30)
                               for m in (record.meta, full.meta))
     assert abs(split_plan.host.weights - whole_plan.host.weights) < 64 * 1024  # the shards' own headers
 

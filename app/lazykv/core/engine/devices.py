@@ -1,7 +1,7 @@
 """The devices the engine can offload to, as its ggml backends report them (Qt-free).
 
 Local GPUs (CUDA, Vulkan, Metal devices of a GPU build) and the devices of llama.cpp RPC servers, each with
-the free and total memory its backend reports (``ggml_backend_dev_memory``), as ``memory.Device`` for the
+the free and total memory its backend reports (``ggml_backend_dev_memory``), as ``planner.Device`` for the
 planner. The bindings expose the device list but not the memory query, so it is bound here, on the same
 ggml library instance llama.cpp uses.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import llama_cpp
 
-from lazykv.core.engine.memory import Device
 from lazykv.core.engine.model_load import remote_backends
+from lazykv.core.engine.planner import Device
 from lazykv.core.engine.remote import Unreachable
 
 # enum ggml_backend_dev_type

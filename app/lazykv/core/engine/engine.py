@@ -21,12 +21,7 @@ from llama_cpp import llama_chat_format
 
 from lazykv.core.chat.context_policy import fit_messages
 from lazykv.core.chat.conversation import common_prefix
-from lazykv.core.engine.memory import (
-    AUTO,
-    GpuLayers,
-    plan,
-    split_by_device,
-)
+from lazykv.core.engine.memory import split_by_device
 from lazykv.core.engine.model_load import (
     TYPE_NAMES,
     budget_n_ctx,
@@ -37,6 +32,7 @@ from lazykv.core.engine.model_load import (
     remote_backends,
 )
 from lazykv.core.engine.model_meta import KvSupport
+from lazykv.core.engine.planner import AUTO, GpuLayers, plan
 from lazykv.core.engine.types import (
     CancelledError,
     ConversionEvent,

@@ -10,17 +10,9 @@ from pathlib import Path
 
 import llama_cpp
 
-from lazykv.core.engine.memory import (
-    AUTO,
-    Device,
-    Plan,
-    context_for_budget,
-    fmt_bytes,
-    kv_bytes,
-    max_ctx,
-    plan,
-)
+from lazykv.core.engine.memory import context_for_budget, fmt_bytes, kv_bytes
 from lazykv.core.engine.model_meta import CTX_PADDING, GGUFError, ModelMeta, read_model_meta
+from lazykv.core.engine.planner import AUTO, Device, Plan, max_ctx, plan
 from lazykv.core.engine.remote import Unreachable, normalize_endpoints, probe_all
 from lazykv.core.engine.types import (
     ContextBudgetError,

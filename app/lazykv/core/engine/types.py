@@ -6,12 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lazykv.core.engine.memory import (
-    Device,
-    DeviceMemory,
-    Plan,
-)
+from lazykv.core.engine.memory import DeviceMemory
 from lazykv.core.engine.model_meta import ModelMeta
+from lazykv.core.engine.planner import Device, Plan
 from lazykv.core.engine.remote import Unreachable
 from lazykv.core.errors import EngineError
 from lazykv.core.kinds import (

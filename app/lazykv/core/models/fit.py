@@ -1,6 +1,6 @@
 """What fits this machine: a model at a context in a KV mode, and the longest context in each KV mode.
 
-No planner of its own: every figure is the engine's memory plan (``core.engine.memory.plan`` and
+No planner of its own: every figure is the engine's memory plan (``core.engine.planner.plan`` and
 ``max_ctx``), the one ``python -m lazykv estimate`` shows, with this machine's GPUs (``devices``: none on a
 CPU build) and as many layers on them as fit (Auto).
 """
@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lazykv.core.engine import memory
-from lazykv.core.engine.memory import AUTO, Device, Fit
+from lazykv.core.engine import memory, planner
+from lazykv.core.engine.memory import Fit
 from lazykv.core.engine.model_meta import ModelMeta
+from lazykv.core.engine.planner import AUTO, Device
 from lazykv.core.kinds import KvMode
 
 WORDS = {Fit.GREEN: "fits", Fit.YELLOW: "tight", Fit.RED: "does not fit"}
@@ -22,7 +23,7 @@ ORDER = {Fit.GREEN: 0, Fit.YELLOW: 1, Fit.RED: 2}  # for sorting by fit
 
 @dataclass(frozen=True)
 class FitReport:
-    plan: memory.Plan  # of the context and KV mode asked
+    plan: planner.Plan  # of the context and KV mode asked
     max_ctx: dict[KvMode, int]  # the longest context whose plan is not "does not fit", per KV mode (0: none)
 
     @property
@@ -52,9 +53,9 @@ def fit_report(meta: ModelMeta, n_ctx: int, kv_mode: str, available: int | None 
                flash_attn: bool = True, devices: Sequence[Device] = ()) -> FitReport:
     """``meta`` at ``n_ctx`` in ``kv_mode`` against the RAM ``available`` (now, when None) and ``devices``."""
     available = memory.available_ram() if available is None else available
-    planned = memory.plan(meta, n_ctx, kv_mode, devices, AUTO, available=available)
+    planned = planner.plan(meta, n_ctx, kv_mode, devices, AUTO, available=available)
     support = meta.kv_support(flash_attn)
-    longest = {mode: memory.max_ctx(meta, mode, devices, AUTO, available=available) if support.allows(mode)
+    longest = {mode: planner.max_ctx(meta, mode, devices, AUTO, available=available) if support.allows(mode)
                else 0 for mode in KvMode}
     return FitReport(planned, longest)
 
