@@ -38,6 +38,7 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lazykv.core.engine import memory  # memory.available_ram: one place, for the tests too
 from lazykv.core.engine.memory import (
     BASE_OVERHEAD,
     GREEN_BELOW,
@@ -46,7 +47,6 @@ from lazykv.core.engine.memory import (
     YELLOW_BELOW,
     Fit,
     MiB,
-    available_ram,
     capped,
     ctx_limit,
     fmt_bytes,
@@ -274,7 +274,7 @@ def plan(meta: ModelMeta, n_ctx: int, kv_mode: str, devices: Sequence[Device] = 
         ngl = min(max(0, whole(int(gpu_layers))), most)
         why = f"{ngl} of {most} layers on the GPU, as set" if ngl < most else "every layer on the GPU, as set"
     host, placed_on = _place(meta, n_ctx, mode, devices, budgets, ngl)
-    available = available_ram() if available is None else available
+    available = memory.available_ram() if available is None else available
     host_need = capped(host.total + BASE_OVERHEAD)
     share = host_need / available if available > 0 else float("inf")
     fit = Fit.GREEN if share < GREEN_BELOW else Fit.YELLOW if share < YELLOW_BELOW else Fit.RED
@@ -289,7 +289,7 @@ def plan(meta: ModelMeta, n_ctx: int, kv_mode: str, devices: Sequence[Device] = 
 def max_ctx(meta: ModelMeta, kv_mode: str, devices: Sequence[Device] = (), gpu_layers: GpuLayers = AUTO,
             gpu_memory: int | None = None, available: int | None = None) -> int:
     """The longest context (a multiple of 256, at most ``ctx_limit``) whose plan is not RED; 0 if none is."""
-    available = available_ram() if available is None else available
+    available = memory.available_ram() if available is None else available
 
     def ok(n: int) -> bool:
         return plan(meta, n, kv_mode, devices, gpu_layers, gpu_memory, available).fit is not Fit.RED
@@ -310,7 +310,7 @@ def max_ctx(meta: ModelMeta, kv_mode: str, devices: Sequence[Device] = (), gpu_l
 def max_ctx_per_mode(meta: ModelMeta, devices: Sequence[Device] = (), gpu_layers: GpuLayers = AUTO,
                      gpu_memory: int | None = None, available: int | None = None) -> dict[KvMode, int]:
     """``max_ctx`` of every KV mode (0 for a mode the model cannot use: see ModelMeta.kv_support)."""
-    available = available_ram() if available is None else available
+    available = memory.available_ram() if available is None else available
     support = meta.kv_support()
     return {mode: max_ctx(meta, mode, devices, gpu_layers, gpu_memory, available)
             if support.allows(mode) else 0 for mode in KvMode}
