@@ -1,4 +1,4 @@
-"""The steps of a lazy cache and the tokens each holds: one computation (memory.step_cells) for the
+"""The rungs of a lazy cache and the tokens each holds: one computation (memory.rung_cells) for the
 Settings estimate and the memory panel, which shows what the engine reports (issue 30, defect 7)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lazykv.core.engine.engine import EngineSession
-from lazykv.core.engine.memory import plan_context, step_cells
+from lazykv.core.engine.memory import plan_context, rung_cells
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.kinds import KvMode, KvPhase
 
@@ -17,11 +17,11 @@ F16, Q8, Q4 = KvPhase.F16, KvPhase.Q8_0, KvPhase.Q4_0
 
 def test_the_steps_are_laid_out_as_the_engine_lays_them_out() -> None:
     # a step holds what its rows fit in the cache's memory, down to 256s from 256 on
-    assert step_cells(512, KvMode.LADDER) == ((F16, 144), (Q8, 256), (Q4, 512))
-    assert step_cells(1024, KvMode.LADDER) == ((F16, 256), (Q8, 512), (Q4, 1024))
-    assert step_cells(4096, KvMode.LAZY) == ((F16, 2048), (Q8, 4096))
-    assert step_cells(256, KvMode.LAZY) == ((F16, 136), (Q8, 256))
-    assert step_cells(4096, KvMode.F16) == step_cells(4096, KvMode.Q8_0) == ()
+    assert rung_cells(512, KvMode.LADDER) == ((F16, 144), (Q8, 256), (Q4, 512))
+    assert rung_cells(1024, KvMode.LADDER) == ((F16, 256), (Q8, 512), (Q4, 1024))
+    assert rung_cells(4096, KvMode.LAZY) == ((F16, 2048), (Q8, 4096))
+    assert rung_cells(256, KvMode.LAZY) == ((F16, 136), (Q8, 256))
+    assert rung_cells(4096, KvMode.F16) == rung_cells(4096, KvMode.Q8_0) == ()
 
 
 @pytest.mark.parametrize(("kv_mode", "n_ctx"),
@@ -36,7 +36,7 @@ def test_the_planner_s_steps_are_the_ones_the_loaded_cache_reports(
         status = s.kv_status()
     finally:
         s.close()
-    assert tuple(phase for phase, _ in plan.steps) == status.rungs
-    assert plan.steps[0][1] == status.n_cells_capacity  # the 16-bit step the memory panel shows
-    assert plan.steps[1][1] == status.n_cells_next
-    assert plan.steps[-1][1] == status.n_cells_total
+    assert tuple(phase for phase, _ in plan.rungs) == status.rungs
+    assert plan.rungs[0][1] == status.n_cells_capacity  # the 16-bit step the memory panel shows
+    assert plan.rungs[1][1] == status.n_cells_next
+    assert plan.rungs[-1][1] == status.n_cells_total

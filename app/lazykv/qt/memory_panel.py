@@ -152,10 +152,10 @@ class MemoryPanel(QWidget):
             self.estimate_label.setText(f"<b>{title}</b><br>{error}" if error else "")
             return
         color = FIT_COLORS[estimate.fit]
-        steps = f"<br>{steps_text(plan)}" if plan is not None and plan.steps else ""
+        rungs = f"<br>{rungs_text(plan)}" if plan is not None and plan.rungs else ""
         self.estimate_label.setText(
             f"<b>{title}</b><br><span style='color:{color}'>● {estimate.fit.value}</span>: "
-            f"{estimate.summary()}{steps}"
+            f"{estimate.summary()}{rungs}"
         )
         self.estimate_label.setToolTip(tokens_per_mode(plan) if plan is not None else "")  # on demand
 
@@ -191,15 +191,15 @@ def tokens_per_mode(plan: ContextPlan) -> str:
         text = f"{mode} {held}" + (" (the model's limit)" if plan.at_limit(mode) else "")
         parts.append(f"<b>{text}</b>" if mode is plan.kv_mode else text)
     line = f"In {fmt_bytes(plan.kv_budget)} of KV memory: {' · '.join(parts)} tokens"
-    return f"{line}<br>{steps_text(plan)}" if plan.steps else line
+    return f"{line}<br>{rungs_text(plan)}" if plan.rungs else line
 
 
-def steps_text(plan: ContextPlan) -> str:
-    """``ladder steps: 16-bit up to 144 tokens, then 8-bit up to 256, then 4-bit up to 512``: the steps
-    the memory panel will show once loaded, from the same planner (memory.step_cells)."""
-    (first, n_first), *rest = plan.steps
-    steps = [f"{first.words} up to {n_first:,} tokens", *(f"{p.words} up to {n:,}" for p, n in rest)]
-    return f"{plan.kv_mode} steps: {', then '.join(steps)}"
+def rungs_text(plan: ContextPlan) -> str:
+    """``ladder steps: 16-bit up to 144 tokens, then 8-bit up to 256, then 4-bit up to 512``: the rungs
+    the memory panel will show once loaded, from the same planner (memory.rung_cells)."""
+    (first, n_first), *rest = plan.rungs
+    rungs = [f"{first.words} up to {n_first:,} tokens", *(f"{p.words} up to {n:,}" for p, n in rest)]
+    return f"{plan.kv_mode} steps: {', then '.join(rungs)}"
 
 
 def _phase_text(status: KvStatus) -> str:

@@ -30,7 +30,7 @@ MAX_CTX = 131072  # the longest context the settings offer
 # 8-bit (q8_0), 16 4-bit (q4_0) or 16 4-bit + 4 bytes of high bits (q5_0), plus its f16 scale
 BYTES_PER_VALUE: dict[str, tuple[int, int]] = {"f16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32),
                                                "q5_0": (22, 32)}
-LAZY_STEPS = {KvMode.LAZY: (KvPhase.F16, KvPhase.Q8_0),  # a lazy cache's steps, in order
+LAZY_RUNGS = {KvMode.LAZY: (KvPhase.F16, KvPhase.Q8_0),  # a lazy cache's rungs, in order
               KvMode.LADDER: (KvPhase.F16, KvPhase.Q8_0, KvPhase.Q4_0)}
 
 
@@ -73,7 +73,7 @@ class ContextPlan:
     kv_budget: int  # bytes of KV memory: the budget chosen, else what n_ctx takes in the KV mode chosen
     per_mode: dict[KvMode, int]  # tokens each mode holds in kv_budget (context_for_budget)
     limit: int  # ctx_limit: no mode is given more
-    steps: tuple[tuple[KvPhase, int], ...] = ()  # the chosen lazy mode's steps and their tokens (step_cells)
+    rungs: tuple[tuple[KvPhase, int], ...] = ()  # the chosen lazy mode's rungs and their tokens (rung_cells)
 
     def at_limit(self, kv_mode: str) -> bool:
         """The mode holds the longest context offered (it might hold more: the model's limit caps it)."""
@@ -85,25 +85,25 @@ def plan_context(meta: ModelMeta, n_ctx: int, kv_mode: str, budget: int = 0) -> 
     kv_budget = budget if budget > 0 else kv_bytes(meta, padded_ctx(whole(n_ctx)), kv_mode)
     per_mode = {mode: context_for_budget(meta, kv_budget, mode) for mode in KvMode}
     chosen = per_mode[KvMode(kv_mode)] if budget > 0 else n_ctx
-    steps = step_cells(padded_ctx(chosen), kv_mode) if chosen > 0 else ()
-    return ContextPlan(KvMode(kv_mode), chosen, kv_budget, per_mode, ctx_limit(meta), steps)
+    rungs = rung_cells(padded_ctx(chosen), kv_mode) if chosen > 0 else ()
+    return ContextPlan(KvMode(kv_mode), chosen, kv_budget, per_mode, ctx_limit(meta), rungs)
 
 
-def step_cells(n_cells: int, kv_mode: str) -> tuple[tuple[KvPhase, int], ...]:
-    """A lazy cache of ``n_cells`` cells (padded): each step and the tokens it holds, as the engine lays
-    them out (native patch 0024, ``lazy_attach``): a step holds as many cells as its rows fit in the
-    cache's memory, rounded down to the 256-cell padding from 256 on; the last step holds them all.
+def rung_cells(n_cells: int, kv_mode: str) -> tuple[tuple[KvPhase, int], ...]:
+    """A lazy cache of ``n_cells`` cells (padded): each rung and the tokens it holds, as the engine lays
+    them out (native patch 0024, ``lazy_attach``): a rung holds as many cells as its rows fit in the
+    cache's memory, rounded down to the 256-cell padding from 256 on; the last rung holds them all.
     () for a plain cache. The memory panel shows the same figures as the engine reports them."""
-    steps = LAZY_STEPS.get(KvMode(kv_mode), ())
-    if not steps:
+    rungs = LAZY_RUNGS.get(KvMode(kv_mode), ())
+    if not rungs:
         return ()
     final_num, final_den = BYTES_PER_VALUE[KvMode(kv_mode).storage]
     out = []
-    for phase in steps[:-1]:
+    for phase in rungs[:-1]:
         num, den = BYTES_PER_VALUE[phase.value]
         n = whole(n_cells) * final_num * den // (final_den * num)
         out.append((phase, n - n % CTX_PADDING if n >= CTX_PADDING else n))
-    return (*out, (steps[-1], whole(n_cells)))
+    return (*out, (rungs[-1], whole(n_cells)))
 
 
 def _values_per_cell(meta: ModelMeta) -> int:
