@@ -171,7 +171,7 @@ def test_the_disk_list_shows_every_tool_s_models_and_loads_one(qtbot: QtBot, fak
     assert any(f.startswith("not offered: a projector") for f in fits)
     row = rows["Ollama: tiny:latest"]
     assert [_cell(d, "disk_table", row, c) for c in range(7)] == [
-        "Tiny Chat", "llama", "F16", "3M", "5.5 MiB", "4,096", "no"]
+        "tiny:latest", "llama", "F16", "3M", "5.5 MiB", "4,096", "no"]  # Ollama's name: its blob is a hash
     assert _cell(d, "disk_table", row, DISK_FIT) in FIT_WORDS
     with qtbot.waitSignal(d.planned, timeout=10_000):  # planned off the GUI thread
         d.ctx_box.setValue(131072)  # the fit follows the context chosen: the tiny model's 4,096 at most

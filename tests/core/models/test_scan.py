@@ -43,7 +43,7 @@ def test_every_tool_s_folder_is_found_and_nothing_is_copied(fake_home: FakeHome)
     assert records[files["hf"]].quant == "Q8_0"
     assert records[files["ollama"]].label == "tiny:latest"
     assert records[files["ollama"]].quant == "F16"  # from general.file_type: a blob's name says nothing
-    assert records[files["lmstudio"]].name == "Tiny Chat"
+    assert records[files["lmstudio"]].name == "tiny-Q4_K_M"  # named by its file, as everywhere in the app
     assert result.notes == ()
     after = sorted((p, p.stat().st_mtime_ns) for p in fake_home.places.home.rglob("*") if p.is_file())
     assert after == before  # nothing written, moved or copied

@@ -84,7 +84,8 @@ def record_for(shards: Sequence[Path], source: str, label: str, expected: int = 
     names are the model's (not content hashes, as Ollama's blobs), so they may say the quantization."""
     first = shards[0]
     sizes = [_size(p) for p in shards]
-    base = ModelRecord(first, source, label, tuple(shards), sum(sizes), name=first.name if named else label,
+    base = ModelRecord(first, source, label, tuple(shards), sum(sizes),
+                       name=file_model_name(first.name) if named else label,
                        quant=quant_of(first.name) if named else "")
     if len(shards) < expected:
         have = {split_info(p.name)[1] for p in shards if split_info(p.name)}
@@ -101,10 +102,20 @@ def record_for(shards: Sequence[Path], source: str, label: str, expected: int = 
         return _with_problem(base, NOT_A_CHAT_MODEL)
     whole = merged_meta(metas)  # what the memory plan needs: every shard's tensors
     return replace(
-        base, name=meta.name, architecture=meta.architecture, n_params=whole.n_params,
+        base, architecture=meta.architecture, n_params=whole.n_params,
         quant=base.quant or FILE_TYPES.get(meta.file_type, ""),
         n_ctx_train=meta.n_ctx_train, has_chat_template=meta.has_chat_template, meta=whole,
     )
+
+
+def file_model_name(file_name: str) -> str:
+    """A model's name as the rest of the app says it (the status bar, Settings, the recent list): its file
+    name without ``.gguf`` and, for a split model, without the shard number. Not ``general.name``, which
+    often reads as a training run's label ("Smollm2 135M 8k Lc100K Mix1 Ep2")."""
+    info = split_info(file_name)
+    if info is not None:
+        return info[0]
+    return file_name[:-5] if file_name.lower().endswith(".gguf") else file_name
 
 
 def _with_problem(record: ModelRecord, problem: str, details: str = "") -> ModelRecord:
