@@ -61,6 +61,17 @@ grep -q "native libraries in $PREFIX/lib/lazykv-chat/_internal/llama_cpp/lib" "$
     || fail "the engine was not loaded from the bundle"
 grep -qx "self-test passed" "$out" || fail "no 'self-test passed' line"
 
+step "the terminal subcommands of the installed bundle start without a display"
+for command in estimate models serve; do
+    (cd "$TMP" && clean_env "$PREFIX/bin/lazykv" "$command" --help) > "$TMP/$command.txt" 2>&1 \
+        || { cat "$TMP/$command.txt"; fail "lazykv $command --help failed in the bundle"; }
+    grep -q "^usage: " "$TMP/$command.txt" || { cat "$TMP/$command.txt"; fail "lazykv $command printed no usage"; }
+done
+(cd "$TMP" && clean_env "$PREFIX/bin/lazykv" estimate "$(find "${XDG_CACHE_HOME:-$HOME/.cache}/lazykv/models" -name 'SmolLM2*.gguf' | head -n 1)" \
+    --ctx 1024 --json) > "$TMP/estimate.json" 2> "$TMP/estimate.err" \
+    || { cat "$TMP/estimate.json" "$TMP/estimate.err"; fail "lazykv estimate failed in the bundle"; }
+grep -q '"n_gpu_layers"' "$TMP/estimate.json" || fail "lazykv estimate gave no plan"
+
 step "the bundled xcb platform plugin finds what it links from the system"
 XCB_PLUGIN=$(find "$PREFIX/lib/lazykv-chat/_internal" -name libqxcb.so | head -n 1)
 [ -n "$XCB_PLUGIN" ] || fail "the bundle lacks the xcb platform plugin"
