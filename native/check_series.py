@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Check that every prefix of the patch series builds and passes the C++ tests it adds.
+
+The series must be bisectable: after each patch, libllama and ggml build, and the llama.cpp test
+programs that the prefix adds build and pass (the Python tests need the whole wheel and run on the
+full series only, in ``make test``). For each patch in order this script
+
+  1. applies it (``git am``) to a worktree of the pristine sdist (``native/work/series-src``) that
+     holds the previous prefix, so only the files the patch touches change;
+  2. configures (once) and builds the targets ``llama`` and ``ggml`` and the test programs the patch
+     adds (new ``vendor/llama.cpp/tests/test-*.cpp`` files) in one incremental CMake build dir
+     (``native/work/build-series``, Ninja, ccache when installed);
+  3. runs those test programs.
+
+It stops at the first prefix that fails (``--keep-going`` goes on) and prints one line per prefix
+and a summary; ``--record`` writes the summary of a full run into native/README.md. Slow: on two
+cores a full run takes hours (every patch that touches a widely included header rebuilds most of
+libllama). Run it in the background before a change to the series lands, not in ``make test``.
+Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+NATIVE = Path(__file__).resolve().parent
+SERIES_SRC = NATIVE / "work" / "series-src"
+SERIES_BUILD = NATIVE / "work" / "build-series"
+README = NATIVE / "README.md"
+RECORD_START = "<!-- check_series: last full run -->"
+RECORD_END = "<!-- /check_series -->"
+TEST_TIMEOUT_S = 1800
+
+
+def _build_module():  # noqa: ANN202 - the module object of native/build.py
+    spec = importlib.util.spec_from_file_location("lazykv_native_build", NATIVE / "build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+build = _build_module()
+
+
+@dataclass
+class Step:
+    index: int
+    patch: Path
+    tests: list[str]  # test programs the patch adds (CMake target names)
+    result: str = "not run"  # ok | build failed | test failed: NAME | does not apply | not run
+    seconds: float = 0.0
+
+
+def added_tests(patch: Path) -> list[str]:
+    """The llama.cpp test programs a patch adds: new files vendor/llama.cpp/tests/test-*.cpp."""
+    text = patch.read_text(errors="replace")
+    names = re.findall(r"^diff --git a/\S+ b/vendor/llama\.cpp/tests/(test-[\w-]+)\.cpp\nnew file mode", text,
+                       flags=re.MULTILINE)
+    return sorted(set(names))
+
+
+def plan(first: int, last: int) -> list[Step]:
+    patches = build.patch_files()
+    return [Step(i, p, added_tests(p)) for i, p in enumerate(patches, start=1) if first <= i <= last]
+
+
+def run(cmd: list[str], cwd: Path | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False, timeout=timeout)
+
+
+def reset_worktree(upto: int) -> None:
+    """series-src at the pristine sdist plus the first ``upto`` patches (a worktree of SRC's repo)."""
+    build.ensure_pristine()
+    if not SERIES_SRC.exists():
+        build.git("worktree", "prune")
+        build.git("worktree", "add", "-q", "--detach", str(SERIES_SRC), build.PRISTINE_TAG)
+    run(["git", "am", "--abort"], cwd=SERIES_SRC)
+    res = run(["git", "reset", "-q", "--hard", build.PRISTINE_TAG], cwd=SERIES_SRC)
+    if res.returncode != 0:
+        raise build.BuildError(f"cannot reset {SERIES_SRC}: {res.stderr}")
+    for patch in build.patch_files()[:upto]:
+        if not apply(patch):
+            raise build.BuildError(f"{patch.name} does not apply")
+
+
+def apply(patch: Path) -> bool:
+    res = run(["git", *build.GIT_ID, "am", "-q", "--keep-cr", "--committer-date-is-author-date", str(patch)],
+              cwd=SERIES_SRC)
+    if res.returncode != 0:
+        run(["git", "am", "--abort"], cwd=SERIES_SRC)
+        return False
+    return True
+
+
+def cmake_args() -> list[str]:
+    args = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=ON",
+            "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+            "-DLLAMA_OPENSSL=OFF", "-DGGML_RPC=ON"]
+    if build.platform.machine().lower() in ("x86_64", "amd64"):
+        args += build.X86_64_CMAKE_ARGS
+    if shutil.which("ccache"):
+        args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+    return args + os.environ.get("CMAKE_ARGS", "").split()
+
+
+def build_and_test(step: Step, jobs: str, log: Path) -> str:
+    src = SERIES_SRC / "vendor" / "llama.cpp"
+    with log.open("a") as out:
+        out.write(f"\n===== {step.patch.name}\n")
+        res = run(["cmake", "-S", str(src), "-B", str(SERIES_BUILD), *cmake_args()])
+        out.write(res.stdout + res.stderr)
+        if res.returncode != 0:
+            return "configure failed"
+        targets = ["llama", "ggml", *step.tests]
+        res = run(["cmake", "--build", str(SERIES_BUILD), "-j", jobs, "--target", *targets])
+        out.write(res.stdout[-20000:] + res.stderr[-20000:])
+        if res.returncode != 0:
+            return "build failed"
+        for name in step.tests:
+            try:
+                res = run([str(SERIES_BUILD / "bin" / name)], cwd=SERIES_BUILD, timeout=TEST_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                return f"test timed out: {name}"
+            out.write(f"--- {name}: exit {res.returncode}\n{res.stdout[-20000:]}{res.stderr[-20000:]}")
+            if res.returncode != 0:
+                return f"test failed: {name}"
+    return "ok"
+
+
+def record(steps: list[Step], started: datetime.datetime, seconds: float) -> None:
+    """The summary of a full run into native/README.md, between the markers (appended the first time)."""
+    failed = [s for s in steps if s.result != "ok"]
+    verdict = "every prefix builds and passes its tests" if not failed else \
+        "; ".join(f"{s.patch.name[:4]} {s.result}" for s in failed)
+    text = (f"{RECORD_START}\nLast full run of `native/check_series.py`: {started:%Y-%m-%d %H:%M} UTC, "
+            f"{seconds / 60:.0f} min, {len(steps)} prefixes: {verdict}.\n{RECORD_END}")
+    readme = README.read_text()
+    if RECORD_START in readme and RECORD_END in readme:
+        head, rest = readme.split(RECORD_START, 1)
+        readme = head + text + rest.split(RECORD_END, 1)[1]
+    else:
+        readme = readme.rstrip("\n") + "\n\n## Bisectability\n\n" + text + "\n"
+    README.write_text(readme)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--from", dest="first", type=int, default=1, help="first patch number (default 1)")
+    parser.add_argument("--to", dest="last", type=int, default=10_000, help="last patch (default: all)")
+    parser.add_argument("--jobs",
+                        default=os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2)))
+    parser.add_argument("--keep-going", action="store_true", help="go on after a failing prefix")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan (patches, tests) and stop")
+    parser.add_argument("--record", action="store_true", help="write a full run's summary into README.md")
+    args = parser.parse_args(argv)
+
+    steps = plan(args.first, args.last)
+    if not steps:
+        print("check_series: no patch in that range", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for s in steps:
+            print(f"{s.patch.name}: build llama, ggml{''.join(', ' + t for t in s.tests)}"
+                  f"{'; run ' + ', '.join(s.tests) if s.tests else ''}")
+        return 0
+
+    started = datetime.datetime.now(datetime.UTC)
+    t0 = time.monotonic()
+    log = NATIVE / "work" / "check_series.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"check_series {started:%Y-%m-%d %H:%M:%S} UTC\n")
+    try:
+        reset_worktree(steps[0].index - 1)
+    except build.BuildError as err:
+        print(f"check_series: {err}", file=sys.stderr)
+        return 1
+
+    for step in steps:
+        t = time.monotonic()
+        step.result = build_and_test(step, args.jobs, log) if apply(step.patch) else "does not apply"
+        step.seconds = time.monotonic() - t
+        print(f"{step.patch.name}: {step.result} ({step.seconds:.0f} s)", flush=True)
+        if step.result != "ok" and (not args.keep_going or step.result == "does not apply"):
+            break
+
+    seconds = time.monotonic() - t0
+    ran = [s for s in steps if s.result != "not run"]
+    ok = all(s.result == "ok" for s in steps)
+    n_ok = sum(s.result == "ok" for s in ran)
+    print(f"check_series: {n_ok} of {len(steps)} prefixes ok in {seconds / 60:.0f} min; log: {log}")
+    if args.record and args.first == 1 and args.last >= len(build.patch_files()):
+        record(steps, started, seconds)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
