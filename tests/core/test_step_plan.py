@@ -37,6 +37,6 @@ def test_the_planner_s_steps_are_the_ones_the_loaded_cache_reports(
     finally:
         s.close()
     assert tuple(phase for phase, _ in plan.rungs) == status.rungs
-    assert plan.rungs[0][1] == status.n_cells_capacity  # the 16-bit step the memory panel shows
+    assert plan.rungs[0][1] == status.n_cells_capacity  # the 16-bit rung the memory panel shows
     assert plan.rungs[1][1] == status.n_cells_next
     assert plan.rungs[-1][1] == status.n_cells_total

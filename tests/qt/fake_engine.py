@@ -45,7 +45,7 @@ REPLY = ("Fake", " reply", " text.")
 class _Kv:
     tokens: list[int]
     phase: KvPhase = KvPhase.F16
-    target: KvPhase | None = None  # the last step converted to
+    target: KvPhase | None = None  # the last rung converted to
     n_conversions: int = 0
 
 

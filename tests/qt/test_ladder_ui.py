@@ -1,4 +1,4 @@
-"""The ladder (f16 -> 8-bit -> 4-bit) in the window on the fake engine: each step in the memory panel, the
+"""The ladder (f16 -> 8-bit -> 4-bit) in the window on the fake engine: each rung in the memory panel, the
 context indicator, the banner and the transcript; compacting one step at a time; the KV mode's note and
 the context memory budget in Settings (issue 14, the app)."""
 
@@ -29,7 +29,7 @@ from tests.qt.test_lazy_ui import GUI_STALL_BOUND_MS
 from tests.qt.test_main_window import REPLY_TIMEOUT_MS, open_window
 from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
 
-N_CTX = 1024  # the fake ladder's steps: 16-bit 288 cells, 8-bit 542, 4-bit all 1,024
+N_CTX = 1024  # the fake ladder's rungs: 16-bit 288 cells, 8-bit 542, 4-bit all 1,024
 IDLE_MS = 1000  # long enough for a reply and its saves on the fake engine to finish first
 
 
@@ -55,7 +55,7 @@ def test_a_ladder_conversation_shows_each_step_and_compacts_one_step_at_a_time(
     assert 200 < used < 288
     panel, meter = w.memory_panel, w.context_meter.label
     assert panel.phase_label.text() == "16-bit (full precision) — ladder: goes to 8-bit at 288 tokens"
-    assert panel.step_label.text() == f"16-bit: {used} of 288 tokens · next 8-bit: 542"
+    assert panel.rung_label.text() == f"16-bit: {used} of 288 tokens · next 8-bit: 542"
     assert panel.cells_bar.format() == f"{used} / 288 (f16 view)"
     assert meter.text() == f"Context {used} / 1,024 tokens · 16-bit up to 288 · next 8-bit up to 542"
     assert "16-bit, then 8-bit, then 4-bit" in w.context_meter.toolTip()
@@ -67,7 +67,7 @@ def test_a_ladder_conversation_shows_each_step_and_compacts_one_step_at_a_time(
     assert seen[1][1] == "Compacting context memory to 8-bit… 50%"
     assert seen[-1][1] == f"Context memory compacted to 8-bit in 10 ms at token {used}"
     assert panel.phase_label.text() == "8-bit — ladder: goes to 4-bit at 542 tokens"
-    assert panel.step_label.text() == f"8-bit: {used} of 542 tokens · next 4-bit: 1,024"
+    assert panel.rung_label.text() == f"8-bit: {used} of 542 tokens · next 4-bit: 1,024"
     assert panel.cells_bar.format() == f"{used} / 542 (q8_0 view)"
     assert meter.text() == f"Context {used} / 1,024 tokens · 8-bit up to 542 · next 4-bit up to 1,024"
     assert w.compact_action.isEnabled()
@@ -77,11 +77,11 @@ def test_a_ladder_conversation_shows_each_step_and_compacts_one_step_at_a_time(
     assert seen[1][1] == "Compacting context memory to 4-bit… 50%"
     assert seen[-1][1] == f"Context memory compacted to 4-bit in 10 ms at token {used}"
     assert panel.phase_label.text() == "4-bit"
-    assert panel.step_label.text() == f"4-bit: {used} of 1,024 tokens · the last step"
+    assert panel.rung_label.text() == f"4-bit: {used} of 1,024 tokens · the last level"
     assert panel.cells_bar.format() == f"{used} / 1024 (q4_0)"
     assert meter.text() == f"Context {used} / 1,024 tokens · 4-bit"
     assert panel.conversion_label.text() == "2× (last 10 ms)"
-    assert not w.compact_action.isEnabled() and "last step" in w.compact_action.toolTip()
+    assert not w.compact_action.isEnabled() and "last level" in w.compact_action.toolTip()
     assert fake.calls.count("convert") == 2
     # each step is a line under the message it followed
     text = w.transcript.toPlainText()
@@ -111,7 +111,7 @@ def test_the_idle_timer_does_not_add_a_step_to_a_manual_one(
 ) -> None:
     w = fake_window(kv_mode=KvMode.LADDER, n_ctx=N_CTX, idle_conversion=True,
                     timings=replace(FAST, idle_delay_ms=IDLE_MS))
-    fake.reply = ("word " * 270,)  # the 16-bit step (288 cells) over 90 % full: the idle timer starts
+    fake.reply = ("word " * 270,)  # the 16-bit rung (288 cells) over 90 % full: the idle timer starts
     chat(qtbot, w, "Fill it")
     assert w.idle_conversion_pending
     with qtbot.waitSignal(w._idle_timer.timeout, timeout=WAIT_MS):  # it fires while the manual step is held
@@ -130,7 +130,7 @@ def test_a_step_in_progress_names_its_target_in_the_panel_and_the_indicator(
     chat(qtbot, w, "Hello")
     w._on_conversion(ConversionEvent(ConversionStage.START, 0, 4, 300, target=KvPhase.Q4_0))
     assert w.memory_panel.phase_label.text() == "compacting to 4-bit…"
-    assert w.memory_panel.step_label.text() == "compacting to 4-bit… at 300 tokens"
+    assert w.memory_panel.rung_label.text() == "compacting to 4-bit… at 300 tokens"
     assert w.context_meter.label.text() == "Context 300 / 1,024 tokens · compacting to 4-bit…"
     assert w.banner.label.text() == "Compacting context memory to 4-bit… 0%"
 
@@ -155,8 +155,8 @@ def test_the_kv_mode_says_what_the_ladder_trades(qtbot: QtBot) -> None:
     assert combo.itemText(combo.findData(KvMode.LADDER)) == "ladder (f16 → 8-bit → 4-bit)"
     assert note.text().startswith("Full f16 precision until")  # lazy, the default
     dialog.set_value("kv_mode", KvMode.LADDER)
-    assert note.text() == ("f16, then 8-bit, then 4-bit, each step when the one before is full: about 3.5× "
-                           "the tokens of f16 in the same memory; the last, 4-bit step trades some quality "
+    assert note.text() == ("f16, then 8-bit, then 4-bit, each level when the one before is full: about 3.5× "
+                           "the tokens of f16 in the same memory; the last, 4-bit level trades some quality "
                            "for length.")
     dialog.set_value("kv_mode", KvMode.F16)
     assert note.text() == "Full precision throughout: the most memory per token."
@@ -168,13 +168,13 @@ def test_settings_show_the_tokens_each_mode_holds_in_the_budget(qtbot: QtBot) ->
     label, n_ctx = dialog.budget_label, dialog.editors["n_ctx"]
     # no budget: the context length's memory, in each mode
     assert label.text() == ("In 272.0 MiB of KV memory: f16 2,048 · q8_0 4,096 · <b>lazy 4,096</b> · "
-                            "ladder 7,680 tokens<br>lazy steps: 16-bit up to 2,048 tokens, then 8-bit up to "
+                            "ladder 7,680 tokens<br>lazy levels: 16-bit up to 2,048 tokens, then 8-bit up to "
                             "4,096")  # the steps the memory panel will show (issue 30)
     assert n_ctx.isEnabled()
     dialog.set_value("kv_mode", KvMode.LADDER)
     dialog.set_value("context_budget_mb", 2048)
     assert label.text() == ("In 2.0 GiB of KV memory: f16 16,384 · q8_0 30,720 · lazy 30,720 · "
-                            "<b>ladder 58,112</b> tokens<br>ladder steps: 16-bit up to 16,128 tokens, then "
+                            "<b>ladder 58,112</b> tokens<br>ladder levels: 16-bit up to 16,128 tokens, then "
                             "8-bit up to 30,720, then 4-bit up to 58,112")
     assert not n_ctx.isEnabled() and "budget sets the length" in n_ctx.toolTip()
     assert "(58,112 tokens)" in dialog.estimate_label.text() and dialog.ok_button.isEnabled()
@@ -241,23 +241,23 @@ def test_a_ladder_conversation_on_the_real_engine_shows_each_step(
     qtbot: QtBot, smollm2_path: Path
 ) -> None:
     """The real engine's steps (16-bit 256 cells, 8-bit 512, 4-bit 1,024 at n_ctx 1,024) as the window
-    shows them: filled past the 16-bit step by a prompt, then compacted to 4-bit with the action; the GUI
+    shows them: filled past the 16-bit rung by a prompt, then compacted to 4-bit with the action; the GUI
     thread never waits for either."""
     w = open_window(qtbot, smollm2_path, kv_mode=KvMode.LADDER, max_reply_tokens=8)
     try:
         qtbot.waitUntil(lambda: w.kv is not None)
-        assert w.memory_panel.step_label.text() == "16-bit: 0 of 256 tokens · next 8-bit: 512"
+        assert w.memory_panel.rung_label.text() == "16-bit: 0 of 256 tokens · next 8-bit: 512"
         seen: list[ConversionEvent] = []
         w.conversion_shown.connect(seen.append)
         meter = StallMeter()
         meter.start()
         with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
-            w.send_text(MEDIUM)  # ~330 tokens: past the 16-bit step
+            w.send_text(MEDIUM)  # ~330 tokens: past the 16-bit rung
         qtbot.waitUntil(lambda: w.kv.phase is KvPhase.Q8_0 and w.ops.count == 0, timeout=WAIT_MS)
         used = w.kv.n_cells_used
         assert finished.args[0].text.strip() and 256 < used < 512
         assert {e.target for e in seen} == {KvPhase.Q8_0}
-        assert w.memory_panel.step_label.text() == f"8-bit: {used} of 512 tokens · next 4-bit: 1,024"
+        assert w.memory_panel.rung_label.text() == f"8-bit: {used} of 512 tokens · next 4-bit: 1,024"
         assert w.context_meter.label.text() == (f"Context {used} / 1,024 tokens · 8-bit up to 512 · "
                                                 "next 4-bit up to 1,024")
         with qtbot.waitSignal(w.converted, timeout=REPLY_TIMEOUT_MS):
@@ -265,11 +265,11 @@ def test_a_ladder_conversation_on_the_real_engine_shows_each_step(
         qtbot.waitUntil(lambda: w.kv.phase is KvPhase.Q4_0, timeout=WAIT_MS)
         meter.stop()
         assert seen[-1].target is KvPhase.Q4_0 and seen[-1].stage is ConversionStage.END
-        assert w.memory_panel.step_label.text() == f"4-bit: {used} of 1,024 tokens · the last step"
+        assert w.memory_panel.rung_label.text() == f"4-bit: {used} of 1,024 tokens · the last level"
         assert w.banner.label.text().startswith("Context memory compacted to 4-bit in ")
         assert not w.compact_action.isEnabled()
         with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as again:
-            w.send_text(MEDIUM)  # a long prompt read on the 4-bit step
+            w.send_text(MEDIUM)  # a long prompt read on the 4-bit rung
         assert again.args[0].text.strip()
         assert meter.max_gap_ms < GUI_STALL_BOUND_MS
     finally:
@@ -279,7 +279,7 @@ def test_a_ladder_conversation_on_the_real_engine_shows_each_step(
 def test_compact_snapshots_setting_saves_at_the_last_step(
     qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
 ) -> None:
-    """Off by default (a snapshot keeps the step the chat is on); on, every save asks for the last step."""
+    """Off by default (a snapshot keeps the rung the chat is on); on, every save asks for the last rung."""
     assert Settings()["compact_snapshots"] is False
     for compact, want in ((False, "capture"), (True, "capture-compact")):
         w = fake_window(kv_mode=KvMode.LADDER, n_ctx=N_CTX, snapshot_encryption="keyring",

@@ -27,14 +27,14 @@ from tests.qt.helpers import FAST, WAIT_MS, chat, held, saved_then_new_chat, set
 def test_settings_and_the_memory_panel_give_the_ladder_s_steps_from_one_plan(
     qtbot: QtBot, fake_model: Path
 ) -> None:
-    """Defect 7: ladder, 512 tokens: Settings said "f16 0" where the panel showed a 144-token 16-bit step;
+    """Defect 7: ladder, 512 tokens: Settings said "f16 0" where the panel showed a 144-token 16-bit rung;
     both now show the planner's steps (the engine's own, tests/core/test_step_plan.py)."""
     meta = read_model_meta(fake_model)
     dialog = SettingsDialog(Settings(), meta)
     qtbot.addWidget(dialog)
     dialog.set_value("kv_mode", KvMode.LADDER)
     dialog.set_value("n_ctx", 512)
-    steps = "ladder steps: 16-bit up to 144 tokens, then 8-bit up to 256, then 4-bit up to 512"
+    steps = "ladder levels: 16-bit up to 144 tokens, then 8-bit up to 256, then 4-bit up to 512"
     assert steps in dialog.budget_label.text()
     assert "f16 0 " not in dialog.budget_label.text() and "f16 under 256" in dialog.budget_label.text()
     panel = MemoryPanel()
@@ -157,7 +157,7 @@ def test_f2_renames_from_the_message_box_and_esc_leaves_edit_mode(
 def test_a_step_taken_before_the_step_was_full_says_what_did_not_fit(
     qtbot: QtBot, fake_window: FakeWindow
 ) -> None:
-    """Defect 6: after a reload the conversation read again did not fit the 16-bit step, and the marker
+    """Defect 6: after a reload the conversation read again did not fit the 16-bit rung, and the marker
     said "Context compacted to 8-bit here (at token 0)"; it says what happened now."""
     w = fake_window(kv_mode=KvMode.LAZY)
     chat(qtbot, w, "Hello there")
@@ -170,7 +170,7 @@ def test_a_step_taken_before_the_step_was_full_says_what_did_not_fit(
     w._set_state(UiState.READY)
     [marker] = w.conversation.markers()
     assert marker.label == ("Context memory went to 8-bit before the conversation was read: it no longer "
-                            f"fit the 16-bit step ({capacity:,} tokens)")
+                            f"fit the 16-bit level ({capacity:,} tokens)")
     assert "at token 0" not in w.transcript.toPlainText()
     for stage in (ConversionStage.START, ConversionStage.END):  # idle or Compact now: early by choice
         w._on_conversion(ConversionEvent(stage, 1, 1, 20, 0.01, KvPhase.Q8_0))
@@ -194,7 +194,7 @@ def test_a_small_window_squeezes_nothing_onto_anything_and_a_large_one_gives_the
     w.statusBar().showMessage("Prompt 388 tokens, 375 reused from the cache")
 
     panel = w.memory_panel
-    rows = [panel.phase_label, panel.step_label, panel.cells_bar, panel.kv_label, panel.conversion_label,
+    rows = [panel.phase_label, panel.rung_label, panel.cells_bar, panel.kv_label, panel.conversion_label,
             panel.weights_label, panel.rss_label, panel.graph, panel.estimate_label]
     for label in (r for r in rows if isinstance(r, QLabel) and r.wordWrap()):
         assert label.height() >= label.heightForWidth(label.width()), label.text()  # not squashed

@@ -13,5 +13,5 @@ IDLE_DELAY_S = 2.0  # and the engine has been idle this long
 
 
 def wants_idle_conversion(status: KvStatus | None) -> bool:
-    """True when a lazy cache below its last step is full enough that the next reply would likely convert."""
+    """True when a lazy cache below its last rung is full enough that the next reply would likely convert."""
     return status is not None and status.next_rung is not None and status.fill >= IDLE_FILL

@@ -85,8 +85,8 @@ KV_MODE_WORDS = {
         "tokens of f16 in the same memory, nearly exact."),
     KvMode.LADDER: KvModeWords(
         "ladder (f16 → 8-bit → 4-bit)", "ladder (16-bit, then 8-bit, then 4-bit)",
-        "f16, then 8-bit, then 4-bit, each step when the one before is full: about 3.5× the tokens of f16 "
-        "in the same memory; the last, 4-bit step trades some quality for length."),
+        "f16, then 8-bit, then 4-bit, each level when the one before is full: about 3.5× the tokens of f16 "
+        "in the same memory; the last, 4-bit level trades some quality for length."),
     KvMode.Q8_0: KvModeWords(
         "q8_0", "8-bit", "8-bit from the first token: about 1.9× the tokens of f16 in the same memory."),
     KvMode.F16: KvModeWords("f16", "16-bit", "Full precision throughout: the most memory per token."),

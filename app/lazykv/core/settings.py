@@ -168,7 +168,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("flash_attn", SettingKind.BOOL, True, "Flash attention", "Needed by the q8_0, lazy and ladder "
             "KV caches.", "Engine", reloads_engine=True),
     Setting("idle_conversion", SettingKind.BOOL, True, "Compact while idle", "Lazy cache and ladder: when "
-            f"the step in use (16-bit, then the ladder's 8-bit) is at least {IDLE_FILL:.0%} full and the "
+            f"the level in use (16-bit, then the ladder's 8-bit) is at least {IDLE_FILL:.0%} full and the "
             f"engine has been idle for {IDLE_DELAY_S:g} s, compact it one step then, so the pause does not "
             "land inside a reply.", "Engine"),
     Setting("rpc_servers", SettingKind.ENDPOINT_LIST, [], "Servers", "llama.cpp's own way to offload "
@@ -197,7 +197,7 @@ SETTINGS: tuple[Setting, ...] = (
             minimum=16, maximum=1_000_000, step=64),
     Setting("compact_snapshots", SettingKind.BOOL, False, "Compact snapshots", "Ladder: save a chat's "
             "context memory at 4-bit even while it is still 16- or 8-bit, about 3.5x or 1.9x smaller on "
-            "disk; the chat then resumes on the 4-bit step (a little less precise). The open chat is not "
+            "disk; the chat then resumes on the 4-bit level (a little less precise). The open chat is not "
             "changed.", "Conversations"),
     Setting("passphrase_salt", SettingKind.STR, "", "Passphrase salt",
             "Salt of the passphrase key (not secret).", "Conversations", in_dialog=False),

@@ -389,7 +389,7 @@ class ChatFlow:
         elif self.kv is None or not self.kv.kv_mode.is_lazy:
             tip = "Only a lazy or ladder KV cache compacts (Settings > KV cache)"
         else:
-            tip = "Nothing to compact: the context memory is empty or at its last step"
+            tip = "Nothing to compact: the context memory is empty or at its last level"
         self.compact_action.setStatusTip(tip)
         self.compact_action.setToolTip(tip)
 

@@ -20,7 +20,7 @@ class ContextMeter(QWidget):
         self.bar.setTextVisible(False)
         self.bar.setFixedSize(90, 8)
         self.label = QLabel("no model")
-        # the line grows with the ladder's steps: it takes the room there is (the tooltip says it all)
+        # the line grows with the ladder's rungs: it takes the room there is (the tooltip says it all)
         # instead of setting the window's minimum width
         self.label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         layout = QHBoxLayout(self)

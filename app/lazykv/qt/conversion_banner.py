@@ -22,16 +22,16 @@ def compacted_text(event: ConversionEvent) -> str:
 def marker_label(event: ConversionEvent, during_reply: bool = False, before: KvStatus | None = None) -> str:
     """The line the transcript shows where the cache went a step down (to 8-bit, to 4-bit): under the
     message it followed, or under the reply it happened in. ``before``: the cache's status before a
-    step taken while text was read; taken before the step in use was full, it means that what was
+    step taken while text was read; taken before the rung in use was full, it means that what was
     read did not fit in it (e.g. a whole conversation read again after a model reload): said so."""
     where = "during this reply" if during_reply else "here"
     if before is not None and before.rungs and event.n_cells < before.n_cells_capacity:
-        step = f"the {before.phase.words} step ({before.n_cells_capacity:,} tokens)"
+        level = f"the {before.phase.words} level ({before.n_cells_capacity:,} tokens)"
         if event.n_cells == 0:
             return (f"Context memory went to {event.target.words} before the conversation was read: it no "
-                    f"longer fit {step}")
+                    f"longer fit {level}")
         return (f"Context compacted to {event.target.words} {where} (at token {event.n_cells:,}): what came "
-                f"next did not fit the rest of {step}")
+                f"next did not fit the rest of {level}")
     return f"Context compacted to {event.target.words} {where} (at token {event.n_cells})"
 
 

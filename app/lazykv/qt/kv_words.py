@@ -1,7 +1,7 @@
 """The KV cache's state in words, for the memory panel, the context indicator and the banner.
 
-A lazy cache goes down its rungs one step at a time: 16-bit, then 8-bit (lazy q8_0's last), then 4-bit
-(the ladder's). docs/glossary.md has the words."""
+A lazy cache goes down its rungs (the window's "levels") one step at a time: 16-bit, then 8-bit (lazy
+q8_0's last), then 4-bit (the ladder's). docs/glossary.md has the words."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def rung_line(status: KvStatus) -> str:
     rung = status.next_rung
     if rung is not None:
         return f"{line} · next {rung.words}: {status.n_cells_next:,}"
-    return f"{line} · the last step" if status.rungs else line
+    return f"{line} · the last level" if status.rungs else line
 
 
 def meter_line(status: KvStatus) -> str:
@@ -37,9 +37,9 @@ def rungs_sentence(status: KvStatus) -> str:
     if not status.rungs:
         return f"The cache is stored at {status.phase.words}."
     rungs = ", then ".join(f"{rung.words}" for rung in status.rungs)
-    return (f"This cache is stored at {rungs}: each step starts when the one before is full, compacting the "
+    return (f"This cache is stored at {rungs}: each level starts when the one before is full, compacting the "
             f"context memory in place (a short pause). It holds {status.n_cells_total:,} tokens at its last "
-            "step.")
+            "level.")
 
 
 def _target(status: KvStatus) -> KvPhase:

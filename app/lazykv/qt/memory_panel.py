@@ -76,8 +76,8 @@ class MemoryPanel(QWidget):
         self.memory: tuple[DeviceMemory, ...] = ()  # the loaded model's, per place
         self.phase_label = QLabel("no model")
         self.phase_label.setObjectName("kv-phase")
-        self.step_label = QLabel("–")  # the rung in use and the next one
-        self.step_label.setObjectName("kv-step")
+        self.rung_label = QLabel("–")  # the rung in use and the next one
+        self.rung_label.setObjectName("kv-rung")
         self.cells_bar = QProgressBar()  # the figures are in the line above: no text under the fill
         self.cells_bar.setTextVisible(False)
         self.cells_bar.setFixedHeight(8)
@@ -90,7 +90,7 @@ class MemoryPanel(QWidget):
         self.conversion_label = QLabel("none yet")
         self.graph = HistoryGraph()
         self.estimate_label = QLabel("")
-        for label in (self.phase_label, self.step_label, self.kv_label, self.weights_label,
+        for label in (self.phase_label, self.rung_label, self.kv_label, self.weights_label,
                       self.conversion_label, self.estimate_label, self.devices_label):
             label.setWordWrap(True)  # the dock stays as narrow as the user makes it
 
@@ -98,7 +98,7 @@ class MemoryPanel(QWidget):
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)  # a narrow dock: value under its name
         form.addRow("Precision", self.phase_label)
-        form.addRow("Filled", self.step_label)
+        form.addRow("Filled", self.rung_label)
         form.addRow("", self.cells_bar)
         form.addRow("Context memory", self.kv_label)
         form.addRow("Compacted", self.conversion_label)
@@ -120,13 +120,13 @@ class MemoryPanel(QWidget):
     def set_status(self, status: KvStatus) -> None:
         self.status = status
         self.phase_label.setText(_phase_text(status) + _mode_note(status))
-        self.step_label.setText(rung_line(status))
+        self.rung_label.setText(rung_line(status))
         self.cells_bar.setRange(0, max(1, status.n_cells_capacity))
         self.cells_bar.setValue(min(status.n_cells_used, status.n_cells_capacity))
         self.cells_bar.setFormat(f"{status.n_cells_used} / {status.n_cells_capacity} ({_storage(status)})")
         details = (f"Engine: {status.n_cells_used} / {status.n_cells_capacity} cells ({_storage(status)}); "
                    f"KV cache {status.kv_mode}, phase {status.phase}")
-        for widget in (self.phase_label, self.step_label, self.cells_bar):
+        for widget in (self.phase_label, self.rung_label, self.cells_bar):
             widget.setToolTip(details)
         where = placed((p.place, p.kv) for p in self.memory)
         self.kv_label.setText(f"{fmt_bytes(status.kv_bytes_used)} in use of {fmt_bytes(status.kv_bytes)}"
@@ -195,11 +195,11 @@ def tokens_per_mode(plan: ContextPlan) -> str:
 
 
 def rungs_text(plan: ContextPlan) -> str:
-    """``ladder steps: 16-bit up to 144 tokens, then 8-bit up to 256, then 4-bit up to 512``: the rungs
+    """``ladder levels: 16-bit up to 144 tokens, then 8-bit up to 256, then 4-bit up to 512``: the rungs
     the memory panel will show once loaded, from the same planner (memory.rung_cells)."""
     (first, n_first), *rest = plan.rungs
     rungs = [f"{first.words} up to {n_first:,} tokens", *(f"{p.words} up to {n:,}" for p, n in rest)]
-    return f"{plan.kv_mode} steps: {', then '.join(rungs)}"
+    return f"{plan.kv_mode} levels: {', then '.join(rungs)}"
 
 
 def _phase_text(status: KvStatus) -> str:
@@ -209,7 +209,7 @@ def _phase_text(status: KvStatus) -> str:
 
 
 def _storage(status: KvStatus) -> str:
-    """What the cells bar counts: a lazy cache's step below its last is a view over the allocation."""
+    """What the cells bar counts: a lazy cache's rung below its last is a view over the allocation."""
     return f"{status.phase} view" if status.next_rung is not None else str(status.phase)
 
 

@@ -303,7 +303,7 @@ class EngineWorker(QObject):
         try:
             return request.fn(self._session, self._persistence.crypto)
         finally:
-            self._session.clear_kv()  # a lazy cache the request compacted starts again at its 16-bit step
+            self._session.clear_kv()  # a lazy cache the request compacted starts again at its 16-bit rung
             if chat is not None:
                 self._session.restore_kv(chat.tokens, chat.state)
 

@@ -73,7 +73,7 @@ def kv_mode_of(kv_mode: str) -> KvMode:
 
 
 def kv_cache_params(kv_mode: KvMode, flash_attn: bool) -> dict[str, object]:
-    """A lazy cache is allocated as its last step's type: q8_0 for lazy q8_0, q4_0 for the ladder."""
+    """A lazy cache is allocated as its last rung's type: q8_0 for lazy q8_0, q4_0 for the ladder."""
     params: dict[str, object] = {"flash_attn": flash_attn}
     if kv_mode is not KvMode.F16:
         storage = GGML_TYPES[kv_mode.storage]

@@ -22,7 +22,7 @@ within 5 % per buffer kind and place), and upstream's own fitter (common/fit.cpp
 the same: layers offloaded from the last one down, ``n_gpu_layers = k`` puts the output layer and the last
 ``k - 1`` repeating layers on the devices, split between devices by their free memory, each layer's KV
 cells with the layer, and ``DEVICE_HEADROOM`` (upstream's 1 GiB target) left free on every device. Unlike
-upstream it knows the lazy cache and the ladder: they are allocated as their last step's type (q8_0, q4_0),
+upstream it knows the lazy cache and the ladder: they are allocated as their last rung's type (q8_0, q4_0),
 so a lazy cache plans as q8_0 and the ladder as q4_0, with the Hadamard rotation inputs of a quantized cache.
 Weights are the model's own tensors (from the GGUF header): the host maps the file range of its tensors and
 the CPU backend repacks some types into a second copy (CPU_REPACK); a tied output matrix (no
