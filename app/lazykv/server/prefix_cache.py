@@ -34,7 +34,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from lazykv import __version__
+from lazykv.core.chat.conversation import common_prefix
 from lazykv.core.engine.engine import EngineSession, KvRestoreError
 from lazykv.core.files import private_dir, write_text_atomic
 from lazykv.core.history.persistence import Crypto
@@ -147,7 +147,7 @@ class PrefixCache:
         blocks = self.block_hashes(tokens)
         best: Match | None = None
         for entry in entries:
-            n = _shared(entry.blocks, blocks) * BLOCK
+            n = common_prefix(entry.blocks, blocks) * BLOCK
             if entry.n_tokens <= len(tokens) and entry.n_tokens > n:
                 if self.digest(tokens[: entry.n_tokens]) == entry.digest:
                     n = entry.n_tokens
@@ -207,25 +207,10 @@ class PrefixCache:
             return known.entry
         digest = self.digest(tokens)
         kv = session.capture_kv()
-        layout = kv.layout
-        header = SnapshotHeader(
-            app_version=__version__,
-            engine_version=str(layout["engine_version"]),
-            model_sha256=self.binding.model_sha256,
-            n_ctx=int(layout["n_ctx"]),  # type: ignore[call-overload]
-            type_k=str(layout["type_k"]),
-            type_v=str(layout["type_v"]),
-            kv_mode=str(layout["kv_mode"]),
-            lazy_phase=str(layout["lazy_phase"]),
-            n_rot_k=int(layout["n_rot_k"]),  # type: ignore[call-overload]
-            n_rot_v=int(layout["n_rot_v"]),  # type: ignore[call-overload]
-            state_version=int(layout["state_version"]),  # type: ignore[call-overload]
-            n_tokens=len(kv.tokens),
-            encryption=self._crypto.scheme,
-            conversation_id=API_CONVERSATION_ID,
-            n_messages=0,
+        header = SnapshotHeader.for_layout(
+            kv.layout, model_sha256=self.binding.model_sha256, n_tokens=len(kv.tokens),
+            encryption=self._crypto.scheme, conversation_id=API_CONVERSATION_ID, n_messages=0,
             transcript_sha256=digest,
-            created=time.time(),
         )
         pending = self.folder / f".pending-{uuid.uuid4().hex}{SUFFIX}"
         try:
@@ -331,14 +316,6 @@ def _hash_key(key: bytes | None) -> bytes:
 def _pack(tokens: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(tokens)}i", *tokens)
 
-
-def _shared(a: list[str], b: list[str]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def unencrypted() -> Crypto:

@@ -29,7 +29,6 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from lazykv import __version__
 from lazykv.core.engine.engine import EngineSession, KvRestoreError
 from lazykv.core.engine.fingerprint import model_sha256
 from lazykv.core.history.keys import KEY_BYTES, UnlockedPassphrase, database_key, wrapping_key
@@ -260,24 +259,9 @@ class Persistence:
         self, layout: dict[str, object], n_tokens: int, crypto: Crypto, conv_id: int,
         messages: Sequence[dict[str, str]],
     ) -> SnapshotHeader:  # fmt: skip
-        return SnapshotHeader(
-            app_version=__version__,
-            engine_version=str(layout["engine_version"]),
-            model_sha256=self.model_sha(),
-            n_ctx=int(layout["n_ctx"]),  # type: ignore[call-overload]
-            type_k=str(layout["type_k"]),
-            type_v=str(layout["type_v"]),
-            kv_mode=str(layout["kv_mode"]),
-            lazy_phase=str(layout["lazy_phase"]),
-            n_rot_k=int(layout["n_rot_k"]),  # type: ignore[call-overload]
-            n_rot_v=int(layout["n_rot_v"]),  # type: ignore[call-overload]
-            state_version=int(layout["state_version"]),  # type: ignore[call-overload]
-            n_tokens=n_tokens,
-            encryption=crypto.scheme,
-            conversation_id=conv_id,
-            n_messages=len(messages),
-            transcript_sha256=transcript_digest(messages),
-            created=time.time(),
+        return SnapshotHeader.for_layout(
+            layout, model_sha256=self.model_sha(), n_tokens=n_tokens, encryption=crypto.scheme,
+            conversation_id=conv_id, n_messages=len(messages), transcript_sha256=transcript_digest(messages),
         )
 
     def open(

@@ -34,6 +34,7 @@ import os
 import re
 import struct
 import tempfile
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -45,6 +46,7 @@ import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from lazykv import __version__
 from lazykv.core.files import fsync_dir
 from lazykv.core.kinds import KvMode, KvPhase
 
@@ -156,6 +158,19 @@ class SnapshotHeader:
     transcript_sha256: str  # transcript_digest() of those messages: an older or other transcript is refused
     created: float = 0.0  # unix time
     format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def for_layout(
+        cls, layout: dict[str, Any], *, model_sha256: str, n_tokens: int, encryption: str,
+        conversation_id: int, n_messages: int, transcript_sha256: str,
+    ) -> SnapshotHeader:  # fmt: skip
+        """The header of a cache saved now: the engine's layout of it (``EngineSession.capture_kv``) and what
+        the file is bound to (a conversation, or the local API's token prefix)."""
+        texts = {k: str(layout[k]) for k in ("engine_version", "type_k", "type_v", "kv_mode", "lazy_phase")}
+        counts = {k: int(layout[k]) for k in ("n_ctx", "n_rot_k", "n_rot_v", "state_version")}
+        return cls(app_version=__version__, model_sha256=model_sha256, n_tokens=n_tokens,
+                   encryption=encryption, conversation_id=conversation_id, n_messages=n_messages,
+                   transcript_sha256=transcript_sha256, created=time.time(), **texts, **counts)
 
     def to_bytes(self) -> bytes:
         """Canonical JSON: sorted keys, no spaces, UTF-8."""
