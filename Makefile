@@ -17,9 +17,13 @@ run: setup
 test: setup native-tools
 	OMP_WAIT_POLICY=PASSIVE QT_QPA_PLATFORM=offscreen $(PY) -m pytest $(PYTEST_ARGS)
 
-# everything but the real-model tests (marked slow in tests/conftest.py): under 2 minutes
+# everything but the real-model tests (marked slow in tests/conftest.py): under 2 minutes. Those
+# tests mostly wait (Qt event loops, child processes, keyring time-outs), so they run in two
+# pytest-xdist workers, a test file per worker at a time (FAST_JOBS=0 runs them in this process)
+FAST_JOBS ?= 2
 test-fast: setup native-tools
-	OMP_WAIT_POLICY=PASSIVE QT_QPA_PLATFORM=offscreen $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=PASSIVE QT_QPA_PLATFORM=offscreen $(PY) -m pytest -m "not slow" \
+		$(if $(filter-out 0,$(FAST_JOBS)),-n $(FAST_JOBS) --dist loadfile) $(PYTEST_ARGS)
 
 setup: sysdeps engine app models
 
