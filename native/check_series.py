@@ -9,7 +9,9 @@ full series only, in ``make test``). For each patch in order this script
      holds the previous prefix, so only the files the patch touches change;
   2. configures (once) and builds the targets ``llama`` and ``ggml`` and the test programs the patch
      adds (new ``vendor/llama.cpp/tests/test-*.cpp`` files) in one incremental CMake build dir
-     (``native/work/build-series``, Ninja, ccache when installed);
+     (``native/work/build-series``, Ninja, ccache when installed). The libraries are shared and, on
+     Linux, linked with ``--no-undefined``: a static ``libllama.a`` is never linked whole, so a patch
+     that declares functions no patch has defined yet would pass;
   3. runs those test programs.
 
 It stops at the first prefix that fails (``--keep-going`` goes on) and prints one line per prefix
@@ -105,9 +107,13 @@ def apply(patch: Path) -> bool:
 
 
 def cmake_args() -> list[str]:
-    args = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=ON",
+    # shared libraries linked with --no-undefined: a static libllama.a "builds" even when a patch declares
+    # functions that no patch defines yet (the linker never sees it whole), a shared one does not
+    args = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_TESTS=ON",
             "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
             "-DLLAMA_OPENSSL=OFF", "-DGGML_RPC=ON"]
+    if build.platform.system() == "Linux":
+        args += ["-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--no-undefined"]
     if build.platform.machine().lower() in ("x86_64", "amd64"):
         args += build.X86_64_CMAKE_ARGS
     if shutil.which("ccache"):
