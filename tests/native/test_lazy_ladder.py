@@ -73,11 +73,14 @@ def test_mixed_types_refused(smollm2_path: Path) -> None:
 
 
 def test_q8_0_rung_is_identical_to_the_lazy_q8_0_cache(smollm2_path: Path) -> None:
-    """Up to 1024 tokens the ladder (2048 cells) and a lazy q8_0 cache of 1024 cells share their rungs:
-    the same logits, bit for bit, before and after the f16 -> q8_0 step."""
-    ladder = make_llama(smollm2_path, "ladder", n_ctx=N_CTX, logits_all=True)
-    lazy = make_llama(smollm2_path, "lazy", n_ctx=N_Q8, logits_all=True)
-    tokens = corpus(lazy, N_Q8 - 24)
+    """Up to 512 tokens the ladder (1024 cells) and a lazy q8_0 cache of 512 cells share their rungs:
+    the same logits, bit for bit, before and after the f16 -> q8_0 step (the smallest pair that shares
+    them: as for 2048 and 1024 cells, the rungs of the ladder are those of the lazy cache)."""
+    ladder = make_llama(smollm2_path, "ladder", n_ctx=N_SMALL, logits_all=True)
+    lazy = make_llama(smollm2_path, "lazy", n_ctx=N_SMALL_Q8, logits_all=True)
+    assert ladder.kv_lazy_info().n_cells_f16 == lazy.kv_lazy_info().n_cells_f16 == N_SMALL_F16
+    assert ladder.kv_lazy_info().n_cells_q8 == lazy.kv_lazy_info().n_cells_q8 == N_SMALL_Q8
+    tokens = corpus(lazy, N_SMALL_Q8 - 24)
     feed(ladder, tokens)
     feed(lazy, tokens)
     assert ladder.kv_lazy_info().phase == lazy.kv_lazy_info().phase == "q8_0"
