@@ -90,16 +90,20 @@ SavedState = Callable[..., object]
 def saved_state(tmp_path_factory: pytest.TempPathFactory) -> SavedState:
     """``saved_state(path, source, api, tokens, n_ctx)``: what ``save`` returns for a context of
     ``source`` holding ``tokens``, saved through ``api``. Built once per module for every target that
-    restores it (a restore only reads it; the source depends on these and on the rotation)."""
+    restores it (a restore only reads it; the source depends on these and on the rotation). One source
+    context serves every API: saving reads the context and changes nothing."""
+    sources: dict[tuple, Llama] = {}
     states: dict[tuple, object] = {}
     folder = tmp_path_factory.mktemp("saved-states")
 
     def get(path: Path, source: str, api: str, tokens: list[int], n_ctx: int = N_CTX) -> object:
-        key = (path, source, api, tuple(tokens), n_ctx, os.environ.get("LLAMA_ATTN_ROT_DISABLE"))
-        if key not in states:
+        context = (path, source, tuple(tokens), n_ctx, os.environ.get("LLAMA_ATTN_ROT_DISABLE"))
+        if context not in sources:
+            sources[context] = build(path, source, tokens, n_ctx)
+        if (context, api) not in states:
             (where := folder / str(len(states))).mkdir()
-            states[key] = save(build(path, source, tokens, n_ctx), api, where)
-        return states[key]
+            states[context, api] = save(sources[context], api, where)
+        return states[context, api]
 
     return get
 
