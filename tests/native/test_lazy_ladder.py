@@ -3,7 +3,8 @@
 A q4_0 cache of 2048 cells holds 512 cells as f16 (floor(2048 * 18/64) = 576, rounded down to
 the 256-cell padding), 1024 as q8_0 (floor(2048 * 18/34) = 1084) and 2048 as q4_0. A lazy q8_0
 cache of 1024 cells has the same two first rungs (f16 512, q8_0 1024), so up to 1024 tokens the
-ladder must compute exactly what it does. A cache of 1024 cells climbs at 256 and 512.
+ladder must compute exactly what it does. A cache of 1024 cells climbs at 256 and 512, the rungs of
+a lazy q8_0 cache of 512 cells (the pair the exactness test reads, with half the tokens).
 """
 
 from __future__ import annotations
