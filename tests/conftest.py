@@ -7,6 +7,7 @@ here, so `make test-fast` (``-m "not slow"``) runs the rest.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,24 @@ from tests.support.memory_keyring import MemoryKeyring
 pytest_plugins = ["tests.support.model_library"]
 
 REAL_MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "model_path"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a pytest-xdist worker every engine context the tests make takes one thread.
+
+    `make test` runs two workers on the two cores it is sized for; with the engine's default of a
+    thread per core they would run four threads on two cores, each waiting at the graph's barriers
+    for a thread that is not running. Contexts the tests build themselves read LAZYKV_TEST_THREADS
+    (`tests/native/rawctx.engine_threads`, also in their child processes); the app's engine sessions
+    take `default_threads()`, which is replaced here for the worker's whole run.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    os.environ.setdefault("LAZYKV_TEST_THREADS", "1")
+    threads = int(os.environ["LAZYKV_TEST_THREADS"])
+    from lazykv.core.engine import engine
+
+    engine.default_threads = lambda: threads
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -15,7 +15,7 @@ from llama_cpp import Llama
 
 from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
 
-from .rawctx import RawModel
+from .rawctx import RawModel, engine_threads
 
 KV_TYPES = {
     "f16": llama_cpp.GGML_TYPE_F16,
@@ -45,7 +45,7 @@ def make_llama(path: Path, kv: str = "q8_0", n_ctx: int = 512, **kwargs) -> Llam
         str(path),
         n_ctx=n_ctx,
         n_batch=512,
-        n_threads=2,
+        n_threads=engine_threads(),
         flash_attn=True,
         type_k=t,
         type_v=t,

@@ -4,11 +4,20 @@ express: several sequences in one cache, explicit positions, raw state blobs."""
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 from llama_cpp._logger import capture_errors
+
+
+def engine_threads() -> int:
+    """Engine threads for a test's own context: 2, as on the 2-core machine the suite is sized for;
+    1 in a pytest-xdist worker (`tests/conftest.py` sets LAZYKV_TEST_THREADS), so that two workers
+    on two cores run two engine threads, not four. Read here, not in tests/support, because child
+    processes run this module as a script."""
+    return int(os.environ.get("LAZYKV_TEST_THREADS", "2"))
 
 
 class DecodeError(RuntimeError):
@@ -45,7 +54,7 @@ class RawContext:
         p.n_batch = n_ctx
         p.n_ubatch = min(n_ctx, 512)
         p.n_seq_max = n_seq
-        p.n_threads = p.n_threads_batch = 2
+        p.n_threads = p.n_threads_batch = engine_threads()
         p.type_k = p.type_v = kv
         p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         p.kv_unified = unified

@@ -20,7 +20,7 @@ from llama_cpp import Llama, LlamaState, StateMismatchError
 from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
 
 from .helpers import greedy, make_llama, prompt_tokens, random_tokens, synthetic_model
-from .rawctx import RawContext, RawModel
+from .rawctx import RawContext, RawModel, engine_threads
 from .state_blob import conversion_mismatches, parse_context_state
 from .test_state_restore import native_restore
 
@@ -144,8 +144,8 @@ def test_k_q8_0_v_f16_cache_accepts_an_f16_state(smollm2_path: Path) -> None:
     src.eval(prompt[:-1])
 
     def mixed() -> Llama:
-        return Llama(str(smollm2_path), n_ctx=512, n_threads=2, flash_attn=True, type_k=Q8, type_v=F16,
-                     seed=1234, verbose=False)
+        return Llama(str(smollm2_path), n_ctx=512, n_threads=engine_threads(), flash_attn=True, type_k=Q8,
+                     type_v=F16, seed=1234, verbose=False)
 
     dst = mixed()
     dst.load_state(src.save_state(seq_id=0))

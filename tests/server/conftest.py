@@ -13,6 +13,7 @@ from lazykv.core.history.persistence import Crypto
 from lazykv.core.history.snapshot import Encryption
 from lazykv.server.service import Service
 from lazykv.server.settings import ServerSettings
+from tests.native.rawctx import engine_threads
 
 N_CTX = 1024
 API_KEY = "test-key-0123456789"
@@ -22,7 +23,7 @@ API_KEY = "test-key-0123456789"
 def session(smollm2_path: Path) -> Iterator[EngineSession]:
     """One loaded engine per test module (a server's thread owns it while the server runs)."""
     s = EngineSession()
-    s.load(smollm2_path, n_ctx=N_CTX, kv_mode="f16", n_threads=2)
+    s.load(smollm2_path, n_ctx=N_CTX, kv_mode="f16", n_threads=engine_threads())
     yield s
     s.close()
 

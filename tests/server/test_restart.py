@@ -17,6 +17,7 @@ from lazykv.core.history.snapshot import Encryption, read_header
 from lazykv.server.prefix_cache import API_CONVERSATION_ID, SUFFIX
 from lazykv.server.service import Service
 from lazykv.server.settings import ServerSettings
+from tests.native.rawctx import engine_threads
 
 SYSTEM = ("You are a helpful assistant who answers questions about gardening. Keep answers short, "
           "practical and friendly, and mention the season when it matters. ") * 3
@@ -34,7 +35,7 @@ def run(smollm2_path: Path, tmp_path: Path) -> Iterator:
             session.close()
         running.clear()
         session = EngineSession()
-        session.load(smollm2_path, n_ctx=n_ctx, kv_mode=kv, n_threads=2)
+        session.load(smollm2_path, n_ctx=n_ctx, kv_mode=kv, n_threads=engine_threads())
         settings = ServerSettings(port=0, cache_dir=tmp_path / "api-cache", cache_budget_bytes=budget)
         service = Service(settings, session, crypto, log_level="warning")
         service.start()

@@ -17,6 +17,7 @@ from lazykv.core.history.snapshot import Encryption
 from lazykv.core.kinds import FinishReason
 from lazykv.server.engine_access import Generation, Outcome, Piece, run_generation
 from lazykv.server.settings import ServerSettings, is_loopback
+from tests.native.rawctx import engine_threads
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "::", "example.org"])
@@ -69,7 +70,7 @@ def test_snapshot_protection_keyring_then_passphrase_then_none_only_when_asked(
 
 def test_a_cancelled_generation_stops_within_one_token(smollm2_path: Path) -> None:
     session = EngineSession()
-    session.load(smollm2_path, n_ctx=512, kv_mode="f16", n_threads=2)
+    session.load(smollm2_path, n_ctx=512, kv_mode="f16", n_threads=engine_threads())
     pieces: list[str] = []
     cancel = threading.Event()
 

@@ -93,7 +93,12 @@ class _AbortWatch:
 
 
 def default_threads() -> int:
-    return max(1, os.cpu_count() or 1)
+    """One engine thread per core this process may run on (its CPU affinity: `taskset`, a
+    container's cpuset), not per core of the machine: more threads than cores only wait."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 class EngineSession:
