@@ -4,7 +4,6 @@ a context chosen by memory, and which saved steps restore where (issue 14)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,8 @@ import pytest
 from lazykv.core.engine.engine import ConversionEvent, EngineSession, KvRestoreError, SamplingSettings
 from lazykv.core.engine.memory import MiB, context_for_budget, kv_bytes
 from lazykv.core.engine.types import ContextBudgetError
-from lazykv.core.history.persistence import _layout_fits
 from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
 from tests.core.test_engine_snapshot import LONG, MEDIUM, SHORT, first_turn, reply
-from tests.core.test_snapshot import make_header
 
 GREEDY = SamplingSettings(temperature=0.0, seed=1)
 N_CTX = 1024  # steps: 16-bit 256 cells, 8-bit 512, 4-bit all 1,024
@@ -170,7 +167,8 @@ RESTORES = {
 
 @pytest.mark.parametrize("step", list(SAVED_AT))
 def test_each_saved_step_restores_where_the_app_says_it_does(smollm2_path: Path, step: KvPhase) -> None:
-    """The app's check before native code (persistence._layout_fits) and the engine agree, per KV mode."""
+    """The engine's check (EngineSession.kv_refusal, which changes nothing) and its restore agree, per KV
+    mode, with the matrix the app documents."""
     a = EngineSession()
     a.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
     conversation = first_turn(a, SAVED_AT[step])
@@ -178,16 +176,15 @@ def test_each_saved_step_restores_where_the_app_says_it_does(smollm2_path: Path,
     expected, _ = reply(a, conversation)
     a.close()
     assert saved.layout["lazy_phase"] == step and saved.layout["type_k"] == step
-    header = replace(make_header(), type_k=str(saved.layout["type_k"]), type_v=str(saved.layout["type_v"]),
-                     n_rot_k=int(saved.layout["n_rot_k"]), n_rot_v=int(saved.layout["n_rot_v"]))
     for kv_mode in KvMode:
         b = EngineSession()
         try:
             b.load(smollm2_path, n_ctx=N_CTX, kv_mode=kv_mode)
-            fits = _layout_fits(header, b.layout())
-            assert fits == (kv_mode in RESTORES[step]), kv_mode
-            if not fits:
-                with pytest.raises(KvRestoreError):
+            refusal = b.kv_refusal(saved.tokens, saved.state)
+            assert (refusal is None) == (kv_mode in RESTORES[step]), (kv_mode, refusal)
+            if refusal is not None:
+                assert "mismatch" in refusal, refusal
+                with pytest.raises(KvRestoreError, match="mismatch"):
                     b.restore_kv(saved.tokens, saved.state)
                 continue
             b.restore_kv(saved.tokens, saved.state)
@@ -220,12 +217,10 @@ def test_a_compact_snapshot_resumes_on_the_4bit_step(smollm2_path: Path, step: K
     finally:
         a.close()
 
-    header = replace(make_header(), type_k="q4_0", type_v="q4_0", n_rot_k=int(compact.layout["n_rot_k"]),
-                     n_rot_v=int(compact.layout["n_rot_v"]))
     b = EngineSession()
     try:
         b.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
-        assert _layout_fits(header, b.layout())
+        assert b.kv_refusal(compact.tokens, compact.state) is None
         b.restore_kv(compact.tokens, compact.state)
         assert b.kv_status().phase is KvPhase.Q4_0
         got, reused = reply(b, conversation)

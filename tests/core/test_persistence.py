@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import os
 import re
 import shutil
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -130,7 +133,7 @@ def test_cross_mode_opens_follow_the_restore_matrix(
         assert result.how == how
         if how == "rebuilt":  # plain words first; the layout in the details
             assert "other context-memory settings" in result.note and "K/V" not in result.note
-            assert "another KV cache layout" in result.details
+            assert "the engine refuses its KV state (K/V type mismatch" in result.details
         assert reply(second.engine, conversation).strip()
     finally:
         second.close()
@@ -434,6 +437,68 @@ def test_an_older_format_snapshot_is_refused_as_older(
     path.write_bytes(raw.replace(marker, b'"format_version":%d' % version, 1))
     result = open_after(*data, smollm2_path)
     assert result.how == "rebuilt" and result.note == "its snapshot was saved by an older LazyKV Chat"
+
+
+def _layout_before_the_extension_block(blob: bytes) -> bytes:
+    """capture_kv's blob as the engine of patches 0010-0029 wrote it: sequence state version 5, the
+    storage layout after the rotation sizes instead of in the extension block."""
+    (n_meta,) = struct.unpack_from("<I", blob)
+    meta = json.loads(blob[4 : 4 + n_meta])
+    meta.update(seq_version=5, session_version=12)
+    native = blob[4 + n_meta :]
+    tag, _, size = struct.unpack_from("<III", native, 8)
+    assert tag == 0x6C6B7678  # 'lkvx', the block of this build
+    entries, at = {}, 20
+    while at < 20 + size:
+        entry_id, n = struct.unpack_from("<II", native, at)
+        entries[entry_id] = native[at + 8 : at + 8 + n]
+        at += 8 + n
+    header = native[at : at + 12]  # the stream count, the rotation sizes
+    old = native[:8] + header + entries[1] + native[at + 12 :]
+    meta_bytes = json.dumps(meta, sort_keys=True).encode()
+    return struct.pack("<I", len(meta_bytes)) + meta_bytes + old
+
+
+def test_a_snapshot_saved_before_the_extension_block_is_re_read_once(tmp_path: Path, smollm2_path: Path) -> None:
+    """Issue 25.4: the one format change of the round. A snapshot of the earlier state format (its header
+    says sequence state version 5) is refused by its header before the engine sees it, the transcript is
+    re-read (nothing is lost), and the next save restores."""
+    app = App(tmp_path, smollm2_path, "q8_0", crypto=Crypto(ENCRYPTION_NONE))
+    try:
+        conv, more = app.chat_and_save(SHORT)
+        binding = Binding(conv, transcript_digest(more[:2]))
+        header, tokens, state = read_snapshot(app.store.conversation(conv).snapshot.path, None, binding)
+        assert header.state_version == 4
+        old_header = dataclasses.replace(header, state_version=5)
+        pending = tmp_path / "old.lkv"
+        sha = write_snapshot(pending, old_header, tokens, _layout_before_the_extension_block(bytes(state)), None)
+        os.replace(pending, app.store.snapshot_path(sha))
+        _point_row_at(app, conv, sha, json.dumps(dataclasses.asdict(old_header)), None)
+        result = app.open(conv)
+        assert (result.how, result.note) == ("rebuilt", "it was saved by another version of the engine")
+        assert result.details == "state format 5; this engine uses 4"
+        assert len(app.store.conversation(conv).messages) == 2  # the transcript is intact
+        app.persistence.save(conv, app.store.conversation(conv).messages)
+        assert app.open(conv).how == "restored"
+    finally:
+        app.close()
+
+
+def test_the_engine_refuses_the_old_layout_itself(data: tuple[Path, int], smollm2_path: Path) -> None:
+    """Without its header's word, the engine's own check refuses a state of the earlier format (the
+    in-memory states carry no version), so it is never misread."""
+    app = App(data[0], smollm2_path, "q8_0")
+    try:
+        conv = data[1]
+        ref = app.store.conversation(conv).snapshot
+        key = app.persistence.crypto.unwrap(ref.wrapped_key, conv)
+        binding = Binding(conv, transcript_digest(app.store.conversation(conv).messages[:2]))
+        _, tokens, state = read_snapshot(ref.path, key, binding)
+        refusal = app.engine.kv_refusal(tokens, _layout_before_the_extension_block(bytes(state)))
+        assert refusal is not None and "damaged" in refusal
+        assert app.engine.kv_refusal(tokens, state) is None
+    finally:
+        app.close()
 
 
 class _Spy:

@@ -1,10 +1,11 @@
 """An independent reader of the engine's whole-context state format (patch 0001 on),
 for checking cache contents from Python: what the engine saves is what it holds.
 
-Layout: arch string; n_stream; K/V rotation sizes; the storage layout (K/V types and the
-layer count, since state version 12/5); per stream the cell count, then
-per cell its position and sequence ids, then per layer the K rows, then the V rows.
-Only models without per-cell extras (no M-RoPE, no PLE) and a non-transposed V.
+Layout: arch string; then per KV cache the extension block (tag, version, size, entries of id,
+size, data: the layout entry holds the K/V types and the layer count, the lazy entry the rungs;
+see native/README.md); n_stream; K/V rotation sizes (upstream's, state versions 11/4); per stream
+the cell count, then per cell its position and sequence ids, then per layer the K rows, then the
+V rows. Only models without per-cell extras (no M-RoPE, no PLE) and a non-transposed V.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ import struct
 from dataclasses import dataclass, field
 
 import numpy as np
+
+EXT_TAG = 0x6C6B7678  # LLAMA_STATE_EXT_TAG, 'lkvx'
+EXT_REQUIRED = 0x80000000
+EXT_LAYOUT = 1
+EXT_LAZY = 2
 
 QK8 = 32
 Q8_BLOCK = 34
@@ -33,6 +39,9 @@ class CacheState:
     type_k: int = -1
     type_v: int = -1
     n_layer: int = 0
+    ext_version: int = 0  # 0: no extension block (an upstream state)
+    lazy_phases: tuple[int, int] | None = None  # (rung when saved, rung written at) of a lazy cache
+    ext_entries: dict[int, bytes] = field(default_factory=dict)
     positions: list[int] = field(default_factory=list)
     k: list[Tensor] = field(default_factory=list)
     v: list[Tensor] = field(default_factory=list)
@@ -69,10 +78,31 @@ def parse_context_state(blob: bytes, n_caches: int = 1) -> tuple[str, list[Cache
     return arch, caches
 
 
+def parse_ext_block(data: bytes) -> tuple[int, dict[int, bytes]]:
+    """(version, {entry id: data}) of the extension block at the start of ``data``, ({} if none)."""
+    r = _Reader(data)
+    if r.u32() != EXT_TAG:
+        return 0, {}
+    version, size = r.u32(), r.u32()
+    block = _Reader(r.take(size))
+    entries: dict[int, bytes] = {}
+    while block.off < size:
+        entry_id, n = block.u32(), block.u32()
+        entries[entry_id] = block.take(n)
+    return version, entries
+
+
 def _parse_cache(r: _Reader) -> CacheState:
+    version, entries = parse_ext_block(r.data[r.off :])
+    if version:
+        r.take(12 + sum(8 + len(d) for d in entries.values()))
     n_stream = r.u32()
     assert n_stream == 1, "unified caches only"
-    cache = CacheState(n_rot_k=r.u32(), n_rot_v=r.u32(), type_k=r.i32(), type_v=r.i32(), n_layer=r.u32())
+    cache = CacheState(n_rot_k=r.u32(), n_rot_v=r.u32(), ext_version=version, ext_entries=entries)
+    if EXT_LAYOUT in entries:
+        cache.type_k, cache.type_v, cache.n_layer = struct.unpack("<iiI", entries[EXT_LAYOUT][:12])
+    if EXT_LAZY in entries:
+        cache.lazy_phases = struct.unpack("<ii", entries[EXT_LAZY][:8])
     n_cells = r.u32()
     if n_cells == 0:
         return cache
@@ -80,11 +110,12 @@ def _parse_cache(r: _Reader) -> CacheState:
         cache.positions.append(r.i32())
         r.take(4 * r.u32())  # sequence ids
     v_trans, n_layer = r.u32(), r.u32()
-    assert v_trans == 0 and n_layer == cache.n_layer
+    assert v_trans == 0 and n_layer == (cache.n_layer or n_layer)
+    cache.n_layer = n_layer
     for dest, header_type in ((cache.k, cache.type_k), (cache.v, cache.type_v)):
         for _ in range(n_layer):
             typ, row = r.i32(), r.u64()
-            assert typ == header_type, "every layer is stored as the header says"
+            assert typ == header_type or header_type == -1, "every layer is stored as the header says"
             rows = np.frombuffer(r.take(n_cells * row), dtype=np.uint8).reshape(n_cells, row)
             dest.append(Tensor(typ, rows))
     return cache

@@ -28,8 +28,9 @@ Q8 = llama_cpp.GGML_TYPE_Q8_0
 F16 = llama_cpp.GGML_TYPE_F16
 ON_DEVICE = llama_cpp.LLAMA_STATE_SEQ_FLAGS_ON_DEVICE
 
-# a sequence state: magic, seq id, then the cache: stream count, K/V rotation, K/V type, layer count
-SEQ_N_LAYER_OFFSET = 4 + 4 + 4 + 4 + 4 + 4 + 4
+# a plain cache's sequence state: magic, seq id, then the cache's extension block: tag, version, size, then its
+# layout entry: id, size, K/V type, layer count
+SEQ_N_LAYER_OFFSET = 4 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + 4
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,15 @@ from llama_cpp import LlamaState, StateMismatchError
 
 from .helpers import continuation, filled, greedy, make_llama, prompt_tokens
 
-# session file, sequence file: before the storage layout was recorded (11, 4), before patch 0001 (10, 3)
-PREVIOUS_VERSIONS = {None: (11, 10), 0: (4, 3)}
+# session file, sequence file: the storage layout's own version bump, before it moved into the extension
+# block (12, 5), before patch 0001 (10, 3)
+PREVIOUS_VERSIONS = {None: (12, 10), 0: (5, 3)}
 
 
-def test_versions_bumped() -> None:
-    assert llama_cpp.LLAMA_SESSION_VERSION == 12
-    assert llama_cpp.LLAMA_STATE_SEQ_VERSION == 5
+def test_versions_are_upstreams() -> None:
+    """Upstream's numbers (PR #28498, the rotation sizes); our fields are in the extension block."""
+    assert llama_cpp.LLAMA_SESSION_VERSION == 11
+    assert llama_cpp.LLAMA_STATE_SEQ_VERSION == 4
 
 
 def _assert_usable(llm, smollm2_path: Path) -> None:

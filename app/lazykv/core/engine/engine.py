@@ -288,11 +288,28 @@ class EngineSession:
         tokens = llama.input_ids[: llama.n_tokens].tolist()
         return KvSnapshot(self.layout(written_at=rung), tokens, blob)
 
+    def kv_refusal(self, tokens: Sequence[int], state: bytes | memoryview) -> str | None:
+        """Why restore_kv would refuse a captured KV cache (the engine's own check: the layout, the rung
+        a lazy cache would step to, the cell counts), or None when it would take it; changes nothing."""
+        llama, _ = self._require()
+        try:
+            return llama.state_refusal(self._saved_state(tokens, state), seq_id=0)
+        except KvRestoreError as err:
+            return str(err)
+
     def restore_kv(self, tokens: Sequence[int], state: bytes | memoryview) -> None:
         """Put a captured KV cache back; KvRestoreError (cache left empty) when it does not fit here.
 
         A writable ``state`` (a memoryview of a bytearray, as read_snapshot returns) is read by the
         engine in place; bytes are copied once."""
+        llama, _ = self._require()
+        try:
+            llama.load_state(self._saved_state(tokens, state), seq_id=0)
+        except llama_cpp.StateMismatchError as err:
+            raise KvRestoreError(err.reason) from err
+
+    def _saved_state(self, tokens: Sequence[int], state: bytes | memoryview) -> llama_cpp.LlamaState:
+        """capture_kv's blob (its metadata, then the engine's bytes, not copied) as a LlamaState."""
         llama, info = self._require()
         state = memoryview(state)
         try:
@@ -305,7 +322,7 @@ class EngineSession:
             raise KvRestoreError(f"{len(tokens)} saved tokens do not fit the context of {info.n_ctx}")
         input_ids = np.zeros(info.n_ctx, dtype=np.intc)
         input_ids[: len(tokens)] = tokens
-        saved = llama_cpp.LlamaState(
+        return llama_cpp.LlamaState(
             input_ids=input_ids,
             scores=np.empty((0, llama.n_vocab()), np.single),
             n_tokens=len(tokens),
@@ -315,10 +332,6 @@ class EngineSession:
             seq_id=0,
             metadata=metadata,
         )
-        try:
-            llama.load_state(saved, seq_id=0)
-        except llama_cpp.StateMismatchError as err:
-            raise KvRestoreError(err.reason) from err
 
     def rebuild_kv(self, messages: Sequence[dict[str, str]], on_progress: Callable[[int, int], None],
                    chunk: int = 256) -> int:

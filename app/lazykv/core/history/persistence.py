@@ -286,8 +286,9 @@ class Persistence:
         return OpenResult(OpenHow.REBUILT, note, n, time.perf_counter() - t0, details)
 
     def mismatch(self, header: SnapshotHeader) -> _Refused | None:
-        """Why a snapshot with this header cannot go into the loaded cache (None when it can): a
-        plain note, and the technical account as its details."""
+        """Why a snapshot with this header cannot go into the loaded cache (None when it may): a plain
+        note, and the technical account as its details. Whether its cells fit this cache is the
+        engine's to say, from the state itself, once the file is read (EngineSession.kv_refusal)."""
         layout = self.engine.layout()
         if header.model_sha256 != self.model_sha():
             return _Refused("it was saved with another model")
@@ -301,16 +302,20 @@ class Persistence:
                 "it is longer than the context size set now",
                 f"it holds {header.n_tokens} tokens, more than this context of {layout['n_ctx']}",
             )
-        if not _layout_fits(header, layout):
-            then, now = _memory_words(header.type_k), _memory_words(str(layout["type_k"]))
-            return _Refused(
-                "it was saved with other context-memory settings" + (f" ({then} then, {now} now)"
-                                                                     if then != now else ""),
-                f"it was saved with another KV cache layout (K/V {header.type_k}/{header.type_v}, "
-                f"rotation {header.n_rot_k}/{header.n_rot_v}); this {layout['kv_mode']} cache stores "
-                f"{layout['type_k']}/{layout['type_v']}, rotation {layout['n_rot_k']}/{layout['n_rot_v']}",
-            )
         return None
+
+    def layout_refusal(self, header: SnapshotHeader, refusal: str) -> _Refused:
+        """The note for a state the engine refuses (``EngineSession.kv_refusal``): how the cache stores its
+        cells differs (the engine judges that, from the state itself), in the user's words."""
+        layout = self.engine.layout()
+        then, now = _memory_words(header.type_k), _memory_words(str(layout["type_k"]))
+        return _Refused(
+            "it was saved with other context-memory settings" + (f" ({then} then, {now} now)"
+                                                                 if then != now else ""),
+            f"the engine refuses its KV state ({refusal}); it was saved as K/V {header.type_k}/{header.type_v}, "
+            f"rotation {header.n_rot_k}/{header.n_rot_v}; this {layout['kv_mode']} cache stores "
+            f"{layout['type_k']}/{layout['type_v']}, rotation {layout['n_rot_k']}/{layout['n_rot_v']}",
+        )
 
     def _restore(self, ref: SnapshotRef, conv_id: int, messages: Sequence[dict[str, str]]) -> int:
         """``ref`` is what the database recorded when the snapshot was saved: a file with any other
@@ -335,8 +340,11 @@ class Persistence:
 
         plain = recorded.get("encryption") == Encryption.NONE
         try:
-            _, tokens, state = read_snapshot(ref.path, key, binding, check=check,
-                                             sha256=ref.sha256 if plain else None)  # fmt: skip
+            header, tokens, state = read_snapshot(ref.path, key, binding, check=check,
+                                                  sha256=ref.sha256 if plain else None)  # fmt: skip
+            refusal = self.engine.kv_refusal(tokens, state)  # before the cache changes
+            if refusal is not None:
+                raise self.layout_refusal(header, refusal)
             self.engine.restore_kv(tokens, state)
         except (SnapshotError, KvRestoreError, OSError) as err:
             raise _refusal(err) from err
@@ -384,9 +392,6 @@ def _refusal(err: Exception) -> _Refused:
     return _Refused(_one_line(note), details)
 
 
-_QUANTIZED_RUNGS = ("q8_0", "q4_0", "q5_0")
-
-
 def _memory_words(ggml_type: str) -> str:
     """A KV cache type as a user knows it: "8-bit" for q8_0, "16-bit" for f16 (another as it is)."""
     rungs = set(KvPhase) - {KvPhase.CONVERTING}
@@ -396,32 +401,3 @@ def _memory_words(ggml_type: str) -> str:
 def _one_line(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= NOTE_MAX_CHARS else line[: NOTE_MAX_CHARS - 1] + "…"
-
-
-def _layout_fits(header: SnapshotHeader, layout: dict[str, object]) -> bool:
-    """The engine's rule (llama_cpp._layout_restorable), on the header's fields: the cells are read into
-    the cache as it is, else a lazy cache first steps down to a later rung whose layout reads them."""
-
-    def readable(type_k: object, type_v: object, rot_k: object, rot_v: object) -> bool:
-        return (_rows_readable(header.type_k, header.n_rot_k, type_k, rot_k)
-                and _rows_readable(header.type_v, header.n_rot_v, type_v, rot_v))
-
-    if readable(layout["type_k"], layout["type_v"], layout["n_rot_k"], layout["n_rot_v"]):
-        return True
-    rungs, phase = list(layout["lazy_rungs"]), layout["lazy_phase"]  # type: ignore[call-overload]
-    if phase not in rungs:
-        return False
-    return any(readable(rung, rung, layout["lazy_rot_k"], layout["lazy_rot_v"])
-               for rung in rungs[rungs.index(phase) + 1 :])
-
-
-def _rows_readable(type_saved: str, rot_saved: int, type_now: object, rot_now: object) -> bool:
-    """Rows stored as ``type_saved`` go into a tensor of ``type_now`` as they are (same rotation), or
-    converted on the way in: unrotated f16 rows to any quantized rung, rotated q8_0 rows to q4_0/q5_0."""
-    if type_saved == type_now:
-        return rot_saved == rot_now
-    if type_now not in _QUANTIZED_RUNGS:
-        return False
-    if type_saved == "f16":
-        return rot_saved == 0
-    return type_saved == "q8_0" and rot_saved == rot_now

@@ -1,0 +1,246 @@
+"""The saved state format next to upstream's (issue 25, sections 4 and 6; patches 0030-0033).
+
+Upstream's fields and version numbers (11 / 4, PR #28498) stay as they are; what this series adds
+(the storage layout, a lazy cache's rungs) is one extension block per KV cache, before its stream
+count: tag, version, size, then entries of id, size, data. A reader skips an entry it does not know
+unless the entry is marked required, and reads a state without the block as upstream does. The
+engine's own check (llama_state_seq_check_data) answers what the bindings used to guess, without
+changing the context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import time
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from .helpers import make_llama, prompt_tokens, random_tokens, synthetic_model
+from .rawctx import RawContext, RawModel
+from .state_blob import EXT_LAYOUT, EXT_LAZY, EXT_REQUIRED, EXT_TAG, parse_context_state, parse_ext_block
+
+F16, Q8, Q4 = llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_Q4_0
+SEQ_HEADER = 8  # a sequence state: the magic and the sequence id, then the cache's state
+
+
+@pytest.fixture(scope="module")
+def hd64(tmp_path_factory: pytest.TempPathFactory) -> RawModel:
+    return synthetic_model(tmp_path_factory, 64)
+
+
+def check(ctx: RawContext, blob: bytes, seq_id: int) -> tuple[int, str]:
+    """The engine's verdict on a sequence state, as llama_state_seq_check_data gives it."""
+    reason = ctypes.create_string_buffer(256)
+    rc = llama_cpp.llama_state_seq_check_data(ctx.ptr, blob, len(blob), seq_id, reason, len(reason))
+    return rc, reason.value.decode()
+
+
+def ext_size(blob: bytes, at: int = SEQ_HEADER) -> int:
+    """The bytes of the extension block that starts at ``at`` (0: none)."""
+    version, entries = parse_ext_block(blob[at:])
+    return 12 + sum(8 + len(d) for d in entries.values()) if version else 0
+
+
+def with_block(blob: bytes, entries: list[tuple[int, bytes]] | None) -> bytes:
+    """The sequence state with its extension block replaced by one of ``entries`` (None: no block)."""
+    rest = blob[SEQ_HEADER + ext_size(blob) :]
+    if entries is None:
+        return blob[:SEQ_HEADER] + rest
+    data = b"".join(struct.pack("<II", i, len(d)) + d for i, d in entries)
+    return blob[:SEQ_HEADER] + struct.pack("<III", EXT_TAG, 1, len(data)) + data + rest
+
+
+def layout_entry(blob: bytes) -> tuple[int, bytes]:
+    return EXT_LAYOUT, parse_ext_block(blob[SEQ_HEADER:])[1][EXT_LAYOUT]
+
+
+def filled(model: RawModel, kv: int, n: int = 40, lazy: bool = False, n_seq: int = 1) -> RawContext:
+    ctx = RawContext(model, kv, n_ctx=512, n_seq=n_seq, lazy=lazy)
+    ctx.decode(random_tokens(1, n))
+    return ctx
+
+
+# ---------------------------------------------------------------- the block
+
+
+def test_versions_are_upstreams_and_every_cache_writes_the_block(hd64: RawModel) -> None:
+    assert (llama_cpp.LLAMA_SESSION_VERSION, llama_cpp.LLAMA_STATE_SEQ_VERSION) == (11, 4)
+    plain = filled(hd64, Q8)
+    version, entries = parse_ext_block(plain.seq_state(0)[SEQ_HEADER:])
+    assert version == llama_cpp.LLAMA_STATE_EXT_VERSION == 1
+    assert set(entries) == {EXT_LAYOUT}  # a plain cache has no rungs
+    assert struct.unpack("<iiI", entries[EXT_LAYOUT]) == (Q8, Q8, 2)
+    arch, [cache] = parse_context_state(plain.state())
+    assert arch == "llama" and (cache.ext_version, cache.type_k, cache.n_rot_k) == (1, Q8, 64)
+    assert cache.lazy_phases is None and len(cache.positions) == 40
+
+
+def test_a_lazy_cache_records_its_rung_and_a_compact_state_the_rung_it_is_written_at(smollm2_path: Path) -> None:
+    ladder = make_llama(smollm2_path, "ladder", n_ctx=1024)
+    ladder.eval(prompt_tokens(ladder))
+    assert ladder.kv_lazy_info().phase == "f16"
+    states = {rung: ladder.save_state(rung=rung).llama_state for rung in (None, "q8_0", "q4_0")}
+    f16_phase = llama_cpp.LLAMA_KV_LAZY_F16
+    for rung, phase_written in ((None, f16_phase), ("q8_0", llama_cpp.LLAMA_KV_LAZY_Q8_0),
+                                ("q4_0", llama_cpp.LLAMA_KV_LAZY_Q4_0)):
+        _, [cache] = parse_context_state(states[rung])
+        assert cache.lazy_phases == (f16_phase, phase_written)
+        assert cache.type_k == {None: F16, "q8_0": Q8, "q4_0": Q4}[rung]
+        assert all(t.type == cache.type_k for t in cache.k + cache.v)  # the rows are what the block says
+
+
+def test_an_upstream_state_without_the_block_reads_as_upstream_reads_it(hd64: RawModel) -> None:
+    src = filled(hd64, Q8)
+    bare = with_block(src.seq_state(0), None)
+    want = src.decode([7])
+    assert struct.unpack_from("<I", bare, SEQ_HEADER)[0] == 1  # the stream count comes first: upstream's layout
+
+    same = RawContext(hd64, Q8, n_ctx=512)
+    assert check(same, bare, 0) == (llama_cpp.LLAMA_STATE_CHECK_OK, "")
+    ok, err = same.set_seq_state(bare, 0)
+    assert ok, err
+    assert np.array_equal(same.decode([7]), want)  # bit for bit
+
+    f16 = RawContext(hd64, F16, n_ctx=512)  # read as this cache stores rows: q8_0 rows are not f16 rows
+    rc, reason = check(f16, bare, 0)
+    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and "rotation mismatch" in reason
+
+
+def test_an_unknown_entry_is_skipped_unless_it_is_required(hd64: RawModel) -> None:
+    src = filled(hd64, Q8)
+    blob = src.seq_state(0)
+    want = filled(hd64, Q8).decode([7])
+    optional = with_block(blob, [(77, b"future"), layout_entry(blob), (78, b"")])
+    required = with_block(blob, [layout_entry(blob), (79 | EXT_REQUIRED, b"window")])
+
+    dst = RawContext(hd64, Q8, n_ctx=512, n_seq=2)
+    assert check(dst, optional, 0) == (llama_cpp.LLAMA_STATE_CHECK_OK, "")
+    ok, err = dst.set_seq_state(optional, 0)
+    assert ok, err
+    assert np.array_equal(dst.decode([7]), want)
+
+    dst.decode(random_tokens(2, 10), seq_id=1)
+    rc, reason = check(dst, required, 1)
+    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and "needs extension 79" in reason
+    ok, err = dst.set_seq_state(required, 1)
+    assert not ok and "needs extension 79" in err
+    assert (dst.pos_max(0), dst.pos_max(1)) == (40, -1)  # only the destination was emptied
+
+
+def test_a_state_of_the_layout_version_before_the_block_is_refused(hd64: RawModel) -> None:
+    """The in-memory blobs carry no version: a state written between 0010 and 0030 (the layout after the
+    rotation sizes) is refused by the new reader, never misread (the app re-reads such a snapshot's
+    transcript, see tests/core/test_persistence.py)."""
+    blob = filled(hd64, Q8).seq_state(0)
+    type_k, type_v, n_layer = struct.unpack("<iiI", layout_entry(blob)[1])
+    bare = with_block(blob, None)
+    at = SEQ_HEADER + 12  # after the stream count and the rotation sizes
+    old = bare[:at] + struct.pack("<iiI", type_k, type_v, n_layer) + bare[at:]
+    dst = RawContext(hd64, Q8, n_ctx=512)
+    rc, reason = check(dst, old, 0)
+    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and "damaged" in reason
+    assert not dst.set_seq_state(old, 0)[0]
+
+
+@pytest.mark.parametrize("damage", ["tag", "block size", "entry size"])
+def test_a_damaged_block_is_refused(hd64: RawModel, damage: str) -> None:
+    blob = bytearray(filled(hd64, Q8).seq_state(0))
+    offset = {"tag": SEQ_HEADER, "block size": SEQ_HEADER + 8, "entry size": SEQ_HEADER + 16}[damage]
+    struct.pack_into("<I", blob, offset, 0x7FFFFFFF)
+    dst = RawContext(hd64, Q8, n_ctx=512)
+    rc, reason = check(dst, bytes(blob), 0)
+    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and reason
+    assert not dst.set_seq_state(bytes(blob), 0)[0]
+
+
+# ---------------------------------------------------------------- the queries
+
+
+def test_the_check_changes_nothing_where_a_refused_restore_empties_its_destination(hd64: RawModel) -> None:
+    q8_state = filled(hd64, Q8, n=60).seq_state(0)
+    ctx = RawContext(hd64, F16, n_ctx=512, n_seq=2)
+    ctx.decode(random_tokens(3, 30), seq_id=0)
+    ctx.decode(random_tokens(4, 20), seq_id=1)
+    before = ctx.state()
+    rc, reason = check(ctx, q8_state, 1)
+    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and "K/V type mismatch" in reason
+    assert ctx.state() == before  # sequence 1 still holds its cells
+    ok, err = ctx.set_seq_state(q8_state, 1)
+    assert not ok and "K/V type mismatch" in err
+    assert (ctx.pos_max(0), ctx.pos_max(1)) == (29, -1)
+
+
+def test_the_check_counts_the_cells_a_sequence_restore_keeps(hd64: RawModel) -> None:
+    """The same state fits an empty sequence and not one beside a long conversation: the engine
+    knows the cells the restore keeps (the bindings cannot)."""
+    state = filled(hd64, Q8, n=300).seq_state(0)
+    ctx = RawContext(hd64, Q8, n_ctx=512, n_seq=2)
+    assert check(ctx, state, 1)[0] == llama_cpp.LLAMA_STATE_CHECK_OK
+    ctx.decode(random_tokens(5, 300), seq_id=0)
+    rc, reason = check(ctx, state, 1)
+    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and "holds at most" in reason
+    assert ctx.pos_max(0) == 299
+
+
+def test_the_check_of_a_whole_context_state(smollm2_path: Path, gemma3_path: Path) -> None:
+    smol = make_llama(smollm2_path, "q8_0")
+    smol.eval(prompt_tokens(smol))
+    whole = smol.save_state()
+    assert smol.state_refusal(whole) is None
+    gemma = make_llama(gemma3_path, "q8_0")
+    data = whole.llama_state
+    reason = ctypes.create_string_buffer(256)
+    rc = llama_cpp.llama_state_check_data(gemma._ctx.ctx, data, len(data), reason, len(reason))
+    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and "wrong model arch" in reason.value.decode()
+    rc = llama_cpp.llama_state_check_data(smol._ctx.ctx, data + b"\0", len(data) + 1, reason, len(reason))
+    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and "after its end" in reason.value.decode()
+
+
+def test_the_rotation_of_a_rung_comes_from_the_engine(smollm2_path: Path, gemma3_path: Path) -> None:
+    """Per cache, from each cache's own head size: Gemma-3's SWA cache rotates K by 256 like its base
+    (head size 256 in both); SmolLM2 by 64. The f16 rung is unrotated; a plain cache has no rungs."""
+
+    def rot(llm: llama_cpp.Llama, phase: int) -> tuple[int, int, int, int] | None:
+        info = llama_cpp.llama_state_rot_info()
+        if not llama_cpp.llama_kv_lazy_get_rot_info(llm._ctx.ctx, phase, ctypes.byref(info)):
+            return None
+        return info.n_rot_k, info.n_rot_v, info.n_rot_k_swa, info.n_rot_v_swa
+
+    ladder = make_llama(smollm2_path, "ladder", n_ctx=1024)
+    assert rot(ladder, llama_cpp.LLAMA_KV_LAZY_F16) == (0, 0, 0, 0)
+    assert rot(ladder, llama_cpp.LLAMA_KV_LAZY_Q8_0) == (64, 64, 0, 0)
+    assert rot(ladder, llama_cpp.LLAMA_KV_LAZY_Q4_0) == (64, 64, 0, 0)
+    assert rot(ladder, llama_cpp.LLAMA_KV_LAZY_Q5_0) is None
+    assert rot(make_llama(smollm2_path, "q8_0"), llama_cpp.LLAMA_KV_LAZY_Q8_0) is None
+    gemma = make_llama(gemma3_path, "ladder", n_ctx=1024)
+    assert rot(gemma, llama_cpp.LLAMA_KV_LAZY_Q4_0) == (256, 64, 256, 64)
+    gemma.eval(prompt_tokens(gemma))
+    meta = gemma.save_state(rung="q4_0").metadata
+    assert (meta["n_rot_k"], meta["n_rot_v"], meta["n_rot_k_swa"], meta["n_rot_v_swa"]) == (256, 64, 256, 64)
+
+
+def test_a_compact_state_is_converted_once(smollm2_path: Path) -> None:
+    """Measuring a compact state (llama_state_seq_get_size) counts its converted rows, it does not
+    convert them: the size costs nothing next to the data."""
+    ladder = make_llama(smollm2_path, "ladder", n_ctx=2048)
+    tokens = ladder.tokenize(b" ".join(b"word%d" % i for i in range(500)))[:500]
+    ladder.eval(tokens)
+    ctx = ladder._ctx.ctx
+    assert llama_cpp.llama_kv_lazy_set_state_rung(ctx, llama_cpp.LLAMA_KV_LAZY_Q4_0) == 0
+    try:
+        sizes, datas = [], []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+            sizes.append(time.perf_counter() - t0)
+            buf = (ctypes.c_uint8 * size)()
+            t0 = time.perf_counter()
+            assert llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0) == size
+            datas.append(time.perf_counter() - t0)
+    finally:
+        llama_cpp.llama_kv_lazy_set_state_rung(ctx, llama_cpp.LLAMA_KV_LAZY_DISABLED)
+    assert min(sizes) < 0.2 * min(datas), (sizes, datas)
