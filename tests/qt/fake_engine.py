@@ -245,6 +245,10 @@ class FakeSession:
         self.calls.append("capture-compact" if compact else "capture")
         return KvSnapshot(self.layout(), list(self._kv.tokens), b"fake-state" * 8)
 
+    def kv_refusal(self, tokens: Sequence[int], state: bytes | memoryview) -> str | None:
+        self._require()
+        return None  # the fake's states fit; restore_error refuses in restore_kv
+
     def restore_kv(self, tokens: Sequence[int], state: bytes | memoryview) -> None:
         self.calls.append("restore")
         if self.restore_error is not None:
