@@ -459,7 +459,9 @@ def _layout_before_the_extension_block(blob: bytes) -> bytes:
     return struct.pack("<I", len(meta_bytes)) + meta_bytes + old
 
 
-def test_a_snapshot_saved_before_the_extension_block_is_re_read_once(tmp_path: Path, smollm2_path: Path) -> None:
+def test_a_snapshot_saved_before_the_extension_block_is_re_read_once(
+    tmp_path: Path, smollm2_path: Path
+) -> None:
     """Issue 25.4: the one format change of the round. A snapshot of the earlier state format (its header
     says sequence state version 5) is refused by its header before the engine sees it, the transcript is
     re-read (nothing is lost), and the next save restores."""
@@ -471,7 +473,8 @@ def test_a_snapshot_saved_before_the_extension_block_is_re_read_once(tmp_path: P
         assert header.state_version == 4
         old_header = dataclasses.replace(header, state_version=5)
         pending = tmp_path / "old.lkv"
-        sha = write_snapshot(pending, old_header, tokens, _layout_before_the_extension_block(bytes(state)), None)
+        old_state = _layout_before_the_extension_block(bytes(state))
+        sha = write_snapshot(pending, old_header, tokens, old_state, None)
         os.replace(pending, app.store.snapshot_path(sha))
         _point_row_at(app, conv, sha, json.dumps(dataclasses.asdict(old_header)), None)
         result = app.open(conv)

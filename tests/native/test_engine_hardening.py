@@ -28,8 +28,8 @@ Q8 = llama_cpp.GGML_TYPE_Q8_0
 F16 = llama_cpp.GGML_TYPE_F16
 ON_DEVICE = llama_cpp.LLAMA_STATE_SEQ_FLAGS_ON_DEVICE
 
-# a plain cache's sequence state: magic, seq id, then the cache's extension block: tag, version, size, then its
-# layout entry: id, size, K/V type, layer count
+# a plain cache's sequence state: magic, seq id, then the cache's extension block: tag, version, size,
+# then its layout entry: id, size, K/V type, layer count
 SEQ_N_LAYER_OFFSET = 4 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + 4
 
 

@@ -79,7 +79,7 @@ def test_versions_are_upstreams_and_every_cache_writes_the_block(hd64: RawModel)
     assert cache.lazy_phases is None and len(cache.positions) == 40
 
 
-def test_a_lazy_cache_records_its_rung_and_a_compact_state_the_rung_it_is_written_at(smollm2_path: Path) -> None:
+def test_a_lazy_cache_records_its_rung_and_a_compact_state_its_written_rung(smollm2_path: Path) -> None:
     ladder = make_llama(smollm2_path, "ladder", n_ctx=1024)
     ladder.eval(prompt_tokens(ladder))
     assert ladder.kv_lazy_info().phase == "f16"
@@ -97,7 +97,7 @@ def test_an_upstream_state_without_the_block_reads_as_upstream_reads_it(hd64: Ra
     src = filled(hd64, Q8)
     bare = with_block(src.seq_state(0), None)
     want = src.decode([7])
-    assert struct.unpack_from("<I", bare, SEQ_HEADER)[0] == 1  # the stream count comes first: upstream's layout
+    assert struct.unpack_from("<I", bare, SEQ_HEADER)[0] == 1  # the stream count first: upstream's layout
 
     same = RawContext(hd64, Q8, n_ctx=512)
     assert check(same, bare, 0) == (llama_cpp.LLAMA_STATE_CHECK_OK, "")

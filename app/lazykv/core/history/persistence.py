@@ -312,7 +312,8 @@ class Persistence:
         return _Refused(
             "it was saved with other context-memory settings" + (f" ({then} then, {now} now)"
                                                                  if then != now else ""),
-            f"the engine refuses its KV state ({refusal}); it was saved as K/V {header.type_k}/{header.type_v}, "
+            f"the engine refuses its KV state ({refusal}); "
+            f"it was saved as K/V {header.type_k}/{header.type_v}, "
             f"rotation {header.n_rot_k}/{header.n_rot_v}; this {layout['kv_mode']} cache stores "
             f"{layout['type_k']}/{layout['type_v']}, rotation {layout['n_rot_k']}/{layout['n_rot_v']}",
         )
