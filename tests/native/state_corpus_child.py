@@ -33,7 +33,7 @@ N_TOKENS = {"f16": 80, "q8_0": 80, "lazy-before": 80, "lazy-after": 300}
 N_TRUNCATIONS = 20
 N_FLIPS = 20
 N_PROBE = 4  # decoding costs per token: a short probe, its logits compared in full
-HEADER_BYTES = 128  # the extension block (the storage layout), stream count, rotation sizes, cell count, first cells
+HEADER_BYTES = 128  # the extension block, stream count, rotation sizes, cell count, first cells
 
 TEXT = (
     b"The old lighthouse keeper climbed the stairs every evening at dusk. He counted the steps, "
