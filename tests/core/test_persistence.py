@@ -439,12 +439,14 @@ def test_an_older_format_snapshot_is_refused_as_older(
     assert result.how == "rebuilt" and result.note == "its snapshot was saved by an older LazyKV Chat"
 
 
-def _layout_before_the_extension_block(blob: bytes) -> bytes:
-    """capture_kv's blob as the engine of patches 0010-0029 wrote it: sequence state version 5, the
-    storage layout after the rotation sizes instead of in the extension block."""
+def _layout_before_the_extension_block(blob: bytes, versions: bool = True) -> bytes:
+    """capture_kv's blob as the engine of patches 0010-0029 wrote it: the storage layout after the
+    rotation sizes instead of in the extension block, and (``versions``) state versions 12 / 5 in its
+    metadata."""
     (n_meta,) = struct.unpack_from("<I", blob)
     meta = json.loads(blob[4 : 4 + n_meta])
-    meta.update(seq_version=5, session_version=12)
+    if versions:
+        meta.update(seq_version=5, session_version=12)
     native = blob[4 + n_meta :]
     tag, _, size = struct.unpack_from("<III", native, 8)
     assert tag == 0x6C6B7678  # 'lkvx', the block of this build
@@ -497,7 +499,10 @@ def test_the_engine_refuses_the_old_layout_itself(data: tuple[Path, int], smollm
         key = app.persistence.crypto.unwrap(ref.wrapped_key, conv)
         binding = Binding(conv, transcript_digest(app.store.conversation(conv).messages[:2]))
         _, tokens, state = read_snapshot(ref.path, key, binding)
-        refusal = app.engine.kv_refusal(tokens, _layout_before_the_extension_block(bytes(state)))
+        assert "sequence state format version: saved 5" in str(
+            app.engine.kv_refusal(tokens, _layout_before_the_extension_block(bytes(state))))
+        # the metadata passed: the engine's own check
+        refusal = app.engine.kv_refusal(tokens, _layout_before_the_extension_block(bytes(state), False))
         assert refusal is not None and "damaged" in refusal
         assert app.engine.kv_refusal(tokens, state) is None
     finally:
