@@ -16,8 +16,8 @@ The engine is the pinned llama-cpp-python sdist plus the patch series in
   key       print the cache key and the wheel version
   backend   print the backend the build is for (cpu, cuda, vulkan, metal) and why, one line
   tools     build llama.cpp's test and tool programs (test-llama-archs,
-            test-save-load-state, llama-perplexity, llama-bench,
-            ggml-rpc-server) of the exported series into the tools cache;
+            test-save-load-state, test-backend-ops, llama-perplexity,
+            llama-bench, ggml-rpc-server) of the exported series into the tools cache;
             print their directory; does nothing when current
 
 The backend follows the machine's GPU, not the tools alone (``detect_backend``):
@@ -108,7 +108,8 @@ TOOLS_CMAKE_ARGS = [
     "-DLLAMA_OPENSSL=OFF",
     "-DGGML_RPC=ON",
 ]
-TOOLS = ("test-llama-archs", "test-save-load-state", "llama-perplexity", "llama-bench", "ggml-rpc-server")
+TOOLS = ("test-llama-archs", "test-save-load-state", "test-backend-ops", "llama-perplexity", "llama-bench",
+         "ggml-rpc-server")
 
 GIT_ID = ["-c", "user.name=LazyKV build", "-c", "user.email=build@lazykv.invalid"]
 

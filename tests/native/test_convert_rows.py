@@ -1,13 +1,14 @@
-"""ggml-cpu's row conversion (patch 0007), which converts a lazy KV cache in host memory in place and
-converts f16 rows of a saved state as they are read.
+"""GGML_OP_CONVERT_ROWS on the engine's CPU backend, which converts a lazy KV cache in host memory in place
+and converts the rows of a saved state as they are read or written.
 
-`ggml_cpu_convert_rows(src, src_type, dst, dst_type, n_rows, n_per_row, n_rot, tmp)`: each row to F32
-(F16 rows rotated as they are loaded), rotated in groups of n_rot values by the FWHT of the Hadamard
-MUL_MAT (bit-identical to it, see test_fwht.py), then quantized with the CPU's own `from_float`. Checked
-here against NumPy: the rotation, the quantization of every block (q8_0, q4_0, q5_0: the types a KV cache
-steps through), and that converting in place (destination over the source's bytes) gives the bytes of an
-out-of-place conversion. Also the step a cache at q8_0 takes to q4_0: already rotated rows, no rotation.
-The rotation itself is test_fwht.py's subject (bit-identical to the staged transform used here).
+`ggml_convert_rows(ctx, a, b, n_rot)`: each row of a to F32 (F16 rows rotated as they are loaded), rotated in
+groups of n_rot values by the FWHT of the Hadamard MUL_MAT (bit-identical to it, see test_fwht.py), then
+quantized into b with the CPU's own `from_float`. Computed here as a one-node graph on the caller's memory and
+checked against NumPy: the rotation, the quantization of every block (q8_0, q4_0, q5_0: the types a KV cache
+steps through), and that converting in place (destination over the source's bytes), on any number of threads,
+gives the bytes of an out-of-place conversion. Also the step a cache at q8_0 takes to q4_0: already rotated
+rows, no rotation. The rotation itself is test_fwht.py's subject (bit-identical to the staged transform used
+here); test-backend-ops compares the op with its reference implementation (test_backend_ops.py).
 """
 
 from __future__ import annotations
@@ -17,30 +18,52 @@ import ctypes
 import numpy as np
 import pytest
 
-from .ggml_fa import _BASE, _CPU
+from .ggml_fa import _BASE, _CPU, _InitParams
 from .test_fwht import staged_fwht
 
 F16, Q8_0, Q4_0, Q5_0 = 1, 8, 2, 6
 BLOCK_BYTES = {t: _BASE.ggml_row_size(t, 32) for t in (Q8_0, Q4_0, Q5_0)}  # 34, 18, 22
 QUANT_NAMES = {Q8_0: "q8_0", Q4_0: "q4_0", Q5_0: "q5_0"}
 
-_CPU.ggml_cpu_convert_rows.argtypes = [
-    ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-    ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-]
-_CPU.ggml_cpu_convert_rows.restype = None
+_p = ctypes.c_void_p
+for _lib, _name, _args, _res in (
+    (_BASE, "ggml_convert_rows", [_p, _p, _p, ctypes.c_int], _p),
+    (_BASE, "ggml_backend_tensor_alloc", [_p, _p, _p], ctypes.c_int),
+    (_BASE, "ggml_backend_buffer_free", [_p], None),
+    (_CPU, "ggml_backend_cpu_buffer_from_ptr", [_p, ctypes.c_size_t], _p),
+):
+    getattr(_lib, _name).argtypes, getattr(_lib, _name).restype = _args, _res
 
 
 def convert(src: np.ndarray, src_type: int, dst_type: int, n_per_row: int, n_rot: int,
-            in_place: bool = False) -> bytes:
-    """Convert the rows in `src` (bytes of rows of src_type); returns the destination rows' bytes."""
+            in_place: bool = False, n_threads: int = 1) -> bytes:
+    """Convert the rows in `src` (bytes of rows of src_type) with a graph of one GGML_OP_CONVERT_ROWS on the
+    CPU backend; returns the destination rows' bytes."""
     n_rows = src.nbytes // _BASE.ggml_row_size(src_type, n_per_row)
     dst_bytes = n_rows * _BASE.ggml_row_size(dst_type, n_per_row)
     buf = np.frombuffer(src.tobytes(), dtype=np.uint8).copy()
     dst = buf if in_place else np.zeros(dst_bytes, dtype=np.uint8)
-    tmp = np.zeros(n_per_row, dtype=np.float32)
-    _CPU.ggml_cpu_convert_rows(buf.ctypes.data, src_type, dst.ctypes.data, dst_type, n_rows, n_per_row,
-                               n_rot, tmp.ctypes.data)
+
+    mem_size = _BASE.ggml_tensor_overhead() * 4 + _BASE.ggml_graph_overhead()
+    ctx = _BASE.ggml_init(_InitParams(mem_size, None, True))
+    backend = _CPU.ggml_backend_cpu_init()
+    buffers = [_CPU.ggml_backend_cpu_buffer_from_ptr(buf.ctypes.data, buf.nbytes)]
+    if not in_place:
+        buffers.append(_CPU.ggml_backend_cpu_buffer_from_ptr(dst.ctypes.data, dst.nbytes))
+    try:
+        a = _BASE.ggml_new_tensor_4d(ctx, src_type, n_per_row, n_rows, 1, 1)
+        b = _BASE.ggml_new_tensor_4d(ctx, dst_type, n_per_row, n_rows, 1, 1)
+        assert _BASE.ggml_backend_tensor_alloc(buffers[0], a, buf.ctypes.data) == 0
+        assert _BASE.ggml_backend_tensor_alloc(buffers[-1], b, dst.ctypes.data) == 0
+        graph = _BASE.ggml_new_graph(ctx)
+        _BASE.ggml_build_forward_expand(graph, _BASE.ggml_convert_rows(ctx, a, b, n_rot))
+        _CPU.ggml_backend_cpu_set_n_threads(backend, n_threads)
+        assert _BASE.ggml_backend_graph_compute(backend, graph) == 0
+    finally:
+        for buffer in buffers:
+            _BASE.ggml_backend_buffer_free(buffer)
+        _BASE.ggml_backend_free(backend)
+        _BASE.ggml_free(ctx)
     return dst[:dst_bytes].tobytes()
 
 
@@ -99,3 +122,23 @@ def test_q8_0_rows_step_down_to_q4_0_in_place() -> None:
     out = convert(q8, Q8_0, Q4_0, n_per_row, 0)
     check_quantized(values, out, Q4_0)
     assert convert(q8, Q8_0, Q4_0, n_per_row, 0, in_place=True) == out
+
+
+@pytest.mark.parametrize("n_threads", [2, 3, 4])
+@pytest.mark.parametrize(
+    ("src_type", "dst_type", "n_rot"),
+    [(F16, Q8_0, 64), (F16, Q4_0, 128), (Q8_0, Q4_0, 0)],
+    ids=["f16-q8_0", "f16-q4_0", "q8_0-q4_0"],
+)
+def test_in_place_on_several_threads_is_the_out_of_place_conversion(
+        src_type: int, dst_type: int, n_rot: int, n_threads: int) -> None:
+    """In place on several threads the op converts a chunk of rows at a time through its work buffer:
+    enough rows here for several chunks (and a last, partial one), each byte as converted out of place on
+    one thread."""
+    rng = np.random.default_rng(n_threads)
+    n_per_row = 256
+    x = rng.normal(0, 2, (2999, n_per_row)).astype(np.float16)
+    src = x if src_type == F16 else np.frombuffer(convert(x, F16, Q8_0, n_per_row, 64), np.uint8)
+    want = convert(src, src_type, dst_type, n_per_row, n_rot)
+    assert convert(src, src_type, dst_type, n_per_row, n_rot, in_place=True, n_threads=n_threads) == want
+    assert convert(src, src_type, dst_type, n_per_row, n_rot, n_threads=n_threads) == want

@@ -1,0 +1,35 @@
+"""llama.cpp's own test-backend-ops for the op the series adds, GGML_OP_CONVERT_ROWS (patch 0030), on the CPU.
+
+`test-backend-ops -b CPU` compares the CPU backend with the CPU backend on its reference paths (`use_ref`):
+for this op the plain product with the Hadamard matrix and each type's reference quantization, against the
+FWHT and the CPU's own quantization. The cases are the lazy KV cache's conversions (f16 rows rotated by 0, 32,
+64 or 128 and quantized to q8_0, q4_0 or q5_0; q8_0 rows requantized to q4_0 or q5_0), in place and not, and
+a few other types. Built by `native/build.py tools` (`make native-tools`) from the exported series.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from .test_upstream_state_suite import _build_module
+
+
+def backend_ops_program() -> Path:
+    path = _build_module().tools_dir() / "test-backend-ops"
+    if not path.is_file():
+        raise RuntimeError(f"test-backend-ops is not built for this patch series (expected {path}): "
+                           "run `make native-tools`")
+    return path
+
+
+def test_convert_rows_matches_the_reference_implementation() -> None:
+    proc = subprocess.run([str(backend_ops_program()), "test", "-b", "CPU", "-o", "CONVERT_ROWS"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
+    assert passed is not None, proc.stdout[-4000:]
+    assert passed.group(1) == passed.group(2)
+    assert int(passed.group(2)) == 2 * (3 * 4 + 2 + 2) + 3  # the cases of make_test_cases_eval()
+    assert "CONVERT_ROWS(type_src=f16,type_dst=q8_0,ne=[128,5000,1,1],n_rot=128,in_place=1)" in proc.stdout
