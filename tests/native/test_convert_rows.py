@@ -35,14 +35,22 @@ for _lib, _name, _args, _res in (
     getattr(_lib, _name).argtypes, getattr(_lib, _name).restype = _args, _res
 
 
+def aligned(n_bytes: int) -> np.ndarray:
+    """Zeroed bytes at an address a CPU buffer accepts (ggml_backend_cpu_buffer_from_ptr: 32-byte aligned)."""
+    raw = np.zeros(n_bytes + 64, dtype=np.uint8)
+    offset = -raw.ctypes.data % 64
+    return raw[offset : offset + n_bytes]
+
+
 def convert(src: np.ndarray, src_type: int, dst_type: int, n_per_row: int, n_rot: int,
             in_place: bool = False, n_threads: int = 1) -> bytes:
     """Convert the rows in `src` (bytes of rows of src_type) with a graph of one GGML_OP_CONVERT_ROWS on the
     CPU backend; returns the destination rows' bytes."""
     n_rows = src.nbytes // _BASE.ggml_row_size(src_type, n_per_row)
     dst_bytes = n_rows * _BASE.ggml_row_size(dst_type, n_per_row)
-    buf = np.frombuffer(src.tobytes(), dtype=np.uint8).copy()
-    dst = buf if in_place else np.zeros(dst_bytes, dtype=np.uint8)
+    buf = aligned(src.nbytes)
+    buf[:] = np.frombuffer(src.tobytes(), dtype=np.uint8)
+    dst = buf if in_place else aligned(dst_bytes)
 
     mem_size = _BASE.ggml_tensor_overhead() * 4 + _BASE.ggml_graph_overhead()
     ctx = _BASE.ggml_init(_InitParams(mem_size, None, True))
