@@ -75,7 +75,7 @@ def test_refused_restore_leaves_an_empty_cache_and_rebuild_reads_the_transcript(
     b = EngineSession()
     try:
         b.load(smollm2_path, n_ctx=N_CTX, kv_mode="f16")
-        with pytest.raises(KvRestoreError, match="K cache type"):
+        with pytest.raises(KvRestoreError, match="K/V type mismatch: the state stores K/V as q8_0"):
             b.restore_kv(saved.tokens, saved.state)
         assert b.kv_status().n_cells_used == 0
         progress: list[tuple[int, int]] = []
