@@ -13,9 +13,14 @@ run: setup
 	$(PY) -m lazykv $(ARGS)
 
 # OMP_WAIT_POLICY=PASSIVE: engine threads sleep at barriers instead of spinning, so tests keep
-# their pace when other processes share the cores (timings live in `make bench`, which spins)
+# their pace when other processes share the cores (timings live in `make bench`, which spins).
+# Two pytest-xdist workers, a test file per worker at a time, each engine context on one thread
+# (tests/conftest.py): the suite waits on Qt, child processes and single-token decodes much of the
+# time, so two workers keep both cores busy (TEST_JOBS=0 runs everything in this process)
+TEST_JOBS ?= 2
 test: setup native-tools
-	OMP_WAIT_POLICY=PASSIVE QT_QPA_PLATFORM=offscreen $(PY) -m pytest $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=PASSIVE QT_QPA_PLATFORM=offscreen $(PY) -m pytest \
+		$(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile) $(PYTEST_ARGS)
 
 # everything but the real-model tests (marked slow in tests/conftest.py): under 2 minutes. Those
 # tests mostly wait (Qt event loops, child processes, keyring time-outs), so they run in two
