@@ -119,8 +119,10 @@ def test_the_idle_timer_does_not_add_a_step_to_a_manual_one(
     assert not w.idle_conversion_pending
     assert sum(isinstance(r, Convert) for r in w.engine.pending()) == 1
     fake.release()
+    # the status after the step comes after its request is done: wait for it, not only for the requests
+    qtbot.waitUntil(lambda: w.kv is not None and w.kv.phase is KvPhase.Q8_0, timeout=WAIT_MS)
     settle(qtbot, w)
-    assert w.kv.phase is KvPhase.Q8_0 and fake.calls.count("convert") == 1
+    assert fake.calls.count("convert") == 1
 
 
 def test_a_step_in_progress_names_its_target_in_the_panel_and_the_indicator(
