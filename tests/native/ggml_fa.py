@@ -19,10 +19,12 @@ import numpy as np
 GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
 GGML_TYPE_Q4_0 = 2
+GGML_TYPE_Q5_0 = 6
 GGML_TYPE_Q8_0 = 8
 GGML_PREC_F32 = 10
 GGML_HINT_SRC0_IS_HADAMARD = 1
-TYPE_NAMES = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16, "q4_0": GGML_TYPE_Q4_0, "q8_0": GGML_TYPE_Q8_0}
+TYPE_NAMES = {"f32": GGML_TYPE_F32, "f16": GGML_TYPE_F16, "q4_0": GGML_TYPE_Q4_0, "q5_0": GGML_TYPE_Q5_0,
+              "q8_0": GGML_TYPE_Q8_0}
 
 # upstream tests/test-backend-ops.cpp, test_flash_attn_ext::max_nmse_err()
 FLASH_ATTN_EXT_MAX_NMSE = 5e-4
@@ -90,7 +92,7 @@ def _fill(t: int, type_name: str, values: np.ndarray) -> None:
     """Write f32 `values` (rows of ne0) into tensor t of type `type_name`."""
     dst = _BASE.ggml_get_data(t)
     values = np.ascontiguousarray(values, dtype=np.float32)
-    if type_name in ("q4_0", "q8_0"):
+    if type_name in ("q4_0", "q5_0", "q8_0"):
         n_per_row = values.shape[-1]
         _BASE.ggml_quantize_chunk(
             TYPE_NAMES[type_name], values.ctypes.data, dst, 0, values.size // n_per_row, n_per_row, None
