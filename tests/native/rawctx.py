@@ -28,6 +28,7 @@ class DecodeError(RuntimeError):
 
 class RawModel:
     def __init__(self, path: Path):
+        self.path = path
         params = llama_cpp.llama_model_default_params()
         # the CPU only, whatever the process registered: with no list llama.cpp offloads to every registered
         # device, an RPC server of an earlier test (gone since) included

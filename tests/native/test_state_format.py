@@ -11,7 +11,10 @@ changing the context.
 from __future__ import annotations
 
 import ctypes
+import json
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from .state_blob import EXT_LAYOUT, EXT_REQUIRED, EXT_TAG, parse_context_state, 
 
 F16, Q8, Q4 = llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_Q4_0
 SEQ_HEADER = 8  # a sequence state: the magic and the sequence id, then the cache's state
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -146,15 +150,28 @@ def test_a_state_of_the_layout_version_before_the_block_is_refused(hd64: RawMode
     assert not dst.set_seq_state(old, 0)[0]
 
 
-@pytest.mark.parametrize("damage", ["tag", "block size", "entry size"])
-def test_a_damaged_block_is_refused(hd64: RawModel, damage: str) -> None:
-    blob = bytearray(filled(hd64, Q8).seq_state(0))
-    offset = {"tag": SEQ_HEADER, "block size": SEQ_HEADER + 8, "entry size": SEQ_HEADER + 16}[damage]
-    struct.pack_into("<I", blob, offset, 0x7FFFFFFF)
-    dst = RawContext(hd64, Q8, n_ctx=512)
+DAMAGES = {"tag": SEQ_HEADER, "block size": SEQ_HEADER + 8, "entry size": SEQ_HEADER + 16}
+
+
+def damaged_block_verdict(model: RawModel, damage: str) -> dict[str, object]:
+    """A q8_0 sequence state with one field of its extension block overwritten: the engine's check and
+    whether the restore went through."""
+    blob = bytearray(filled(model, Q8).seq_state(0))
+    struct.pack_into("<I", blob, DAMAGES[damage], 0x7FFFFFFF)
+    dst = RawContext(model, Q8, n_ctx=512)
     rc, reason = check(dst, bytes(blob), 0)
-    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and reason
-    assert not dst.set_seq_state(bytes(blob), 0)[0]
+    return {"rc": rc, "reason": reason, "restored": dst.set_seq_state(bytes(blob), 0)[0]}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_block_is_refused(hd64: RawModel, damage: str) -> None:
+    """In a child process (this file run as a program): an abort fails this case, not the run."""
+    proc = subprocess.run([sys.executable, "-m", "tests.native.test_state_format", str(hd64.path), damage],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, f"the child died (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    verdict = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert verdict["rc"] == llama_cpp.LLAMA_STATE_CHECK_REFUSED and verdict["reason"]
+    assert not verdict["restored"]
 
 
 # ---------------------------------------------------------------- the queries
@@ -244,3 +261,7 @@ def test_a_compact_state_is_converted_once(smollm2_path: Path) -> None:
     finally:
         llama_cpp.llama_kv_lazy_set_state_rung(ctx, llama_cpp.LLAMA_KV_LAZY_DISABLED)
     assert min(sizes) < 0.2 * min(datas), (sizes, datas)
+
+
+if __name__ == "__main__":  # python -m tests.native.test_state_format MODEL DAMAGE (test_a_damaged_block_is_refused)
+    print(json.dumps(damaged_block_verdict(RawModel(Path(sys.argv[1])), sys.argv[2])))
