@@ -8,7 +8,9 @@
 # - a Secret Service (gnome-keyring on a private D-Bus session) for the OS keyring test;
 # - a headless X desktop for the xcb smoke tests (tests/test_xcb_smoke.py, `make dist-check`):
 #   Xvfb, the openbox window manager, wmctrl/xwininfo to find and close windows, ImageMagick's
-#   `import` for screenshots.
+#   `import` for screenshots;
+# - ccache, which native/build.py hands to CMake when present: a rebuild of the engine or of the
+#   llama.cpp tools after a change to the patch series recompiles only what changed.
 # Debian/Ubuntu only; elsewhere it only reports what is missing.
 set -eu
 need=""
@@ -31,7 +33,17 @@ for pair in gnome-keyring-daemon:gnome-keyring dbus-run-session:dbus-daemon \
     cmd=${pair%%:*}
     command -v "$cmd" >/dev/null 2>&1 || { need="$need $cmd"; pkgs="$pkgs ${pair#*:}"; }
 done
-[ -z "$need" ] && exit 0
+# optional: ccache (nothing fails without it; installed with the rest, or alone, where apt-get is)
+command -v ccache >/dev/null 2>&1 || pkgs="$pkgs ccache"
+if [ -z "$need" ]; then
+    case "$pkgs" in
+        *ccache*) if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+                      { apt-get update -qq && apt-get install -y -qq --no-install-recommends ccache >/dev/null; } ||
+                          echo "sysdeps: ccache not installed (optional: faster engine rebuilds)" >&2
+                  fi ;;
+    esac
+    exit 0
+fi
 echo "sysdeps: missing:$need"
 if command -v apt-get >/dev/null 2>&1; then
     SUDO=""
