@@ -127,3 +127,26 @@ def test_ggml_block_sizes_are_the_engines() -> None:
     lib.ggml_type_size.restype, lib.ggml_type_size.argtypes = ctypes.c_size_t, [ctypes.c_int]
     engine = {t: (lib.ggml_blck_size(t), lib.ggml_type_size(t)) for t in range(max(GGML_BLOCKS) + 1)}
     assert GGML_BLOCKS == {t: sizes for t, sizes in engine.items() if sizes[0] > 0}
+
+
+def test_a_split_model_is_read_from_all_its_shards(
+    tmp_path: Path, split_shards: dict[str, bytes], tiny_gguf: Path
+) -> None:
+    """The app loads a split model by its first shard, as llama.cpp does: the metadata (what the memory plan
+    and the estimate read) covers every shard, and a missing shard is named before llama.cpp is asked."""
+    from lazykv.core.engine.model_load import read_checked_meta
+    from lazykv.core.engine.types import ModelNotFoundError
+
+    for name, data in split_shards.items():
+        (tmp_path / name).write_bytes(data)
+    first, *rest = sorted(tmp_path.glob("split-Q8_0-*.gguf"))
+    meta = read_checked_meta(first)
+    assert meta.file_size == sum(p.stat().st_size for p in (first, *rest))
+    one_file = read_checked_meta(tiny_gguf)  # the same shape in one file
+    assert meta.n_params == one_file.n_params
+    assert meta.tensors is not None and one_file.tensors is not None
+    assert meta.tensors.total == one_file.tensors.total
+
+    rest[-1].unlink()
+    with pytest.raises(ModelNotFoundError, match=f"{rest[-1].name} is missing: {first.name} is the first of 3"):
+        read_checked_meta(first)

@@ -14,6 +14,7 @@ from lazykv.core.engine.memory import context_for_budget, fmt_bytes, kv_bytes
 from lazykv.core.engine.model_meta import CTX_PADDING, GGUFError, ModelMeta, read_model_meta
 from lazykv.core.engine.planner import AUTO, Device, Plan, max_ctx, plan
 from lazykv.core.engine.remote import Unreachable, normalize_endpoints, probe_all
+from lazykv.core.engine.shards import merged_meta, shard_paths
 from lazykv.core.engine.types import (
     ContextBudgetError,
     ModelFileError,
@@ -56,10 +57,18 @@ def check_model_file(path: Path) -> None:
 
 
 def read_checked_meta(path: Path) -> ModelMeta:
-    """The file's metadata, or the ModelFileError to show (stdlib only: safe before loading)."""
-    check_model_file(path)
+    """The model's metadata, or the ModelFileError to show (stdlib only: safe before loading). A split
+    model's first shard stands for all of them, as llama.cpp opens it: every shard is checked and their
+    metadata merged (the weights of every shard, which the memory plan counts)."""
+    paths = shard_paths(path)
+    for i, shard in enumerate(paths):
+        if i and not shard.is_file():
+            raise ModelNotFoundError(
+                f"{shard.name} is missing: {path.name} is the first of {len(paths)} files of one model, "
+                "which must lie in the same folder.", f"expected at {shard}")
+        check_model_file(shard)
     try:
-        return read_model_meta(path)
+        return merged_meta([read_model_meta(shard) for shard in paths])
     except GGUFError as err:
         raise ModelFileError(str(err), err.details) from err
 
