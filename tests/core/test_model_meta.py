@@ -148,5 +148,6 @@ def test_a_split_model_is_read_from_all_its_shards(
     assert meta.tensors.total == one_file.tensors.total
 
     rest[-1].unlink()
-    with pytest.raises(ModelNotFoundError, match=f"{rest[-1].name} is missing: {first.name} is the first of 3"):
+    missing = f"{rest[-1].name} is missing: {first.name} is the first of 3"
+    with pytest.raises(ModelNotFoundError, match=missing):
         read_checked_meta(first)

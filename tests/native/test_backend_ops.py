@@ -1,11 +1,12 @@
-"""llama.cpp's own test-backend-ops for what the series adds to ggml, on the CPU: GGML_OP_CONVERT_ROWS (patch 0034)
-and flash attention over quantized K/V (0037, 0038).
+"""llama.cpp's own test-backend-ops for what the series adds to ggml, on the CPU: GGML_OP_CONVERT_ROWS
+(patch 0034) and flash attention over quantized K/V (0037, 0038).
 
 `test-backend-ops -b CPU` compares the CPU backend with the CPU backend on its reference paths (`use_ref`):
-for CONVERT_ROWS the plain product with the Hadamard matrix and each type's reference quantization, against the
-FWHT and the CPU's own quantization; for FLASH_ATTN_EXT the vec-only kernel. The CONVERT_ROWS cases are the lazy KV cache's conversions (f16 rows rotated by 0, 32,
-64 or 128 and quantized to q8_0, q4_0 or q5_0; q8_0 rows requantized to q4_0 or q5_0), in place and not, and
-a few other types. Built by `native/build.py tools` (`make native-tools`) from the exported series.
+for CONVERT_ROWS the plain product with the Hadamard matrix and each type's reference quantization,
+against the FWHT and the CPU's own quantization; for FLASH_ATTN_EXT the vec-only kernel. The CONVERT_ROWS
+cases are the lazy KV cache's conversions (f16 rows rotated by 0, 32, 64 or 128 and quantized to q8_0,
+q4_0 or q5_0; q8_0 rows requantized to q4_0 or q5_0), in place and not, and a few other types. Built by
+`native/build.py tools` (`make native-tools`) from the exported series.
 """
 
 from __future__ import annotations
@@ -37,15 +38,15 @@ def test_convert_rows_matches_the_reference_implementation() -> None:
 
 
 def test_flash_attention_over_quantized_kv_matches_the_reference_path() -> None:
-    """The CPU's tiled and split-KV flash attention paths over K and V each f16, q8_0, q5_0 or q4_0 (patch 0038's
-    cases, `nh=2`), against the reference kernel, within the op's tolerance (NMSE 5e-4)."""
-    proc = subprocess.run([str(backend_ops_program()), "test", "-b", "CPU", "-o", "FLASH_ATTN_EXT", "-p", "nh=2,"],
-                          capture_output=True, text=True, timeout=900)
+    """The CPU's tiled and split-KV flash attention paths over K and V each f16, q8_0, q5_0 or q4_0 (patch
+    0038's cases, `nh=2`), against the reference kernel, within the op's tolerance (NMSE 5e-4)."""
+    cmd = [str(backend_ops_program()), "test", "-b", "CPU", "-o", "FLASH_ATTN_EXT", "-p", "nh=2,"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
     assert passed is not None, proc.stdout[-4000:]
     assert passed.group(1) == passed.group(2)
-    # 0038 adds 15 K/V type pairs (all but f16/f16) x 2 head sizes x 2 GQA x 4 shapes; upstream has a few nh=2 cases
+    # 0038: 15 K/V type pairs (all but f16/f16) x 2 head sizes x 2 GQA x 4 shapes; upstream has a few nh=2 too
     assert int(passed.group(2)) >= 15 * 2 * 2 * 4
     for case in ("type_K=q5_0,type_V=q5_0", "type_K=q8_0,type_V=f16", "type_K=f16,type_V=q4_0"):
         assert case in proc.stdout

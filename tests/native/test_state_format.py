@@ -263,5 +263,5 @@ def test_a_compact_state_is_converted_once(smollm2_path: Path) -> None:
     assert min(sizes) < 0.2 * min(datas), (sizes, datas)
 
 
-if __name__ == "__main__":  # python -m tests.native.test_state_format MODEL DAMAGE (test_a_damaged_block_is_refused)
+if __name__ == "__main__":  # python -m tests.native.test_state_format MODEL DAMAGE (a damaged-block child)
     print(json.dumps(damaged_block_verdict(RawModel(Path(sys.argv[1])), sys.argv[2])))
