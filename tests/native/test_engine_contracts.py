@@ -4,8 +4,9 @@
   llama (the memory use, the lazy info) and replace itself; replacing it from another thread
   returns once the running call has returned.
 - A dead RPC server does not end the application: a decode or a conversion on it fails with an
-  error (llama_decode's return code) and the log says which server stopped answering. Run in a
-  child process, since before the fix the process aborted.
+  error (llama_decode's return code) and the log says which server stopped answering, also when the
+  server dies while a decode's outputs are owed (they would read as zeros). Run in a child process,
+  since before the fix the process aborted.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def test_progress_callback_replaced_from_another_thread_waits_for_the_running_ca
 
 CHILD = textwrap.dedent(
     """
-    import ctypes, signal, socket, subprocess, sys, time
+    import ctypes, signal, socket, subprocess, sys, threading, time
     import llama_cpp
     from llama_cpp.llama import _rpc_add_server_devices
     from tests.native.rawctx import DecodeError, RawContext, RawModel
@@ -135,6 +136,12 @@ CHILD = textwrap.dedent(
                 kill_server()
         llama_cpp.llama_kv_lazy_set_progress_callback(ctx.ptr, on_progress, None)
         tokens = random_tokens(2, 500)  # past the f16 view of 512 cells
+    elif when == "mid-decode":
+        # the server stops before the batch reaches it and dies while the batch's logits are owed: the
+        # decode queues the graph and the copy of its outputs, which ggml-rpc then fills with zeros
+        server.send_signal(signal.SIGSTOP)
+        threading.Timer(1.0, kill_server).start()
+        tokens = random_tokens(2, 1)
     else:
         kill_server()
         tokens = random_tokens(2, 1)
@@ -151,7 +158,7 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("when", ["between-decodes", "conversion"])
+@pytest.mark.parametrize("when", ["between-decodes", "mid-decode", "conversion"])
 def test_dead_rpc_server_fails_the_decode_instead_of_ending_the_process(model_file: Path, when: str) -> None:
     path = [str(ROOT), str(ROOT / "app"), os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
