@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.engine import KvRestoreError
+from lazykv.core.history.records import StoreBusyError
 from lazykv.core.history.store import Store
 from lazykv.qt.main_window import MainWindow, Timings
 from tests.qt.fake_engine import FakeSession
@@ -42,11 +44,19 @@ def stored(w: MainWindow | None = None) -> list[tuple[str, list[dict[str, str]]]
 
     if w is not None:
         return w.database.call(read)
-    store = Store()
-    try:
-        return read(store)
-    finally:
-        store.close()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            store = Store()  # a second connection: busy while the app's first write sets the database up
+        except StoreBusyError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+            continue
+        try:
+            return read(store)
+        finally:
+            store.close()
 
 
 
