@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import json
 import os
@@ -21,6 +20,7 @@ from llama_cpp import llama_chat_format
 
 from lazykv.core.chat.context_policy import fit_messages
 from lazykv.core.chat.conversation import common_prefix
+from lazykv.core.engine.abort import AbortWatch
 from lazykv.core.engine.memory import split_by_device
 from lazykv.core.engine.model_load import (
     TYPE_NAMES,
@@ -66,32 +66,6 @@ CHATML_TEMPLATE = (
 )
 
 
-class _AbortWatch:
-    """The context's abort callback: a decode in progress stops between graph nodes once the watched
-    token is set (llama_decode then returns 2 and keeps the micro-batches it finished).
-
-    Installed only around long decodes (a prompt being read, a transcript re-read): the callback is
-    Python, called once per graph node, and needs the GIL each time; while tokens stream, the GUI
-    thread runs Python and the reply is stopped between pieces instead."""
-
-    def __init__(self, ctx: llama_cpp.llama_context_p, token: Callable[[], threading.Event | None]) -> None:
-        self._ctx = ctx
-        self._token = token
-        self._callback = llama_cpp.ggml_abort_callback(self._aborted)  # kept alive with this object
-
-    def _aborted(self, _data: ctypes.c_void_p) -> bool:
-        token = self._token()
-        return token is not None and token.is_set()
-
-    @contextmanager
-    def installed(self) -> Iterator[None]:
-        llama_cpp.llama_set_abort_callback(self._ctx, self._callback, None)
-        try:
-            yield
-        finally:
-            llama_cpp.llama_set_abort_callback(self._ctx, llama_cpp.ggml_abort_callback(), None)
-
-
 def default_threads() -> int:
     """One engine thread per core this process may run on (its CPU affinity: `taskset`, a
     container's cpuset), not per core of the machine: more threads than cores only wait."""
@@ -114,7 +88,7 @@ class EngineSession:
         self._on_conversion: Callable[[ConversionEvent], None] | None = None
         self._conversion_cells = 0
         self._last_prompt: tuple[object, tuple[list[int], list[str]]] | None = None
-        self._abort: _AbortWatch | None = None
+        self._abort: AbortWatch | None = None
         self._cancel: threading.Event | None = None  # the token of the request running (see cancellable)
 
     def load(
@@ -201,7 +175,7 @@ class EngineSession:
         self.close()
         self._llama, self._info = llama, info
         self._formatter, self._last_prompt = _chat_formatter(llama), None
-        self._abort = _AbortWatch(llama.ctx, lambda: self._cancel)
+        self._abort = AbortWatch(llama.ctx, lambda: self._cancel)
         if kv_mode.is_lazy:
             llama.set_kv_lazy_progress_callback(self._conversion_progress)
         return info
