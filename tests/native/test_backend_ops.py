@@ -33,7 +33,7 @@ def test_convert_rows_matches_the_reference_implementation() -> None:
     passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
     assert passed is not None, proc.stdout[-4000:]
     assert passed.group(1) == passed.group(2)
-    assert int(passed.group(2)) == 2 * (3 * 4 + 2 + 2) + 3  # the cases of make_test_cases_eval()
+    assert int(passed.group(2)) == 2 * (3 * 4 + 2 * 2 + 2) + 3  # the cases of make_test_cases_eval()
     assert "CONVERT_ROWS(type_src=f16,type_dst=q8_0,ne=[128,5000,1,1],n_rot=128,in_place=1)" in proc.stdout
 
 

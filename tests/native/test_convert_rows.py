@@ -21,7 +21,7 @@ import pytest
 from .ggml_fa import _BASE, _CPU, _InitParams
 from .test_fwht import staged_fwht
 
-F16, Q8_0, Q4_0, Q5_0 = 1, 8, 2, 6
+F32, F16, Q8_0, Q4_0, Q5_0 = 0, 1, 8, 2, 6
 BLOCK_BYTES = {t: _BASE.ggml_row_size(t, 32) for t in (Q8_0, Q4_0, Q5_0)}  # 34, 18, 22
 QUANT_NAMES = {Q8_0: "q8_0", Q4_0: "q4_0", Q5_0: "q5_0"}
 
@@ -31,6 +31,8 @@ for _lib, _name, _args, _res in (
     (_BASE, "ggml_backend_tensor_alloc", [_p, _p, _p], ctypes.c_int),
     (_BASE, "ggml_backend_buffer_free", [_p], None),
     (_CPU, "ggml_backend_cpu_buffer_from_ptr", [_p, ctypes.c_size_t], _p),
+    (_BASE, "ggml_quantize_chunk", [ctypes.c_int, _p, _p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, _p],
+     ctypes.c_size_t),
 ):
     getattr(_lib, _name).argtypes, getattr(_lib, _name).restype = _args, _res
 
@@ -135,18 +137,66 @@ def test_q8_0_rows_step_down_to_q4_0_in_place() -> None:
 @pytest.mark.parametrize("n_threads", [2, 3, 4])
 @pytest.mark.parametrize(
     ("src_type", "dst_type", "n_rot"),
-    [(F16, Q8_0, 64), (F16, Q4_0, 128), (Q8_0, Q4_0, 0)],
-    ids=["f16-q8_0", "f16-q4_0", "q8_0-q4_0"],
+    [(F16, Q8_0, 64), (F16, Q4_0, 128), (Q8_0, Q4_0, 0), (Q8_0, Q5_0, 0), (Q5_0, Q4_0, 0)],
+    ids=["f16-q8_0", "f16-q4_0", "q8_0-q4_0", "q8_0-q5_0", "q5_0-q4_0"],
 )
 def test_in_place_on_several_threads_is_the_out_of_place_conversion(
         src_type: int, dst_type: int, n_rot: int, n_threads: int) -> None:
-    """In place on several threads the op converts a chunk of rows at a time through its work buffer:
-    enough rows here for several chunks (and a last, partial one), each byte as converted out of place on
-    one thread."""
+    """In place on several threads the op converts a chunk of rows at a time: chunks that grow by the ratio of
+    the row sizes where destination rows are at most 4/5 of the source's (every step of a lazy cache: q8_0 to
+    q5_0 is the closest, 22/34), through its work buffer otherwise (q5_0 to q4_0, 18/22). Enough rows here for
+    many chunks (and a last, partial one), each byte as converted out of place on one thread."""
     rng = np.random.default_rng(n_threads)
     n_per_row = 256
     x = rng.normal(0, 2, (2999, n_per_row)).astype(np.float16)
-    src = x if src_type == F16 else np.frombuffer(convert(x, F16, Q8_0, n_per_row, 64), np.uint8)
+    src = x if src_type == F16 else np.frombuffer(convert(x, F16, src_type, n_per_row, 64), np.uint8)
     want = convert(src, src_type, dst_type, n_per_row, n_rot)
     assert convert(src, src_type, dst_type, n_per_row, n_rot, in_place=True, n_threads=n_threads) == want
     assert convert(src, src_type, dst_type, n_per_row, n_rot, n_threads=n_threads) == want
+
+
+def hostile_blocks(rng: np.random.Generator) -> np.ndarray:
+    """Blocks of 32 f32 values where a quantizer's choices show: the largest magnitude twice with opposite
+    signs (the first one sets the scale's sign), all zeros and negative zeros, one value only, denormals,
+    values at the rounding boundaries of the codes, very large and very small scales, and plain noise."""
+    blocks = [rng.normal(0, 1, (64, 32))]
+    ties = rng.normal(0, 1, (64, 32))
+    ties[:, 3], ties[:, 17] = 2.5, -2.5
+    blocks.append(ties)
+    ties2 = ties.copy()
+    ties2[:, 3], ties2[:, 17] = -2.5, 2.5
+    blocks.append(ties2)
+    blocks.append(np.zeros((2, 32)))
+    blocks.append(np.tile([0.0, -0.0], (2, 16)))
+    single = np.zeros((32, 32))
+    single[np.arange(32), np.arange(32)] = rng.normal(0, 3, 32)
+    blocks.append(single)
+    blocks.append(rng.normal(0, 1e-39, (8, 32)))  # denormals
+    grid = np.tile(np.linspace(-8, 8, 32), (16, 1)) + rng.normal(0, 1e-6, (16, 32))  # near code boundaries
+    grid[:, 0] = -8.0
+    blocks.append(grid)
+    blocks.append(rng.normal(0, 1e30, (8, 32)))
+    blocks.append(rng.normal(0, 1e-30, (8, 32)))
+    blocks.append(rng.integers(-16, 17, (64, 32)) * 0.25)  # many exact ties
+    return np.concatenate(blocks).astype(np.float32)
+
+
+@pytest.mark.parametrize("dst_type", [Q4_0, Q5_0], ids=QUANT_NAMES.get)
+def test_the_cpu_quantization_is_bit_identical_to_the_reference(dst_type: int) -> None:
+    """The CPU's own q4_0 and q5_0 quantization (the series' AVX2 kernels) gives the bytes of ggml's reference
+    quantizer (ggml_quantize_chunk: quantize_row_*_ref), so that a lazy cache's rungs and a plain cache of the
+    same type hold what upstream's reference would. (Upstream's AVX2 q8_0 is not bit-identical to its own
+    reference on blocks of denormals, where it takes the reciprocal of the scale differently: its choice.)"""
+    x = hostile_blocks(np.random.default_rng(dst_type))
+    n_per_row = 4 * 32
+    rows = np.ascontiguousarray(x.reshape(-1, n_per_row))
+    n_rows = rows.shape[0]
+    out = convert(rows, F32, dst_type, n_per_row, 0)
+    ref = np.zeros(len(out), dtype=np.uint8)
+    written = _BASE.ggml_quantize_chunk(dst_type, rows.ctypes.data, ref.ctypes.data, 0, n_rows, n_per_row,
+                                        None)
+    assert written == len(out)
+    got = np.frombuffer(out, np.uint8).reshape(-1, BLOCK_BYTES[dst_type])
+    want = ref.reshape(-1, BLOCK_BYTES[dst_type])
+    differ = np.flatnonzero((got != want).any(axis=1))
+    assert differ.size == 0, f"{differ.size} blocks differ, the first: {differ[:5]}"
