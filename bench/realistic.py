@@ -76,6 +76,9 @@ def measure_allocation(model: Path, kind: str, shape: KvShape, n_threads: int) -
         llm.close()
 
 
+STATE_EXT_TAG = 0x6C6B7678  # LLAMA_STATE_EXT_TAG ('lkvx'): a state's extension block starts with it
+
+
 def _u32(blob: bytes | bytearray, off: int) -> tuple[int, int]:
     return struct.unpack_from("<I", blob, off)[0], off + 4
 
@@ -92,7 +95,11 @@ class SeedState:
     @classmethod
     def parse(cls, blob: bytes) -> SeedState:
         n_arch, off = _u32(blob, 0)
-        off += n_arch + 4 * 3 + 4 * 2 + 4  # arch; n_stream, n_rot_k, n_rot_v; type_k, type_v; n_layer
+        off += n_arch  # the architecture
+        first, after = _u32(blob, off)
+        if first == STATE_EXT_TAG:  # extension block (storage types, lazy phase): tag, version, size, entries
+            off = after + 4 + 4 + _u32(blob, after + 4)[0]
+        off += 4 * 3  # n_stream, n_rot_k, n_rot_v
         header = blob[:off]
         n_cells, off = _u32(blob, off)
         for _ in range(n_cells):
