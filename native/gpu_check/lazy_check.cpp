@@ -23,12 +23,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 static const int N_LAYER = 32, N_HEAD = 8, N_HEAD_KV = 8, HEAD_DIM = 128, N_EMBD = 256, N_FF = 256, N_VOCAB = 2048;
+
+// graph computes of the last conversion, from the engine's log line
+static int g_conversion_graphs = -1;
 
 static double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -196,6 +200,10 @@ int main(int argc, char ** argv) {
     const int n_ctx = argc > 2 ? atoi(argv[2]) : 32768;
     llama_log_set([](ggml_log_level level, const char * text, void *) {
         if (level >= GGML_LOG_LEVEL_WARN || strstr(text, "lazy")) fputs(text, stderr);
+        // "converted the lazy KV cache from f16 to q8_0: 64 tensors in 12.34 ms, 1 graph (...)"
+        const char * conv = strstr(text, "converted the lazy KV cache");
+        const char * in = conv ? strstr(conv, " ms, ") : nullptr;
+        if (in) g_conversion_graphs = atoi(in + 5);
     }, nullptr);
     llama_backend_init();
 
@@ -349,6 +357,33 @@ int main(int argc, char ** argv) {
         ggml_backend_buffer_free(buf);
         ggml_free(cctx);
     }
+    // ---- the pause against the wall time of an explicit conversion (llama_kv_lazy_convert returns once the device
+    // has converted): idle (every decode read), and behind a decode whose outputs nobody read yet, which the
+    // engine's figure must not include
+    const auto time_convert = [&](bool queued, double * pause_out) {
+        llama_context * ctx = make_ctx(model, KV_LAZY, n_ctx);
+        for (int pos = 0; pos < conv_step - step; pos += step) decode(ctx, tokens, pos, step, false);
+        decode(ctx, tokens, conv_step - step, step, !queued);
+        if (!queued) llama_get_logits(ctx);
+        const double t0 = now_s();
+        if (llama_kv_lazy_convert(ctx) != 1) {
+            fprintf(stderr, "llama_kv_lazy_convert did not convert\n");
+            exit(2);
+        }
+        const double dt = now_s() - t0;
+        *pause_out = lazy_info(ctx).t_last_conversion_us/1e6;
+        llama_free(ctx);
+        return dt;
+    };
+    std::vector<double> w_idle, p_idle, w_queued, p_queued;
+    for (int r = 0; r < 3; ++r) {
+        double p = 0;
+        w_idle.push_back(time_convert(false, &p));
+        p_idle.push_back(p);
+        w_queued.push_back(time_convert(true, &p));
+        p_queued.push_back(p);
+    }
+
     const double pause = median(pauses);
     const double wall = t_step[KV_LAZY] - t_step[KV_Q8];
     const double extra = probe.min_free == SIZE_MAX ? 0.0 : (double) probe.free_before - (double) probe.min_free;
@@ -357,13 +392,18 @@ int main(int argc, char ** argv) {
     printf("| KV cache (q8_0 layout, allocated) | %.1f MiB |\n", lazy_after.kv_bytes/1048576.0);
     printf("| f16 view converted | %.1f MiB (%d cells) |\n", view_bytes/1048576.0, n_f16);
     printf("| engine's pause (t_last_conversion_us, median of 3), %llu tensors | %.2f ms |\n", (unsigned long long) lazy_after.progress_total, pause*1e3);
+    printf("| graph computes per conversion (the engine's log) | %d |\n", g_conversion_graphs);
     printf("| wall cost (medians of 3): converting decode %.2f ms - same q8_0 decode %.2f ms | %.2f ms |\n", t_step[KV_LAZY]*1e3, t_step[KV_Q8]*1e3, wall*1e3);
     printf("| device-to-device copy of the f16 view's bytes | %.2f ms (%.2f GB/s) |\n", t_copy*1e3, view_bytes/t_copy/1e9);
-    // a timing, not a correctness check: on a loaded machine (or an RPC server sharing its cores) decodes vary
-    // by more than the pause, so it does not decide the exit status
-    const bool pause_honest = wall > 0 && pause <= 2*wall && wall <= 2*pause;
-    printf("| pause / wall cost (the engine's figure excludes the wait for the previous graph: within 2x) | %.2f (%s) |\n",
-            wall > 0 ? pause/wall : 0.0, pause_honest ? "yes" : "NO");
+    // timings, not correctness checks: on a loaded machine (or an RPC server sharing its cores) they vary, so they
+    // do not decide the exit status. Where a decode takes much longer than the conversion (RPC on a CPU), the wall
+    // cost above is within the decodes' noise; the explicit conversion below is what the figure is checked against
+    const double pi = median(p_idle), wi = median(w_idle), pq = median(p_queued), wq = median(w_queued);
+    const bool pause_honest = pi <= wi && wi <= 2*pi && pq <= 2*pi;
+    printf("| explicit conversion, nothing queued (medians of 3): engine's pause / wall time of llama_kv_lazy_convert | %.2f ms / %.2f ms |\n", pi*1e3, wi*1e3);
+    printf("| explicit conversion behind an unread decode: engine's pause / wall time (the wait for the decode is not the pause's) | %.2f ms / %.2f ms |\n", pq*1e3, wq*1e3);
+    printf("| the pause is the conversion's own cost (idle: pause <= wall <= 2x pause; queued: pause <= 2x idle pause) | %s |\n",
+            pause_honest ? "yes" : "NO");
     printf("| pause / copy | %.2fx |\n", pause/t_copy);
     printf("| conversion throughput (f16 bytes read) | %.2f GB/s |\n", view_bytes/pause/1e9);
     printf("| extra device memory during the conversion (free before - lowest free) | %.1f MiB (bound: one f16 tensor = %.1f MiB) |\n\n",
