@@ -14,6 +14,8 @@ The engine is the pinned llama-cpp-python sdist plus the patch series in
   ensure    wheel from the cache (or prepare + build), installed into the
             running interpreter's environment; does nothing when current
   key       print the cache key and the wheel version
+  wheel     print the path of the cached wheel (built first when missing), installing nothing:
+            with LAZYKV_BACKEND, another backend's engine beside this one (``make vulkan-check``)
   backend   print the backend the build is for (cpu, cuda, vulkan, metal) and why, one line
   tools     build llama.cpp's test and tool programs (test-llama-archs,
             test-save-load-state, test-backend-ops, llama-perplexity,
@@ -66,7 +68,7 @@ NATIVE = Path(__file__).resolve().parent
 PATCHES = NATIVE / "patches"
 WORK = NATIVE / "work"
 SRC = WORK / "src"
-BUILD_DIR = WORK / "build"
+BUILD_DIR = WORK / "build"  # the CPU build's; a GPU backend builds in build-<backend> (build_dir())
 PRISTINE_TAG = "pristine"
 SERIES_MARK = ".lazykv-series"  # in SRC/.git: hash of the series applied
 
@@ -474,6 +476,12 @@ def ensure_build_requirements() -> None:
         run([sys.executable, "-m", "pip", "install", "--quiet", *missing])
 
 
+def build_dir() -> Path:
+    """The persistent CMake build directory of this backend: switching backends does not rebuild the other."""
+    name = backend().name
+    return BUILD_DIR if name == "cpu" else WORK / f"build-{name}"
+
+
 def build(dev: bool = False) -> Path:
     """Build the wheel of the exported series into the cache; dev: of the work tree as it is, uncached."""
     if not dev:
@@ -492,7 +500,7 @@ def build(dev: bool = False) -> Path:
     try:
         with tempfile.TemporaryDirectory(dir=out) as tmp:
             run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                 "--quiet", "-w", tmp, f"--config-settings=build-dir={BUILD_DIR}", str(SRC)], env=env)
+                 "--quiet", "-w", tmp, f"--config-settings=build-dir={build_dir()}", str(SRC)], env=env)
             wheels = list(Path(tmp).glob("*.whl"))
             if len(wheels) != 1:
                 raise BuildError(f"expected one wheel, got {wheels}")
@@ -647,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("export", help="regenerate native/patches from the work tree commits")
     sub.add_parser("ensure", help="install the engine wheel (cached or freshly built)")
     sub.add_parser("key", help="print the cache key and wheel version")
+    sub.add_parser("wheel", help="print the cached wheel's path (built when missing), install nothing")
     sub.add_parser("backend", help="print the backend this machine builds for and why, one line")
     sub.add_parser("tools", help="build llama.cpp's test/tool programs into the tools cache, print its path")
     args = parser.parse_args(argv)
@@ -663,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
             ensure()
         elif args.cmd == "key":
             print(cache_key(), wheel_version())
+        elif args.cmd == "wheel":
+            print(cached_wheel() or build())
         elif args.cmd == "backend":
             print(backend().line())
         elif args.cmd == "tools":
