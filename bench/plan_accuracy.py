@@ -1,11 +1,12 @@
 """python -m bench.plan_accuracy: the memory plan against what llama.cpp allocates (issue 26).
 
 For both test models × 3 context sizes × the 4 KV modes, on the CPU and over RPC (a local
-ggml-rpc-server on 127.0.0.1, half of the layers and all of them), loads the model as the app does
-(EngineSession.load) and compares llama.cpp's own figures (llama_get_memory_use, patch 0018) with
-``lazykv.core.engine.planner.plan``, per buffer kind (weights, KV cache, compute) and place (host
-memory, the device). Writes bench/results/plan_accuracy.md (``--out`` elsewhere); exit status 1 when
-an error is over 5 %.
+ggml-rpc-server on 127.0.0.1, half of the layers and all of them) - or, with ``--placements
+gpu-half,gpu-all``, on this machine's first GPU (``make vulkan-check``: Mesa's lavapipe) - loads the
+model as the app does (EngineSession.load) and compares llama.cpp's own figures
+(llama_get_memory_use, patch 0018) with ``lazykv.core.engine.planner.plan``, per buffer kind (weights,
+KV cache, compute) and place (host memory, the device). Writes bench/results/plan_accuracy.md (``--out``
+elsewhere); exit status 1 when an error is over 5 %.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import llama_cpp
 
 from bench.device import start_server
-from lazykv.core.engine.devices import rpc_devices
+from lazykv.core.engine.devices import local_gpus, rpc_devices
 from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.engine.planner import Bytes, Device, plan
@@ -33,6 +34,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "plan_accuracy.md"
 MODELS = ("smollm2", "gemma3")
 N_CTX = (1024, 4096, 8192)
 PLACEMENTS = ("cpu", "rpc-half", "rpc-all")
+GPU_PLACEMENTS = ("gpu-half", "gpu-all")  # this machine's first GPU, in place of an RPC server
 TOLERANCE = 0.05
 KINDS = ("weights", "kv", "compute")
 
@@ -42,10 +44,11 @@ class Case:
     model: str
     n_ctx: int
     kv_mode: KvMode
-    placement: str  # "cpu", "rpc-half" (the output and half of the layers over RPC), "rpc-all"
+    # "cpu", "rpc-half" (the output and half of the layers over RPC), "rpc-all"; "gpu-half", "gpu-all"
+    placement: str
 
     def n_gpu_layers(self, n_layer: int) -> int:
-        return {"cpu": 0, "rpc-half": n_layer // 2 + 1, "rpc-all": n_layer + 1}[self.placement]
+        return {"cpu": 0, "half": n_layer // 2 + 1, "all": n_layer + 1}[self.placement.split("-")[-1]]
 
 
 @dataclass(frozen=True)
@@ -84,10 +87,15 @@ def measure(case: Case, endpoint: str | None) -> list[Row]:
     meta = read_model_meta(path)
     ngl = case.n_gpu_layers(meta.n_layer)
     session = EngineSession()
-    remote = case.placement != "cpu"
+    gpu = case.placement.startswith("gpu")
+    remote = case.placement.startswith("rpc")
     if remote and endpoint is None:
         raise ValueError(f"{case.placement} needs an RPC server")
+    gpus = local_gpus()[:1] if gpu else []
+    if gpu and not gpus:
+        raise ValueError(f"{case.placement} needs a GPU the engine can offload to")
     info = session.load(path, n_ctx=case.n_ctx, kv_mode=case.kv_mode, n_threads=2,
+                        n_gpu_layers=ngl if gpu else 0,
                         rpc_servers=[endpoint] if remote and endpoint else (),
                         rpc_layers=ngl if ngl <= meta.n_layer else 0)
     try:
@@ -97,10 +105,10 @@ def measure(case: Case, endpoint: str | None) -> list[Row]:
         }
     finally:
         session.close()
-    devices = (rpc_device(endpoint),) if remote and endpoint else ()
+    devices = (rpc_device(endpoint),) if remote and endpoint else tuple(gpus)
     p = plan(meta, case.n_ctx, case.kv_mode, devices, gpu_layers=ngl, available=1 << 50)
     planned = {"host": p.host, "device": Bytes(*(sum(getattr(d, k) for d in p.devices) for k in KINDS))}
-    places = ("host", "device") if remote else ("host",)
+    places = ("host", "device") if remote or gpu else ("host",)
     return [Row(case, ngl, place, kind, getattr(measured[place], kind), getattr(planned[place], kind))
             for place in places for kind in KINDS]
 
@@ -117,7 +125,7 @@ def rpc_server() -> Iterator[str]:
 
 def run(selected: list[Case]) -> list[Row]:
     rows: list[Row] = []
-    needs_rpc = any(c.placement != "cpu" for c in selected)
+    needs_rpc = any(c.placement.startswith("rpc") for c in selected)
     with rpc_server() if needs_rpc else _no_server() as endpoint:
         for case in selected:
             rows += measure(case, endpoint)
@@ -148,7 +156,8 @@ def report(rows: list[Row], command: str, seconds: float) -> str:
         "`lazykv.core.engine.planner.plan` (pure, from the GGUF header); the reference is what the engine",
         "allocated (`llama_get_memory_use`, patch 0018) when the app loaded the model (`EngineSession.load`,",
         "n_ubatch 512, flash attention). RPC: a local `ggml-rpc-server` on 127.0.0.1 (CPU backend);",
-        "`rpc-half` offloads the output layer and the last n_layer/2 layers, `rpc-all` every layer.",
+        "`rpc-half` offloads the output layer and the last n_layer/2 layers, `rpc-all` every layer;",
+        "`gpu-half` and `gpu-all` the same to this machine's first GPU.",
         f"Target: every figure within {TOLERANCE:.0%}.",
         "",
         "## Worst case per place and buffer kind",
@@ -180,9 +189,13 @@ def report(rows: list[Row], command: str, seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.plan_accuracy", description=__doc__)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--n-ctx", default=",".join(map(str, N_CTX)), help="context sizes, comma-separated")
+    parser.add_argument("--placements", default=",".join(PLACEMENTS),
+                        help=f"of {', '.join(PLACEMENTS + GPU_PLACEMENTS)}, comma-separated")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    selected = cases(models=args.models.split(","))
+    selected = cases(models=args.models.split(","), n_ctxs=[int(n) for n in args.n_ctx.split(",")],
+                     placements=args.placements.split(","))
     t0 = time.monotonic()
     rows = run(selected)
     command = "python -m bench.plan_accuracy" + (f" {shlex.join(argv)}" if argv else "")
