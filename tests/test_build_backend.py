@@ -196,6 +196,15 @@ def test_the_cpu_keeps_its_cache_key_and_version_a_gpu_backend_gets_its_own(mach
     assert build.cmake_args().count("-DGGML_CUDA=ON") == 1  # the user's own, not a second one
 
 
+def test_each_backend_builds_in_its_own_dir(machine: Machine) -> None:
+    """Building Vulkan (make vulkan-check) beside the CPU engine reconfigures neither build dir."""
+    build = machine.build
+    build._BACKEND = build.Backend("cpu", "test")
+    assert build.build_dir() == build.WORK / "build"
+    build._BACKEND = build.Backend("vulkan", "test")
+    assert build.build_dir() == build.WORK / "build-vulkan"
+
+
 def test_the_backend_command_prints_one_line(machine: Machine) -> None:
     machine.tool("nvcc")
     env = dict(os.environ, PATH=f"{machine.bin}:/usr/bin:/bin", LAZYKV_BACKEND="cpu")
