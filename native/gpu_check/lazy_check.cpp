@@ -13,6 +13,8 @@
 //   lazy-check MODEL_OUT.gguf [n_ctx] [RPC host:port]
 //
 // Without a GPU, an RPC server (ggml-rpc-server) stands in for one: how the check itself is tested.
+// LAZY_CHECK_REPS (default 3) and LAZY_CHECK_DECODE_TOKENS (default 32) shorten the timings on a slow device
+// (make vulkan-check on Mesa's lavapipe).
 
 #include "ggml-backend.h"
 #include "ggml.h"
@@ -33,6 +35,10 @@ static const int N_LAYER = 32, N_HEAD = 8, N_HEAD_KV = 8, HEAD_DIM = 128, N_EMBD
 
 // graph computes of the last conversion, from the engine's log line
 static int g_conversion_graphs = -1;
+
+// repetitions of each timing (medians), tokens per decode-speed figure
+static int g_reps = 3;
+static int g_decode_tokens = 32;
 
 static double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -181,7 +187,7 @@ static double decode_speed(llama_model * model, kv_mode mode, int n_ctx, int dep
     for (int pos = 0; pos < depth; pos += 512) decode(ctx, tokens, pos, std::min(512, depth - pos), false);
     decode(ctx, tokens, depth, 1, true);
     llama_synchronize(ctx);
-    const int n = 32;
+    const int n = g_decode_tokens;
     const double t0 = now_s();
     for (int i = 1; i <= n; ++i) {
         decode(ctx, tokens, depth + i, 1, true);
@@ -198,6 +204,8 @@ int main(int argc, char ** argv) {
         return 2;
     }
     const int n_ctx = argc > 2 ? atoi(argv[2]) : 32768;
+    if (const char * v = getenv("LAZY_CHECK_REPS")) g_reps = std::max(1, atoi(v));
+    if (const char * v = getenv("LAZY_CHECK_DECODE_TOKENS")) g_decode_tokens = std::max(1, atoi(v));
     llama_log_set([](ggml_log_level level, const char * text, void *) {
         if (level >= GGML_LOG_LEVEL_WARN || strstr(text, "lazy")) fputs(text, stderr);
         // "converted the lazy KV cache from f16 to q8_0: 64 tensors in 12.34 ms, 1 graph (...)"
@@ -316,7 +324,7 @@ int main(int argc, char ** argv) {
         llama_free(ctx);
     }
 
-    // ---- the pause: the converting decode against the same decode on a plain q8_0 cache, medians of 3
+    // ---- the pause: the converting decode against the same decode on a plain q8_0 cache, medians of g_reps
     const auto time_step = [&](kv_mode m, double * pause_out) {
         llama_context * ctx = make_ctx(model, m, n_ctx);
         for (int pos = 0; pos < conv_step; pos += step) decode(ctx, tokens, pos, step, false);
@@ -331,7 +339,7 @@ int main(int argc, char ** argv) {
     };
     const auto median = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size()/2]; };
     std::vector<double> t_lazy, t_q8, pauses;
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < g_reps; ++r) {
         double p = 0;
         t_lazy.push_back(time_step(KV_LAZY, &p));
         pauses.push_back(p);
@@ -376,7 +384,7 @@ int main(int argc, char ** argv) {
         return dt;
     };
     std::vector<double> w_idle, p_idle, w_queued, p_queued;
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < g_reps; ++r) {
         double p = 0;
         w_idle.push_back(time_convert(false, &p));
         p_idle.push_back(p);
@@ -391,16 +399,16 @@ int main(int argc, char ** argv) {
     printf("| figure | value |\n|---|---|\n");
     printf("| KV cache (q8_0 layout, allocated) | %.1f MiB |\n", lazy_after.kv_bytes/1048576.0);
     printf("| f16 view converted | %.1f MiB (%d cells) |\n", view_bytes/1048576.0, n_f16);
-    printf("| engine's pause (t_last_conversion_us, median of 3), %llu tensors | %.2f ms |\n", (unsigned long long) lazy_after.progress_total, pause*1e3);
+    printf("| engine's pause (t_last_conversion_us, median of %d), %llu tensors | %.2f ms |\n", g_reps, (unsigned long long) lazy_after.progress_total, pause*1e3);
     printf("| graph computes per conversion (the engine's log) | %d |\n", g_conversion_graphs);
-    printf("| wall cost (medians of 3): converting decode %.2f ms - same q8_0 decode %.2f ms | %.2f ms |\n", t_step[KV_LAZY]*1e3, t_step[KV_Q8]*1e3, wall*1e3);
+    printf("| wall cost (medians of %d): converting decode %.2f ms - same q8_0 decode %.2f ms | %.2f ms |\n", g_reps, t_step[KV_LAZY]*1e3, t_step[KV_Q8]*1e3, wall*1e3);
     printf("| device-to-device copy of the f16 view's bytes | %.2f ms (%.2f GB/s) |\n", t_copy*1e3, view_bytes/t_copy/1e9);
     // timings, not correctness checks: on a loaded machine (or an RPC server sharing its cores) they vary, so they
     // do not decide the exit status. Where a decode takes much longer than the conversion (RPC on a CPU), the wall
     // cost above is within the decodes' noise; the explicit conversion below is what the figure is checked against
     const double pi = median(p_idle), wi = median(w_idle), pq = median(p_queued), wq = median(w_queued);
     const bool pause_honest = pi <= wi && wi <= 2*pi && pq <= 2*pi;
-    printf("| explicit conversion, nothing queued (medians of 3): engine's pause / wall time of llama_kv_lazy_convert | %.2f ms / %.2f ms |\n", pi*1e3, wi*1e3);
+    printf("| explicit conversion, nothing queued (medians of %d): engine's pause / wall time of llama_kv_lazy_convert | %.2f ms / %.2f ms |\n", g_reps, pi*1e3, wi*1e3);
     printf("| explicit conversion behind an unread decode: engine's pause / wall time (the wait for the decode is not the pause's) | %.2f ms / %.2f ms |\n", pq*1e3, wq*1e3);
     printf("| the pause is the conversion's own cost (idle: pause <= wall <= 2x pause; queued: pause <= 2x idle pause) | %s |\n",
             pause_honest ? "yes" : "NO");
@@ -410,7 +418,7 @@ int main(int argc, char ** argv) {
             extra/1048576.0, view_bytes/(2.0*N_LAYER)/1048576.0);
 
     // ---- decode speed
-    printf("## Decode speed (ms per token, 32 tokens)\n\n| depth | f16 | q8_0 | lazy | lazy phase |\n|---|---|---|---|---|\n");
+    printf("## Decode speed (ms per token, %d tokens)\n\n| depth | f16 | q8_0 | lazy | lazy phase |\n|---|---|---|---|---|\n", g_decode_tokens);
     for (const int depth : { std::min(1024, n_ctx/4), std::min(n_ctx - 64, n_f16 + 1024) }) {
         double t[3];
         for (int m = 0; m < 3; ++m) t[m] = decode_speed(model, (kv_mode) m, n_ctx, depth, tokens);
