@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast setup engine native-tools models app bench lint screenshots sysdeps clean-engine-build dist dist-check gpu-pack gpu-check
+.PHONY: run test test-fast setup engine native-tools models app bench lint screenshots sysdeps clean-engine-build dist dist-check gpu-pack gpu-check vulkan-check
 
 run: setup
 	$(PY) -m lazykv $(ARGS)
@@ -93,6 +93,15 @@ gpu-pack: engine
 
 gpu-check:
 	bash native/gpu_check/gpu_check.sh
+
+# the lazy cache on Vulkan, a second GPU API, on Mesa's lavapipe where there is no GPU: Debian's Vulkan
+# packages, the Vulkan engine (cached; its own build dir; the CPU engine in .venv stays), then on the
+# Vulkan device lazy_check, the ladder, a refused restore and the plan's accuracy; report in
+# bench/results/vulkan_check.md (bench/vulkan_check.py). Not part of `make test`: its lazy_check alone
+# takes many minutes on lavapipe
+vulkan-check: setup
+	@sh tools/sysdeps.sh vulkan
+	$(PY) -m bench.vulkan_check
 
 # the README's pictures: the real app on a private Xvfb display (offscreen without one), written to docs/
 screenshots: setup

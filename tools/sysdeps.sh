@@ -12,7 +12,31 @@
 # - ccache, which native/build.py hands to CMake when present: a rebuild of the engine or of the
 #   llama.cpp tools after a change to the patch series recompiles only what changed.
 # Debian/Ubuntu only; elsewhere it only reports what is missing.
+# `sysdeps.sh vulkan` (make vulkan-check): Vulkan's loader and headers, glslc, SPIR-V headers and
+# Mesa's drivers (lavapipe: a Vulkan device on the CPU), nothing else.
 set -eu
+if [ "${1:-}" = "vulkan" ]; then
+    pkgs=""
+    for pair in /usr/include/vulkan/vulkan.h:libvulkan-dev /usr/include/spirv/unified1/spirv.hpp:spirv-headers; do
+        [ -e "${pair%%:*}" ] || pkgs="$pkgs ${pair#*:}"
+    done
+    command -v glslc >/dev/null 2>&1 || pkgs="$pkgs glslc"
+    command -v vulkaninfo >/dev/null 2>&1 || pkgs="$pkgs vulkan-tools"
+    ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || pkgs="$pkgs mesa-vulkan-drivers"
+    [ -z "$pkgs" ] && exit 0
+    echo "sysdeps: missing for Vulkan:$pkgs"
+    if command -v apt-get >/dev/null 2>&1; then
+        SUDO=""
+        [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+        $SUDO apt-get update -qq
+        # shellcheck disable=SC2086
+        $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
+    else
+        echo "sysdeps: install them with your package manager" >&2
+        exit 1
+    fi
+    exit 0
+fi
 need=""
 pkgs=""
 for pair in libEGL.so.1:libegl1 libGL.so.1:libgl1 libxkbcommon.so.0:libxkbcommon0 \
