@@ -143,6 +143,19 @@ def test_a_tied_output_matrix_is_loaded_again_with_the_output_layer() -> None:
     assert p.host.weights == tied.tensors.total - MiB  # the host keeps mapping the embeddings
 
 
+def test_a_local_gpu_runs_the_host_layers_products_an_rpc_server_does_not() -> None:
+    """With half of the layers offloaded, llama.cpp's scheduler hands a micro-batch's products of the layers
+    kept in host memory to a local GPU (its offload_op: CUDA, Vulkan; measured on Vulkan in make
+    vulkan-check), so the host's compute buffer holds the inputs only; over RPC they compute on the CPU."""
+    server = Device("RPC0[10.0.0.7:50052]", "10.0.0.7:50052", 64 * GiB, 64 * GiB)
+    local = plan(_meta(), 4096, "q8_0", (gpu(64),), gpu_layers=17, available=RAM)
+    remote = plan(_meta(), 4096, "q8_0", (server,), gpu_layers=17, available=RAM)
+    assert local.devices[0].n_layers == remote.devices[0].n_layers == 16
+    assert local.devices[0].compute == remote.devices[0].compute
+    activations = (3 * 14336 + 4096 + 32 * 128 - 4096 // 2) * 4 * 512  # a layer's, with a quantized cache
+    assert remote.host.compute - local.host.compute == activations
+
+
 def test_the_plan_never_raises_on_absurd_values() -> None:
     meta = replace(_meta(), n_embd=1e308, head_k=10**400, n_layer=float("nan"), n_vocab=-1, n_ff=10**30)
     for mode in KvMode:

@@ -167,6 +167,12 @@ class Device:
     free: int = 0
     total: int = 0
 
+    @property
+    def offloads_ops(self) -> bool:
+        """A local GPU backend (CUDA, Vulkan) runs a large batch's matrix products of layers kept in host
+        memory itself (its offload_op: the weights are copied over); an RPC server's backend does not."""
+        return not self.name.startswith("RPC")
+
 
 @dataclass(frozen=True)
 class Bytes:
@@ -407,7 +413,10 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
     if out_dev < 0:  # the output on the CPU, with every layer (ngl 0 or no device)
         host_compute = max(logits + 2 * n_embd * per_token, inputs + layer_act)
     else:
-        host_compute = inputs + (layer_act if host_layers else 0)
+        # the layers kept in host memory compute there, unless the local GPU that holds the others runs
+        # their products itself (its offload_op, for a batch of 32 tokens or more: CUDA, Vulkan)
+        offloaded = devices[out_dev].offloads_ops
+        host_compute = inputs + (layer_act if host_layers and not offloaded else 0)
     plans = []
     for i, dev in enumerate(devices):
         used = dev_layers[i] > 0 or i == out_dev
