@@ -15,6 +15,10 @@
 # `sysdeps.sh vulkan` (make vulkan-check): Vulkan's loader and headers, glslc, SPIR-V headers and
 # Mesa's drivers (lavapipe: a Vulkan device on the CPU), nothing else.
 set -eu
+# apt-get, with sudo when not root
+apt_get() {
+    if [ "$(id -u)" -eq 0 ]; then apt-get "$@"; else sudo apt-get "$@"; fi
+}
 if [ "${1:-}" = "vulkan" ]; then
     pkgs=""
     for pair in /usr/include/vulkan/vulkan.h:libvulkan-dev /usr/include/spirv/unified1/spirv.hpp:spirv-headers; do
@@ -26,11 +30,9 @@ if [ "${1:-}" = "vulkan" ]; then
     [ -z "$pkgs" ] && exit 0
     echo "sysdeps: missing for Vulkan:$pkgs"
     if command -v apt-get >/dev/null 2>&1; then
-        SUDO=""
-        [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-        $SUDO apt-get update -qq
+        apt_get update -qq
         # shellcheck disable=SC2086
-        $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
+        apt_get install -y -qq --no-install-recommends $pkgs >/dev/null
     else
         echo "sysdeps: install them with your package manager" >&2
         exit 1
@@ -70,15 +72,13 @@ if [ -z "$need" ]; then
 fi
 echo "sysdeps: missing:$need"
 if command -v apt-get >/dev/null 2>&1; then
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
+    apt_get update -qq
     # dbus-run-session is in dbus-daemon since Debian 12 / Ubuntu 23.04, in dbus before
     case "$pkgs" in
         *dbus-daemon*) apt-cache show dbus-daemon >/dev/null 2>&1 || pkgs=$(echo "$pkgs" | sed 's/dbus-daemon/dbus/') ;;
     esac
     # shellcheck disable=SC2086
-    $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
+    apt_get install -y -qq --no-install-recommends $pkgs >/dev/null
 else
     echo "sysdeps: install them with your package manager (Qt 6 runtime libraries with the xcb" \
         "platform's xcb-util libraries, gnome-keyring, dbus, Xvfb, openbox, wmctrl, xwininfo," \
