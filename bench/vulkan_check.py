@@ -89,7 +89,7 @@ def device_checks() -> int:
     import llama_cpp
     import numpy as np
     from tests.native.helpers import make_llama
-    from tests.native.state_blob import conversion_mismatches, parse_context_state
+    from tests.native.state_blob import byte_mismatches, conversion_mismatches, parse_context_state
 
     from lazykv.core.engine.devices import local_gpus
     from lazykv.core.models import model_fetch
@@ -133,11 +133,8 @@ def device_checks() -> int:
     host.load_state(states[1])
     assert host.kv_lazy_convert()
     ref = parse_context_state(host.save_state().llama_state)[1][0]
-    off = total = 0
-    for a, b in zip(q4.k + q4.v, ref.k + ref.v, strict=True):
-        off += int(np.count_nonzero(a.rows != b.rows))
-        total += a.rows.size
-    good = all(t.type == llama_cpp.GGML_TYPE_Q4_0 for t in q4.k + q4.v) and off / total < 1e-2
+    off, total = byte_mismatches(q4, ref, llama_cpp.GGML_TYPE_Q4_0)
+    good = off / total < 1e-2
     ok &= good
     rows.append(f"| q8_0 -> q4_0 on the device against the host's conversion of the same q8_0 cells: bytes "
                 f"that differ | {off} of {total} ({'ok' if good else 'FAIL'}) |")

@@ -172,3 +172,14 @@ def conversion_mismatches(before: CacheState, after: CacheState) -> tuple[int, i
             total += diff.size
             off += int(np.count_nonzero(diff))
     return off, total
+
+
+def byte_mismatches(a: CacheState, b: CacheState, ggml_type: int) -> tuple[int, int]:
+    """Compare the K and V rows of two caches stored as ggml_type, byte for byte: (bytes that differ,
+    bytes); the caller bounds their ratio."""
+    off = total = 0
+    for ta, tb in zip(a.k + a.v, b.k + b.v, strict=True):
+        assert ta.type == tb.type == ggml_type and ta.rows.shape == tb.rows.shape
+        off += int(np.count_nonzero(ta.rows != tb.rows))
+        total += ta.rows.size
+    return off, total

@@ -21,7 +21,7 @@ import pytest
 from llama_cpp import Llama
 
 from .helpers import make_llama
-from .state_blob import conversion_mismatches, parse_context_state
+from .state_blob import byte_mismatches, conversion_mismatches, parse_context_state
 from .test_lazy_cache import assert_kld_no_worse_than_q8_0, corpus
 
 N_CTX = 512
@@ -306,11 +306,7 @@ def test_ladder_steps_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
     _, (on_device,) = parse_context_state(device.save_state().llama_state)
     _, (on_host,) = parse_context_state(host.save_state().llama_state)
     assert on_device.positions == on_host.positions
-    off = total = 0
-    for a, b in zip(on_device.k + on_device.v, on_host.k + on_host.v, strict=True):
-        assert a.type == b.type == llama_cpp.GGML_TYPE_Q4_0 and a.rows.shape == b.rows.shape
-        off += int(np.count_nonzero(a.rows != b.rows))
-        total += a.rows.size
+    off, total = byte_mismatches(on_device, on_host, llama_cpp.GGML_TYPE_Q4_0)
     assert off / total < 1e-3, f"{off} of {total} bytes differ"
 
     # and decoding goes on up to the whole cache, on the device, without another conversion
