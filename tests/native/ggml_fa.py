@@ -34,6 +34,18 @@ class _InitParams(ctypes.Structure):
     _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
 
 
+class _TypeTraits(ctypes.Structure):
+    _fields_ = [
+        ("type_name", ctypes.c_char_p),
+        ("blck_size", ctypes.c_int64),
+        ("blck_size_interleave", ctypes.c_int64),
+        ("type_size", ctypes.c_size_t),
+        ("is_quantized", ctypes.c_bool),
+        ("to_float", ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)),
+        ("from_float_ref", ctypes.c_void_p),
+    ]
+
+
 def _load() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     lib_dir = Path(llama_cpp.__file__).parent / "lib"
     base = ctypes.CDLL(str(lib_dir / "libggml-base.so"))
@@ -51,6 +63,8 @@ def _load() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         (base, "ggml_nbytes"): ([p], sz),
         (base, "ggml_flash_attn_ext"): ([p, p, p, p, p, ctypes.c_float, ctypes.c_float, ctypes.c_float], p),
         (base, "ggml_flash_attn_ext_set_prec"): ([p, ctypes.c_int], None),
+        (base, "ggml_flash_attn_ext_add_kv"): ([p, p, p], None),
+        (base, "ggml_get_type_traits"): ([ctypes.c_int], ctypes.POINTER(_TypeTraits)),
         (base, "ggml_mul_mat"): ([p, p, p], p),
         (base, "ggml_mul_mat_set_hint"): ([p, ctypes.c_int], None),
         (base, "ggml_new_graph"): ([p], p),
@@ -82,6 +96,7 @@ class FaCase:
     type_v: str
     n_head_kv: int = 2
     seed: int = 0
+    n_kv2: int = 0  # rows of the second (F16) K/V range, ggml_flash_attn_ext_add_kv; the mask covers both
 
     @property
     def n_head(self) -> int:
@@ -103,37 +118,58 @@ def _fill(t: int, type_name: str, values: np.ndarray) -> None:
     ctypes.memmove(dst, data.ctypes.data, data.nbytes)
 
 
-def _kv_view(ctx: int, type_name: str, case: FaCase, rng: np.random.Generator) -> int:
+def _kv_view(ctx: int, type_name: str, case: FaCase, rng: np.random.Generator, n_kv: int | None = None) -> int:
     """A [head, n_kv, n_head_kv] view of a buffer twice as long, filled with uniform [-1, 1] values."""
+    n_kv = case.n_kv if n_kv is None else n_kv
     t = TYPE_NAMES[type_name]
-    full = _BASE.ggml_new_tensor_4d(ctx, t, case.head, 2 * case.n_kv, case.n_head_kv, 1)
-    _fill(full, type_name, rng.uniform(-1, 1, (case.n_head_kv, 2 * case.n_kv, case.head)))
+    full = _BASE.ggml_new_tensor_4d(ctx, t, case.head, 2 * n_kv, case.n_head_kv, 1)
+    _fill(full, type_name, rng.uniform(-1, 1, (case.n_head_kv, 2 * n_kv, case.head)))
     nb1 = _BASE.ggml_row_size(t, case.head)
-    nb2, nb3 = nb1 * 2 * case.n_kv, nb1 * 2 * case.n_kv * case.n_head_kv
-    return _BASE.ggml_view_4d(ctx, full, case.head, case.n_kv, case.n_head_kv, 1, nb1, nb2, nb3, 0)
+    nb2, nb3 = nb1 * 2 * n_kv, nb1 * 2 * n_kv * case.n_head_kv
+    return _BASE.ggml_view_4d(ctx, full, case.head, n_kv, case.n_head_kv, 1, nb1, nb2, nb3, 0)
+
+
+def _read_view(t: int, type_name: str, case: FaCase, n_kv: int) -> np.ndarray:
+    """The values of a _kv_view as the kernels see them (quantized rows through the type's to_float):
+    [n_head_kv, n_kv, head] float32."""
+    tt = TYPE_NAMES[type_name]
+    nb1 = _BASE.ggml_row_size(tt, case.head)
+    to_float = _BASE.ggml_get_type_traits(tt).contents.to_float
+    base = _BASE.ggml_get_data(t)
+    out = np.empty((case.n_head_kv, n_kv, case.head), dtype=np.float32)
+    for h in range(case.n_head_kv):
+        for r in range(n_kv):
+            if type_name == "f32":
+                out[h, r] = np.frombuffer(ctypes.string_at(base + (h * 2 * n_kv + r) * nb1, nb1), dtype=np.float32)
+            else:
+                to_float(base + (h * 2 * n_kv + r) * nb1, out[h, r].ctypes.data, case.head)
+    return out
 
 
 def causal_mask(case: FaCase, rng: np.random.Generator) -> np.ndarray:
     """Values in [-1, 1]; the queries are the last n_q positions and see no later key (-inf), which
     leaves whole KV tiles masked for the first rows; plus a few -inf blocks as upstream's test does."""
-    m = rng.uniform(-1, 1, (case.n_q, case.n_kv)).astype(np.float32)
-    first = case.n_kv - case.n_q
+    n_kv = case.n_kv + case.n_kv2
+    m = rng.uniform(-1, 1, (case.n_q, n_kv)).astype(np.float32)
+    first = n_kv - case.n_q
     for i in range(case.n_q):
         m[i, first + i + 1 :] = -np.inf
-    for _ in range(max(1, case.n_q * case.n_kv // 8192)):
-        i, j = rng.integers(case.n_q), rng.integers(case.n_kv)
+    for _ in range(max(1, case.n_q * n_kv // 8192)):
+        i, j = rng.integers(case.n_q), rng.integers(n_kv)
         m[i : i + 16, j : j + 48] = -np.inf
     return m
 
 
-def flash_attn(case: FaCase, n_threads: int, use_ref: bool) -> np.ndarray:
-    """The op's output, [n_q, n_head, head] float32."""
+def flash_attn(case: FaCase, n_threads: int, use_ref: bool, oracle: bool = False):
+    """The op's output, [n_q, n_head, head] float32; with `oracle`, also softmax attention over the same
+    K/V values (both ranges) and mask in float64, (output, oracle)."""
     rng = np.random.default_rng(case.seed)
+    n_kv_all = case.n_kv + case.n_kv2
     size = (
-        2 * _BASE.ggml_row_size(TYPE_NAMES[case.type_k], case.head) * 2 * case.n_kv * case.n_head_kv
-        + 2 * 4 * case.head * 2 * case.n_kv * case.n_head_kv
+        2 * _BASE.ggml_row_size(TYPE_NAMES[case.type_k], case.head) * 2 * n_kv_all * case.n_head_kv
+        + 2 * 4 * case.head * 2 * n_kv_all * case.n_head_kv
         + 2 * 4 * case.head * case.n_q * case.n_head
-        + 2 * case.n_kv * case.n_q
+        + 2 * n_kv_all * case.n_q
         + 16 * _BASE.ggml_tensor_overhead()
         + _BASE.ggml_graph_overhead()
         + (1 << 16)
@@ -145,13 +181,39 @@ def flash_attn(case: FaCase, n_threads: int, use_ref: bool) -> np.ndarray:
         _fill(q, "f32", rng.uniform(-1, 1, (case.n_head, case.n_q, case.head)))
         k = _kv_view(ctx, case.type_k, case, rng)
         v = _kv_view(ctx, case.type_v, case, rng)
-        m = None
+        k2 = v2 = None
+        if case.n_kv2:
+            k2 = _kv_view(ctx, "f16", case, rng, case.n_kv2)
+            v2 = _kv_view(ctx, "f16", case, rng, case.n_kv2)
+        m = mask = None
         if case.mask:
-            m = _BASE.ggml_new_tensor_4d(ctx, GGML_TYPE_F16, case.n_kv, case.n_q, 1, 1)
-            _fill(m, "f16", causal_mask(case, rng))
+            m = _BASE.ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv_all, case.n_q, 1, 1)
+            mask = causal_mask(case, rng)
+            _fill(m, "f16", mask)
         out = _BASE.ggml_flash_attn_ext(ctx, q, k, v, m, 1.0 / math.sqrt(case.head), 0.0, 0.0)
         _BASE.ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32)
-        return _compute(ctx, out, n_threads, use_ref, (case.n_q, case.n_head, case.head))
+        if case.n_kv2:
+            _BASE.ggml_flash_attn_ext_add_kv(out, k2, v2)
+        result = _compute(ctx, out, n_threads, use_ref, (case.n_q, case.n_head, case.head))
+        if not oracle:
+            return result
+        qv = np.array((ctypes.c_float * (case.n_head * case.n_q * case.head)).from_address(_BASE.ggml_get_data(q)))
+        qv = qv.reshape(case.n_head, case.n_q, case.head).astype(np.float64)
+        ks = [_read_view(k, case.type_k, case, case.n_kv)]
+        vs = [_read_view(v, case.type_v, case, case.n_kv)]
+        if case.n_kv2:
+            ks.append(_read_view(k2, "f16", case, case.n_kv2))
+            vs.append(_read_view(v2, "f16", case, case.n_kv2))
+        kk = np.concatenate(ks, axis=1).astype(np.float64)
+        vv = np.concatenate(vs, axis=1).astype(np.float64)
+        mm = np.zeros((case.n_q, n_kv_all)) if mask is None else mask.astype(np.float16).astype(np.float64)
+        ref = np.empty((case.n_q, case.n_head, case.head))
+        for h in range(case.n_head):
+            hk = h // case.gqa
+            s = qv[h] @ kk[hk].T / math.sqrt(case.head) + mm
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            ref[:, h] = (p / p.sum(axis=1, keepdims=True)) @ vv[hk]
+        return result, ref
     finally:
         _BASE.ggml_free(ctx)
 

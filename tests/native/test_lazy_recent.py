@@ -1,0 +1,211 @@
+"""The lazy cache's recent window (kv_lazy_recent, patches 0046-0049): the K/V of the last W tokens also kept
+in f16 on the quantized rungs, and attended there instead of their quantized copies.
+
+The window is a derived copy: the cache still holds every token at its rung, so a token leaving the window
+costs nothing, and a slot whose cell was removed, reused or shifted is dropped. The tests check what that
+promises: nothing changes on the f16 rung, decoding on the last rung comes closer to f16, a removed
+token's slot never answers for the token that takes its cell, and saved states carry the window (a
+restore continues exactly, or is refused when the window differs).
+
+Decoding runs on one thread where bit-exactness is asserted: one query row then reads the KV rows in one
+pass, in column order, so masked (dropped) columns are skipped exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+import pytest
+from llama_cpp import Llama, StateMismatchError
+
+from .helpers import KV_TYPES
+from .test_lazy_cache import corpus, kld
+
+N_CTX = 1024  # q4_0 ladder rungs: f16 256 cells, q8_0 512, q4_0 1024
+W = 64
+
+
+def ladder(path: Path, recent: int = 0, n_ctx: int = N_CTX, kv: str = "q4_0") -> Llama:
+    t = KV_TYPES[kv]
+    return Llama(
+        str(path),
+        n_ctx=n_ctx,
+        n_batch=512,
+        n_threads=1,  # see the module's docstring (and pytest-xdist runs two workers on two cores)
+        n_threads_batch=1,
+        flash_attn=True,
+        type_k=t,
+        type_v=t,
+        kv_lazy_quant=t != llama_cpp.GGML_TYPE_F16,
+        kv_lazy_recent=recent,
+        seed=1234,
+        verbose=False,
+    )
+
+
+def decode(llm: Llama, tokens: list[int]) -> np.ndarray:
+    """Each token on its own (a chat's decode); the logits after each, [n, n_vocab]."""
+    out = []
+    for tok in tokens:
+        llm.eval([tok])
+        out.append(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy())
+    return np.stack(out)
+
+
+def prefill(llm: Llama, tokens: list[int], step: int = 128) -> None:
+    for i in range(0, len(tokens), step):
+        llm.eval(tokens[i : i + step])
+
+
+@pytest.fixture(scope="module")
+def tokens(smollm2_path: Path) -> list[int]:
+    return corpus(ladder(smollm2_path, n_ctx=256, kv="f16"), 760)
+
+
+# ---------------------------------------------------------------- configuration and memory
+
+
+def test_window_memory_is_counted(smollm2_path: Path) -> None:
+    """The window's f16 rows are part of the cache's bytes: W rows of K and V per layer."""
+    plain = ladder(smollm2_path).kv_lazy_info()
+    windowed = ladder(smollm2_path, recent=W).kv_lazy_info()
+    f16_per_token = ladder(smollm2_path, kv="f16").kv_lazy_info().kv_bytes // N_CTX
+    assert windowed.kv_bytes - plain.kv_bytes == W * f16_per_token
+    # the rungs are those of the cache without a window
+    assert (windowed.n_cells_f16, windowed.n_cells_q8, windowed.n_cells_total) == (256, 512, N_CTX)
+
+
+def test_window_needs_the_lazy_cache(smollm2_path: Path) -> None:
+    with pytest.raises(ValueError, match="kv_lazy_recent needs kv_lazy_quant"):
+        Llama(str(smollm2_path), n_ctx=256, flash_attn=True, kv_lazy_recent=32, verbose=False)
+    with pytest.raises(ValueError, match="0 or more"):
+        ladder(smollm2_path, recent=-1)
+
+
+# ---------------------------------------------------------------- exactness and quality
+
+
+def test_f16_rung_is_bit_exact(smollm2_path: Path, tokens: list[int]) -> None:
+    """Below the first conversion the window is unused: the graphs are those of the cache without it."""
+    ref = ladder(smollm2_path)
+    win = ladder(smollm2_path, recent=W)
+    prefill(ref, tokens[:128])
+    prefill(win, tokens[:128])
+    a, b = decode(ref, tokens[128:200]), decode(win, tokens[128:200])
+    assert ref.kv_lazy_info().phase == win.kv_lazy_info().phase == "f16"
+    assert np.array_equal(a, b)
+
+
+def test_window_brings_the_last_rung_closer_to_f16(model_path: Path) -> None:
+    """On the q4_0 rung, decoding with the window is closer to an f16 cache than without it."""
+    f16 = ladder(model_path, kv="f16")
+    toks = corpus(f16, 760)
+    runs = {}
+    for name, llm in (("f16", f16), ("ladder", ladder(model_path)),
+                      ("window", ladder(model_path, recent=128))):
+        prefill(llm, toks[:600])
+        runs[name] = decode(llm, toks[600:760])
+        assert llm.kv_lazy_info().phase == ("disabled" if name == "f16" else "q4_0")
+    plain = kld(runs["f16"], runs["ladder"]).mean()
+    window = kld(runs["f16"], runs["window"]).mean()
+    assert window < 0.9 * plain, (window, plain)
+
+
+# ---------------------------------------------------------------- sequence operations
+
+
+def test_removed_tokens_never_answer_from_the_window(smollm2_path: Path, tokens: list[int]) -> None:
+    """Remove the last tokens (inside the window) and decode the same ones again: the logits are those of the
+    first pass, bit for bit - the removed tokens' slots were dropped, the new ones written (a stale slot
+    would be attended beside the new one and change them)."""
+    llm = ladder(smollm2_path, recent=512)  # nothing is evicted: the slots differ only by those dropped
+    prefill(llm, tokens[:600])
+    assert llm.kv_lazy_info().phase == "q4_0"
+    first = decode(llm, tokens[600:640])
+    llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm.ctx), 0, 620, -1)
+    llm.n_tokens = 620
+    again = decode(llm, tokens[620:640])
+    assert np.array_equal(first[20:], again)
+
+
+def test_other_tokens_in_removed_cells(smollm2_path: Path, tokens: list[int]) -> None:
+    """New tokens where removed ones were (same positions, the same cells) answer as themselves: the same as in
+    a cache that decoded them in the first place, with the same window contents."""
+    a = ladder(smollm2_path, recent=512)
+    b = ladder(smollm2_path, recent=512)
+    prefill(a, tokens[:600])
+    prefill(b, tokens[:600])
+    decode(a, tokens[600:610])
+    llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(a.ctx), 0, 600, -1)
+    a.n_tokens = 600
+    other = tokens[700:720]
+    # a's window held 10 slots that were dropped: it has written 10 more slots than b, and with 512 slots
+    # nothing was evicted from either, so both attend the same tokens in f16, in the same order
+    assert np.array_equal(decode(a, other), decode(b, other))
+
+
+@pytest.mark.parametrize("where", ["inside", "across"])
+def test_seq_ops_around_the_window_stay_close_to_f16(smollm2_path: Path, tokens: list[int], where: str) -> None:
+    """Copy, keep, remove and shift inside the window and across its boundary: what is attended stays the
+    cache's tokens (close to an f16 cache that went through the same operations)."""
+    cut = 700 if where == "inside" else 560  # the window holds positions 636..699 after the prefill
+    runs = {}
+    for name, llm in (("f16", ladder(smollm2_path, kv="f16")), ("window", ladder(smollm2_path, recent=W))):
+        mem = llama_cpp.llama_get_memory(llm.ctx)
+        prefill(llm, tokens[:700])
+        llama_cpp.llama_memory_seq_cp(mem, 0, 1, -1, -1)
+        llama_cpp.llama_memory_seq_rm(mem, 0, cut - 20, cut)
+        llama_cpp.llama_memory_seq_add(mem, 0, cut, -1, -20)
+        llama_cpp.llama_memory_seq_keep(mem, 0)
+        llm.n_tokens = 680
+        runs[name] = decode(llm, tokens[700:740])
+    assert kld(runs["f16"], runs["window"]).mean() < 0.05
+
+
+# ---------------------------------------------------------------- saved states
+
+
+def test_restore_continues_exactly(smollm2_path: Path, tokens: list[int]) -> None:
+    src = ladder(smollm2_path, recent=W)
+    prefill(src, tokens[:600])
+    decode(src, tokens[600:620])
+    state = src.save_state()
+    expected = decode(src, tokens[620:640])
+
+    dst = ladder(smollm2_path, recent=W)
+    assert dst.state_refusal(state) is None
+    dst.load_state(state)
+    assert dst.kv_lazy_info().phase == "q4_0"
+    assert np.array_equal(decode(dst, tokens[620:640]), expected)
+
+
+@pytest.mark.parametrize("saved,into", [(W, 2 * W), (W, 0), (0, W)])
+def test_restore_with_another_window_is_refused(smollm2_path: Path, tokens: list[int], saved: int, into: int) -> None:
+    src = ladder(smollm2_path, recent=saved)
+    prefill(src, tokens[:600])
+    state = src.save_state()
+    dst = ladder(smollm2_path, recent=into)
+    reason = dst.state_refusal(state)
+    assert reason and "recent f16 window" in reason
+    with pytest.raises(StateMismatchError):
+        dst.load_state(state)
+    assert dst.n_tokens == 0
+    prefill(dst, tokens[:16])  # the context is usable
+
+
+def test_sequence_restore_with_window(smollm2_path: Path, tokens: list[int]) -> None:
+    """A sequence's state with its window slots, restored into the same kind of cache: the continuation
+    matches the source's (the restored sequence is alone, its slots in the same order)."""
+    src = ladder(smollm2_path, recent=W)
+    prefill(src, tokens[:600])
+    decode(src, tokens[600:620])
+    state = src.save_state(seq_id=0)
+    expected = decode(src, tokens[620:630])
+
+    dst = ladder(smollm2_path, recent=W)
+    dst.load_state(state)
+    assert dst.kv_lazy_info().phase == "q4_0"
+    # the same tokens in f16; the slots may be attended in another order (the source's ring had wrapped)
+    assert kld(expected, decode(dst, tokens[620:630])).max() < 1e-6
