@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from lazykv.cli import estimate
-from lazykv.core.engine.memory import MiB
+from lazykv.core.engine.memory import MiB, window_bytes
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.engine.planner import max_ctx_per_mode, plan
+from lazykv.core.kinds import DEFAULT_KV_RECENT
 from tests.support.rpc_server import rpc_server
 
 KEYS = {"n_gpu_layers", "fit", "host", "devices", "max_ctx"}
@@ -31,12 +32,26 @@ def test_json_is_one_object_with_the_plans_figures(tiny_gguf: Path,
     assert set(got) == KEYS and set(got["host"]) == {"weights", "kv", "compute"}
     assert set(got["max_ctx"]) == {"f16", "q8_0", "lazy", "ladder"}
     meta = read_model_meta(tiny_gguf)
-    p = plan(meta, 2048, "ladder")
+    p = plan(meta, 2048, "ladder", recent=DEFAULT_KV_RECENT)  # the app's window, by default
     assert got["n_gpu_layers"] == 0 and got["devices"] == []  # a CPU build: no GPU here
     assert got["host"] == {"weights": p.host.weights, "kv": p.host.kv, "compute": p.host.compute}
     assert got["fit"] in ("green", "yellow", "red")
     longest = got["max_ctx"]
-    assert longest["ladder"] >= longest["q8_0"] == longest["lazy"] >= longest["f16"]
+    assert longest["ladder"] >= longest["q8_0"] >= longest["lazy"] >= longest["f16"]
+
+
+@pytest.mark.parametrize("kv", ["lazy", "ladder", "q8_0"])
+def test_recent_window_is_counted_with_the_kv_cache(tiny_gguf: Path, capsys: pytest.CaptureFixture[str],
+                                                    kv: str) -> None:
+    """--kv-recent N adds the window's f16 rows to the KV cache of the lazy modes (a plain cache has none)."""
+    figures = {}
+    for recent in ("0", "256"):
+        code, out, _ = run(capsys, str(tiny_gguf), "--ctx", "2048", "--kv", kv, "--kv-recent", recent, "--json")
+        assert code == 0
+        figures[recent] = json.loads(out)["host"]["kv"]
+    meta = read_model_meta(tiny_gguf)
+    assert figures["256"] - figures["0"] == window_bytes(meta, 2048, kv, 256)
+    assert (window_bytes(meta, 2048, kv, 256) > 0) == (kv != "q8_0")
 
 
 def test_text_says_the_layers_the_places_and_the_longest_contexts(
@@ -56,6 +71,7 @@ def test_text_says_the_layers_the_places_and_the_longest_contexts(
     (["--gpu-layers", "-1"], "cannot be negative"),
     (["--gpu-memory", "0"], "more than 0 MiB"),
     (["--ctx", "0"], "positive number of tokens"),
+    (["--kv-recent", "-1"], "0 or more tokens"),
 ])
 def test_bad_options_say_why(tiny_gguf: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                              says: str) -> None:

@@ -134,14 +134,17 @@ def test_a_memory_budget_gives_the_context_it_holds(
 
 
 def test_the_kv_bytes_a_budget_is_measured_in_are_what_the_engine_allocates(model_path: Path) -> None:
-    """Gemma-3's iSWA cache included: the per-token figure the budget divides by is exact."""
+    """Gemma-3's iSWA cache included: the per-token figure the budget divides by is exact, and so is the
+    recent window's (each cache of an iSWA pair keeps its own, the lazy modes only)."""
     for kv_mode in KvMode:
-        s = EngineSession()
-        try:
-            info = s.load(model_path, n_ctx=N_CTX, kv_mode=kv_mode)
-            assert s.kv_status().kv_bytes == kv_bytes(info.meta, N_CTX, kv_mode), kv_mode
-        finally:
-            s.close()
+        for recent in (0, 128):
+            s = EngineSession()
+            try:
+                info = s.load(model_path, n_ctx=N_CTX, kv_mode=kv_mode, kv_recent=recent)
+                assert s.kv_status().kv_bytes == kv_bytes(info.meta, N_CTX, kv_mode, recent), (kv_mode, recent)
+                assert info.plan.recent == (recent if kv_mode.is_lazy else 0)
+            finally:
+                s.close()
 
 
 def test_a_budget_below_the_smallest_context_is_refused_and_the_model_stays(smollm2_path: Path) -> None:

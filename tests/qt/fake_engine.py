@@ -111,17 +111,18 @@ class FakeSession:
     def load(self, model_path: Path | str, n_ctx: int = N_CTX, kv_mode: str = KvMode.LAZY,
              n_threads: int | None = None, *, flash_attn: bool = True, n_gpu_layers: int | str = 0,
              rpc_servers: Sequence[str] = (), rpc_layers: int = 0, context_budget: int = 0,
-             gpu_memory: int = 0) -> ModelInfo:
+             gpu_memory: int = 0, kv_recent: int = 0) -> ModelInfo:
         """Remote backends are probed as the real session does; those that answer are reported as used.
-        A context memory budget sets n_ctx as the real session's does."""
+        A context memory budget sets n_ctx as the real session's does (with the recent window)."""
         self.calls.append("load")
+        self.kv_recent = kv_recent
         path = Path(model_path)
         meta = read_checked_meta(path)
         self._step(cancellable=not self.uncancellable_load)
         size = path.stat().st_size
         mode = KvMode(kv_mode)
         if context_budget > 0:
-            n_ctx = budget_n_ctx(meta, context_budget, mode)
+            n_ctx = budget_n_ctx(meta, context_budget, mode, kv_recent if mode.is_lazy else 0)
         remote, unreachable = probe_all(normalize_endpoints(rpc_servers))
         self._info = ModelInfo(path, meta.architecture, 1000, 4096, size, n_ctx, mode, n_threads or 1, meta,
                                remote=tuple(remote), unreachable=tuple(unreachable))

@@ -169,9 +169,16 @@ def test_settings_show_the_tokens_each_mode_holds_in_the_budget(qtbot: QtBot) ->
     qtbot.addWidget(dialog)
     label, n_ctx = dialog.budget_label, dialog.editors["n_ctx"]
     # no budget: the context length's memory, in each mode
+    # the steps the memory panel will show (issue 30), and what the recent window takes (issue 28): the
+    # lazy modes keep it in the same memory, a plain f16 or q8_0 cache has none
+    assert label.text() == ("In 288.0 MiB of KV memory: f16 2,304 · q8_0 4,096 · <b>lazy 4,096</b> · "
+                            "ladder 7,680 tokens<br>lazy levels: 16-bit up to 2,048 tokens, then 8-bit up to "
+                            "4,096<br>Recent window: the last 128 tokens in 16-bit take 16.0 MiB (6% of the "
+                            "KV memory).")
+    dialog.set_value("kv_recent", 0)
     assert label.text() == ("In 272.0 MiB of KV memory: f16 2,048 · q8_0 4,096 · <b>lazy 4,096</b> · "
                             "ladder 7,680 tokens<br>lazy levels: 16-bit up to 2,048 tokens, then 8-bit up to "
-                            "4,096")  # the steps the memory panel will show (issue 30)
+                            "4,096")
     assert n_ctx.isEnabled()
     dialog.set_value("kv_mode", KvMode.LADDER)
     dialog.set_value("context_budget_mb", 2048)
@@ -197,7 +204,7 @@ def test_settings_show_the_tokens_each_mode_holds_in_the_budget(qtbot: QtBot) ->
 def test_a_budget_loads_the_context_it_holds_and_survives_a_restart(
     qtbot: QtBot, fake_window: FakeWindow, fake_model: Path
 ) -> None:
-    w = fake_window()
+    w = fake_window(kv_recent=0)  # the budget holds the cache alone (the window: the test above)
     meta = read_model_meta(fake_model)
     w.settings_action.trigger()
     dialog = w.settings_dialog

@@ -10,7 +10,7 @@ from pathlib import Path
 from lazykv.core.engine.memory import MiB, fmt_bytes
 from lazykv.core.engine.planner import AUTO, HOST_CPU, GpuLayers, Plan, max_ctx_per_mode, plan
 from lazykv.core.errors import EngineError
-from lazykv.core.kinds import KvMode
+from lazykv.core.kinds import DEFAULT_KV_RECENT, KvMode
 
 DEFAULT_CTX = 4096
 
@@ -52,12 +52,17 @@ def main(argv: list[str]) -> int:
                         help="layers on the GPU: auto (as many as fit, the default) or n_gpu_layers")
     parser.add_argument("--gpu-memory", type=_mib, default=None, metavar="MiB",
                         help="use at most this much memory of each device")
+    parser.add_argument("--kv-recent", type=int, default=DEFAULT_KV_RECENT, metavar="N",
+                        help="lazy and ladder: the recent f16 window, in tokens, counted with the KV cache "
+                             f"(default {DEFAULT_KV_RECENT}, as the app; 0: none)")
     parser.add_argument("--rpc", default="", metavar="HOST:PORT[,...]",
                         help="llama.cpp RPC servers to offload to")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
     if args.ctx <= 0:
         parser.error("--ctx must be a positive number of tokens")
+    if args.kv_recent < 0:
+        parser.error("--kv-recent must be 0 or more tokens")
 
     from lazykv.core.engine.devices import discover  # loads the engine: after the arguments are checked
     from lazykv.core.engine.engine import read_checked_meta
@@ -83,8 +88,8 @@ def main(argv: list[str]) -> int:
     if found.note():
         print(f"estimate: {found.note()}", file=sys.stderr)
     gpu_memory = args.gpu_memory * MiB if args.gpu_memory else None
-    p = plan(meta, args.ctx, args.kv, found.devices, args.gpu_layers, gpu_memory)
-    longest = max_ctx_per_mode(meta, found.devices, args.gpu_layers, gpu_memory, p.available)
+    p = plan(meta, args.ctx, args.kv, found.devices, args.gpu_layers, gpu_memory, recent=args.kv_recent)
+    longest = max_ctx_per_mode(meta, found.devices, args.gpu_layers, gpu_memory, p.available, args.kv_recent)
     if args.json:
         print(json.dumps({**p.as_dict(), "max_ctx": {str(mode): n for mode, n in longest.items()}}))
     else:

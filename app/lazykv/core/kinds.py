@@ -45,6 +45,9 @@ class KvMode(StrEnum):
 
 
 DEFAULT_KV_MODE = KvMode.LAZY  # the settings' default, EngineSession.load's and EngineConfig's
+# the lazy modes' recent f16 window (tokens; native kv_lazy_recent): the settings' default, EngineConfig's and
+# `python -m lazykv estimate`'s, the W that measured best (bench/results/ladder.md, "Recent window")
+DEFAULT_KV_RECENT = 128
 
 
 class KvPhase(StrEnum):

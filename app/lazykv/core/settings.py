@@ -19,7 +19,7 @@ from lazykv.core.engine.planner import AUTO, GpuLayers
 from lazykv.core.engine.remote import normalize_endpoints
 from lazykv.core.files import write_text_atomic
 from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL
-from lazykv.core.kinds import DEFAULT_KV_MODE, KV_MODE_WORDS, ContextFullPolicy, SettingKind
+from lazykv.core.kinds import DEFAULT_KV_MODE, DEFAULT_KV_RECENT, KV_MODE_WORDS, ContextFullPolicy, SettingKind
 
 APP_DIR_NAME = "lazykv"
 SCHEMA_VERSION = 3
@@ -148,6 +148,11 @@ SETTINGS: tuple[Setting, ...] = (
             "lazy q8_0 keeps full f16 precision until the f16 view is full, then compacts to 8-bit in place; "
             "the ladder goes on to 4-bit.", "Engine", choices=KV_MODE_CHOICES, choice_notes=KV_MODE_NOTES,
             reloads_engine=True),
+    Setting("kv_recent", SettingKind.INT, DEFAULT_KV_RECENT, "Recent window", "Lazy q8_0 and ladder: the "
+            "last tokens also stay in full 16-bit precision once the cache has compacted, where attention "
+            "looks most. They take 16-bit memory beside the cache (the line under the context says how "
+            "much). 0: none.", "Engine", minimum=0, maximum=4096, step=32, reloads_engine=True,
+            special="0 = none"),
     Setting("n_ctx", SettingKind.INT, 4096, "Context length", "Tokens the model can see at once.", "Engine",
             minimum=256, maximum=MAX_CTX, step=256, reloads_engine=True),
     Setting("context_budget_mb", SettingKind.INT, 0, "Context memory (MiB)", "Choose the context by memory "

@@ -49,6 +49,7 @@ class ModelLoading:
             rpc_servers=tuple(self.setting("rpc_servers")),
             rpc_layers=self.setting("rpc_layers"),
             context_budget_mb=self.setting("context_budget_mb"),
+            kv_recent=self.setting("kv_recent"),
         )
         self._show_estimate(path, config)
         self.engine.submit(LoadModel(config), self._on_model_loaded, self._on_load_failed)
@@ -100,11 +101,11 @@ class ModelLoading:
         def done(found: tuple[Any, tuple[planner.Device, ...]]) -> None:
             meta, gpus = found
             budget = config.context_budget_mb * memory.MiB
-            plan = memory.plan_context(meta, config.n_ctx, config.kv_mode, budget)
+            plan = memory.plan_context(meta, config.n_ctx, config.kv_mode, budget, config.kv_recent)
             offload = planner.Offload.of(config.rpc_servers, config.rpc_layers)
             est = planner.estimate(meta, plan.n_ctx, config.kv_mode, offload=offload, gpus=gpus,
                                   gpu_layers=config.n_gpu_layers,
-                                  gpu_memory=config.gpu_memory_mb * memory.MiB)
+                                  gpu_memory=config.gpu_memory_mb * memory.MiB, recent=config.kv_recent)
             self.memory_panel.set_estimate(f"{path.name}, ctx {plan.n_ctx}, KV {config.kv_mode}", est,
                                            plan=plan)
 

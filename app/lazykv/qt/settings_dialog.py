@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from lazykv.core.engine.memory import ContextPlan, Fit, MiB, fmt_bytes, kv_bytes, plan_context
+from lazykv.core.engine.memory import ContextPlan, Fit, MiB, fmt_bytes, kv_bytes, plan_context, window_bytes
 from lazykv.core.engine.model_meta import CTX_PADDING, ModelMeta
 from lazykv.core.engine.planner import Device, Offload, estimate
 from lazykv.core.engine.remote import parse_endpoint_text
@@ -110,7 +110,7 @@ class SettingsDialog(QDialog):
         self._update_estimate()
         self._update_ok()
         for name in ("n_ctx", "kv_mode", "flash_attn", "rpc_servers", "rpc_layers", "context_budget_mb",
-                     "n_gpu_layers", "gpu_memory_mb"):
+                     "n_gpu_layers", "gpu_memory_mb", "kv_recent"):
             self._editors[name].changed.connect(self._on_engine_change)
         if meta is not None:  # a model is loaded: say before OK that applying reloads it
             for setting in SETTINGS:
@@ -185,7 +185,7 @@ class SettingsDialog(QDialog):
         if self._meta is None:
             return None
         return plan_context(self._meta, self.value("n_ctx"), self.value("kv_mode"),
-                            self.value("context_budget_mb") * MiB)
+                            self.value("context_budget_mb") * MiB, self.value("kv_recent"))
 
     def _update_budget(self, plan: ContextPlan | None) -> None:
         """The context length is unused while a budget is set; under the budget, what it (or the context
@@ -197,13 +197,24 @@ class SettingsDialog(QDialog):
         if plan is None:
             self.budget_label.setText("Load a model to see how many tokens fit in each KV mode.")
         elif budget and plan.n_ctx == 0:
-            need = fmt_bytes(kv_bytes(self._meta, CTX_PADDING, plan.kv_mode)) if self._meta else ""
+            need = fmt_bytes(kv_bytes(self._meta, CTX_PADDING, plan.kv_mode, self.value("kv_recent"))) \
+                if self._meta else ""
             self.budget_label.setText(
                 f"<span style='color:{FIT_COLORS[Fit.RED]}'>{fmt_bytes(budget * MiB)} holds fewer than "
                 f"{CTX_PADDING} tokens with this KV cache: {CTX_PADDING} tokens need {need}.</span><br>"
                 f"{tokens_per_mode(plan)}")
         else:
-            self.budget_label.setText(tokens_per_mode(plan))
+            self.budget_label.setText(tokens_per_mode(plan) + self._window_cost(plan))
+
+    def _window_cost(self, plan: ContextPlan) -> str:
+        """What the recent window takes, when the KV mode keeps one."""
+        recent = self.value("kv_recent")
+        if self._meta is None or not plan.kv_mode.is_lazy or recent <= 0 or plan.n_ctx <= 0:
+            return ""
+        cost = window_bytes(self._meta, plan.n_ctx, plan.kv_mode, recent)
+        share = cost / kv_bytes(self._meta, plan.n_ctx, plan.kv_mode, recent)
+        return (f"<br>Recent window: the last {min(recent, plan.n_ctx):,} tokens in 16-bit take "
+                f"{fmt_bytes(cost)} ({share:.0%} of the KV memory).")
 
     def _update_estimate(self) -> None:
         plan = self._plan()
@@ -214,7 +225,7 @@ class SettingsDialog(QDialog):
         est = estimate(self._meta, max(plan.n_ctx, CTX_PADDING), self.value("kv_mode"),
                        offload=Offload.of(self.value("rpc_servers"), self.value("rpc_layers")),
                        gpus=self._gpus, gpu_layers=gpu_layers(self.value("n_gpu_layers")),
-                       gpu_memory=self.value("gpu_memory_mb") * MiB)
+                       gpu_memory=self.value("gpu_memory_mb") * MiB, recent=self.value("kv_recent"))
         color = FIT_COLORS[est.fit]
         self.estimate_label.setText(
             f"<b>{html.escape(self._meta.path.name)}</b> with these settings ({plan.n_ctx:,} tokens)<br>"

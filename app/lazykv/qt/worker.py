@@ -35,7 +35,7 @@ from lazykv.core.history.persistence import Crypto, Persistence
 from lazykv.core.history.records import StoreError
 from lazykv.core.history.snapshot import SnapshotError
 from lazykv.core.history.store import Database
-from lazykv.core.kinds import DEFAULT_KV_MODE, ContextFullPolicy, ConversionStage, KvMode
+from lazykv.core.kinds import DEFAULT_KV_MODE, DEFAULT_KV_RECENT, ContextFullPolicy, ConversionStage, KvMode
 
 STATUS_INTERVAL_S = 0.1  # kv_status while streaming, at most this often
 
@@ -54,6 +54,7 @@ class EngineConfig:
     rpc_servers: tuple[str, ...] = ()  # remote backends, host:port
     rpc_layers: int = 0  # layers on them; 0: all
     context_budget_mb: int = 0  # > 0: the context is the longest whose KV cache fits in this (n_ctx unused)
+    kv_recent: int = DEFAULT_KV_RECENT  # the lazy modes' recent f16 window (tokens)
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,7 @@ class EngineWorker(QObject):
             rpc_layers=config.rpc_layers,
             context_budget=config.context_budget_mb * MiB,
             gpu_memory=config.gpu_memory_mb * MiB,
+            kv_recent=config.kv_recent,
         )
 
     def _reply(self, request: Reply) -> ReplyResult:

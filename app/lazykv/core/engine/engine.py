@@ -104,6 +104,7 @@ class EngineSession:
         rpc_layers: int = 0,
         context_budget: int = 0,
         gpu_memory: int = 0,
+        kv_recent: int = 0,
     ) -> ModelInfo:
         """Load a model, replacing the current one only once the new one has loaded.
 
@@ -117,17 +118,18 @@ class EngineSession:
         GPUs, each used up to ``gpu_memory`` bytes (0: its free memory less the headroom); none without a
         usable GPU (``ModelInfo.plan_note`` says so on a GPU build). A model whose plan needs more RAM than
         is available is refused with a sentence naming the context that fits (ModelLoadError), before
-        llama.cpp could run out of memory.
+        llama.cpp could run out of memory. ``kv_recent``: a lazy mode's recent f16 window (tokens; 0 none).
         """
         path = Path(model_path)
         meta = read_checked_meta(path)
         kv_mode = kv_mode_of(kv_mode)
-        params = kv_cache_params(kv_mode, flash_attn)
+        recent = kv_recent if kv_mode.is_lazy else 0
+        params = kv_cache_params(kv_mode, flash_attn, recent)
         support: KvSupport = meta.kv_support(flash_attn)
         if not support.allows(kv_mode):
             raise KvModeError(f"a {kv_mode} KV cache cannot run {path.name}: {support.reason}")
         if context_budget > 0:
-            n_ctx = budget_n_ctx(meta, context_budget, kv_mode)
+            n_ctx = budget_n_ctx(meta, context_budget, kv_mode, recent)
         threads = n_threads or default_threads()
         remote, unreachable = remote_backends(rpc_servers)
         from lazykv.core.engine import devices as found  # it imports this module
@@ -138,7 +140,7 @@ class EngineSession:
             params.update(rpc_servers=remote)
             n_gpu_layers = rpc_layers if rpc_layers > 0 else -1
         chosen = plan(meta, n_ctx, kv_mode, offered, meta.n_layer + 1 if n_gpu_layers == -1 else n_gpu_layers,
-                      gpu_memory or None)
+                      gpu_memory or None, recent=recent)
         if n_gpu_layers == AUTO:
             n_gpu_layers = chosen.n_gpu_layers
         note = found.no_device_note(found.gpu_build(), gpus) if not remote else ""

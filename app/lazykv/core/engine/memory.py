@@ -40,21 +40,34 @@ class Fit(enum.Enum):
     RED = "red"  # likely to swap or fail
 
 
-def kv_bytes(meta: ModelMeta, n_cells: int, kv_mode: str) -> int:
-    """Bytes of K and V over all layers for ``n_cells`` cells, stored as ``kv_mode`` allocates them."""
+def kv_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int = 0) -> int:
+    """Bytes of K and V over all layers for ``n_cells`` cells, stored as ``kv_mode`` allocates them, with
+    a lazy cache's recent window of ``recent`` tokens (window_bytes)."""
     numerator, denominator = BYTES_PER_VALUE[KvMode(kv_mode).storage]
-    return capped(whole(n_cells) * _values_per_cell(meta) * numerator // denominator)
+    cells = capped(whole(n_cells) * _values_per_cell(meta) * numerator // denominator)
+    return capped(cells + window_bytes(meta, n_cells, kv_mode, recent))
 
 
-def context_for_budget(meta: ModelMeta, budget: int, kv_mode: str) -> int:
-    """The context length (tokens) whose KV cache fits in ``budget`` bytes in ``kv_mode``: rounded down
-    to the engine's 256-cell padding, at most the model's training context (else MAX_CTX); 0 when not
-    even 256 tokens fit (or the model has no KV cache)."""
+def window_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int) -> int:
+    """The recent window's f16 K/V rows beside a lazy cache of ``n_cells`` cells (kv_lazy_recent, native
+    patch 0047): ``recent`` tokens' worth (at most the cells), one sequence; 0 for a plain cache."""
+    if not KvMode(kv_mode).is_lazy or recent <= 0:
+        return 0
+    numerator, denominator = BYTES_PER_VALUE["f16"]
+    return capped(min(whole(recent), whole(n_cells)) * _values_per_cell(meta) * numerator // denominator)
+
+
+def context_for_budget(meta: ModelMeta, budget: int, kv_mode: str, recent: int = 0) -> int:
+    """The context length (tokens) whose KV cache fits in ``budget`` bytes in ``kv_mode`` (with its recent
+    window of ``recent`` tokens, a lazy cache): rounded down to the engine's 256-cell padding, at most
+    the model's training context (else MAX_CTX); 0 when not even 256 tokens fit (or the model has no KV
+    cache)."""
     numerator, denominator = BYTES_PER_VALUE[KvMode(kv_mode).storage]
     per_cell = _values_per_cell(meta) * numerator
     if per_cell <= 0:
         return 0
-    cells = whole(budget) * denominator // per_cell // CTX_PADDING * CTX_PADDING
+    budget = whole(budget) - window_bytes(meta, MAX_CTX, kv_mode, recent)
+    cells = max(0, budget) * denominator // per_cell // CTX_PADDING * CTX_PADDING
     return min(cells, ctx_limit(meta))
 
 
@@ -80,10 +93,11 @@ class ContextPlan:
         return self.per_mode[KvMode(kv_mode)] >= self.limit
 
 
-def plan_context(meta: ModelMeta, n_ctx: int, kv_mode: str, budget: int = 0) -> ContextPlan:
-    """``budget`` > 0 (bytes): the context is the longest that fits it; else ``n_ctx`` as it is."""
-    kv_budget = budget if budget > 0 else kv_bytes(meta, padded_ctx(whole(n_ctx)), kv_mode)
-    per_mode = {mode: context_for_budget(meta, kv_budget, mode) for mode in KvMode}
+def plan_context(meta: ModelMeta, n_ctx: int, kv_mode: str, budget: int = 0, recent: int = 0) -> ContextPlan:
+    """``budget`` > 0 (bytes): the context is the longest that fits it; else ``n_ctx`` as it is. The lazy
+    modes keep a recent window of ``recent`` tokens in the same memory."""
+    kv_budget = budget if budget > 0 else kv_bytes(meta, padded_ctx(whole(n_ctx)), kv_mode, recent)
+    per_mode = {mode: context_for_budget(meta, kv_budget, mode, recent) for mode in KvMode}
     chosen = per_mode[KvMode(kv_mode)] if budget > 0 else n_ctx
     rungs = rung_cells(padded_ctx(chosen), kv_mode) if chosen > 0 else ()
     return ContextPlan(KvMode(kv_mode), chosen, kv_budget, per_mode, ctx_limit(meta), rungs)

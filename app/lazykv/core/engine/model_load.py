@@ -81,25 +81,28 @@ def kv_mode_of(kv_mode: str) -> KvMode:
         raise EngineError(f"unknown KV cache mode {kv_mode!r} (known: {known})") from None
 
 
-def kv_cache_params(kv_mode: KvMode, flash_attn: bool) -> dict[str, object]:
-    """A lazy cache is allocated as its last rung's type: q8_0 for lazy q8_0, q4_0 for the ladder."""
+def kv_cache_params(kv_mode: KvMode, flash_attn: bool, recent: int = 0) -> dict[str, object]:
+    """A lazy cache is allocated as its last rung's type: q8_0 for lazy q8_0, q4_0 for the ladder; it keeps
+    the last ``recent`` tokens in f16 as well."""
     params: dict[str, object] = {"flash_attn": flash_attn}
     if kv_mode is not KvMode.F16:
         storage = GGML_TYPES[kv_mode.storage]
         params.update(type_k=storage, type_v=storage)
     if kv_mode.is_lazy:
         params["kv_lazy_quant"] = True
+        if recent > 0:
+            params["kv_lazy_recent"] = recent
     return params
 
 
-def budget_n_ctx(meta: ModelMeta, budget: int, kv_mode: KvMode) -> int:
+def budget_n_ctx(meta: ModelMeta, budget: int, kv_mode: KvMode, recent: int = 0) -> int:
     """The context length a KV memory budget (bytes) holds, or ContextBudgetError saying what it takes."""
-    n_ctx = context_for_budget(meta, budget, kv_mode)
+    n_ctx = context_for_budget(meta, budget, kv_mode, recent)
     if n_ctx < CTX_PADDING:
         raise ContextBudgetError(
             f"{fmt_bytes(budget)} of context memory holds fewer than {CTX_PADDING} tokens of "
             f"{meta.path.name} with the {kv_mode} KV cache: {CTX_PADDING} tokens need "
-            f"{fmt_bytes(kv_bytes(meta, CTX_PADDING, kv_mode))}. Raise the budget, or set it to 0 to use "
+            f"{fmt_bytes(kv_bytes(meta, CTX_PADDING, kv_mode, recent))}. Raise the budget, or set it to 0 to use "
             "the context length."
         )
     return n_ctx
@@ -112,7 +115,7 @@ def refuse_what_does_not_fit(path: Path, meta: ModelMeta, chosen: Plan, devices:
     for d in chosen.devices:
         if 0 < d.device.free < d.total:
             auto = plan(meta, chosen.n_ctx, chosen.kv_mode, devices, AUTO, gpu_memory or None,
-                        chosen.available).n_gpu_layers
+                        chosen.available, chosen.recent).n_gpu_layers
             fits = f", or at most {auto}" if auto else " (the model then runs on the CPU)"
             raise ModelLoadError(
                 f"{path.name} with {chosen.n_gpu_layers} GPU layers needs about {fmt_bytes(d.total)} of "
@@ -120,7 +123,7 @@ def refuse_what_does_not_fit(path: Path, meta: ModelMeta, chosen: Plan, devices:
     if chosen.host_total <= chosen.available:
         return
     kv_mode = chosen.kv_mode
-    args = (devices, AUTO, gpu_memory or None, chosen.available)
+    args = (devices, AUTO, gpu_memory or None, chosen.available, chosen.recent)
     same = max_ctx(meta, kv_mode, *args)
     ladder = max_ctx(meta, KvMode.LADDER, *args) if meta.kv_support().allows(KvMode.LADDER) else 0
     need = (f"{path.name} with {chosen.n_ctx} tokens of {kv_mode} KV cache needs about "

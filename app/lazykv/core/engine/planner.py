@@ -117,7 +117,7 @@ class Estimate:
 
 def estimate(
     meta: ModelMeta, n_ctx: int, kv_mode: str, available: int | None = None, offload: Offload = Offload(),
-    gpus: Sequence[Device] = (), gpu_layers: GpuLayers = 0, gpu_memory: int | None = None,
+    gpus: Sequence[Device] = (), gpu_layers: GpuLayers = 0, gpu_memory: int | None = None, recent: int = 0,
 ) -> Estimate:
     """``plan`` as the engine will load it, summed as host memory and device memory: with RPC servers
     (``offload``: of unknown memory) ``offload.n_layers`` go to the servers and the ``gpus`` after them, as
@@ -136,7 +136,8 @@ def estimate(
     else:
         devices, ngl = tuple(gpus), gpu_layers if gpus else 0
         place = f"device memory ({', '.join(g.name for g in gpus)})" if gpus else ""
-    p = plan(meta, n_ctx, kv_mode, devices, gpu_layers=ngl, gpu_memory=gpu_memory, available=available)
+    p = plan(meta, n_ctx, kv_mode, devices, gpu_layers=ngl, gpu_memory=gpu_memory, available=available,
+             recent=recent)
     dev_w = sum(d.weights for d in p.devices)
     dev_kv = sum(d.kv for d in p.devices)
     dev_c = sum(d.compute for d in p.devices)
@@ -219,6 +220,7 @@ class Plan:
     available: int  # host RAM available
     fit: Fit
     reason: str  # one sentence: why this many layers (and what does not fit)
+    recent: int = 0  # a lazy mode's recent window (tokens), counted with the KV cache
 
     @property
     def weights(self) -> int:
@@ -258,14 +260,15 @@ def device_budget(device: Device, gpu_memory: int | None = None) -> int:
 
 
 def plan(meta: ModelMeta, n_ctx: int, kv_mode: str, devices: Sequence[Device] = (),
-         gpu_layers: GpuLayers = AUTO, gpu_memory: int | None = None, available: int | None = None) -> Plan:
+         gpu_layers: GpuLayers = AUTO, gpu_memory: int | None = None, available: int | None = None,
+         recent: int = 0) -> Plan:
     """The plan for ``meta`` with ``n_ctx`` tokens of ``kv_mode`` cache (see the module docstring).
 
     ``gpu_layers``: AUTO, as many layers as fit every device's budget with their KV cells and the compute
     buffers (none without devices); or llama.cpp's n_gpu_layers (0..n_layer + 1, more is all), planned as
     asked: a device over its budget makes the plan RED. ``gpu_memory`` (bytes): use at most this much of
-    each device. Whole-number arithmetic, every figure capped at MAX_BYTES: it never raises whatever a file
-    declares."""
+    each device. ``recent``: a lazy cache's recent window (tokens), counted with the KV cache.
+    Whole-number arithmetic, every figure capped at MAX_BYTES: it never raises whatever a file declares."""
     mode = KvMode(kv_mode)
     n_layer = whole(meta.n_layer)
     most = n_layer + 1 if n_layer else 0
@@ -274,12 +277,12 @@ def plan(meta: ModelMeta, n_ctx: int, kv_mode: str, devices: Sequence[Device] = 
         ngl = 0
         why = "no GPU: the model runs on the CPU"
     elif gpu_layers == AUTO:
-        ngl = _most_layers(meta, n_ctx, mode, devices, budgets, most)
-        why = _auto_reason(meta, n_ctx, mode, devices, budgets, ngl, most, gpu_memory)
+        ngl = _most_layers(meta, n_ctx, mode, devices, budgets, most, recent)
+        why = _auto_reason(meta, n_ctx, mode, devices, budgets, ngl, most, gpu_memory, recent)
     else:
         ngl = min(max(0, whole(int(gpu_layers))), most)
         why = f"{ngl} of {most} layers on the GPU, as set" if ngl < most else "every layer on the GPU, as set"
-    host, placed_on = _place(meta, n_ctx, mode, devices, budgets, ngl)
+    host, placed_on = _place(meta, n_ctx, mode, devices, budgets, ngl, recent)
     available = memory.available_ram() if available is None else available
     host_need = capped(host.total + BASE_OVERHEAD)
     share = host_need / available if available > 0 else float("inf")
@@ -289,16 +292,16 @@ def plan(meta: ModelMeta, n_ctx: int, kv_mode: str, devices: Sequence[Device] = 
         fit = Fit.RED
         why += "; " + ", ".join(f"{d.device.name} needs {fmt_bytes(d.total)} of {fmt_bytes(d.budget)}"
                                  for d in over)
-    return Plan(whole(n_ctx), mode, ngl, n_layer, host, placed_on, available, fit, why)
+    return Plan(whole(n_ctx), mode, ngl, n_layer, host, placed_on, available, fit, why, whole(recent))
 
 
 def max_ctx(meta: ModelMeta, kv_mode: str, devices: Sequence[Device] = (), gpu_layers: GpuLayers = AUTO,
-            gpu_memory: int | None = None, available: int | None = None) -> int:
+            gpu_memory: int | None = None, available: int | None = None, recent: int = 0) -> int:
     """The longest context (a multiple of 256, at most ``ctx_limit``) whose plan is not RED; 0 if none is."""
     available = memory.available_ram() if available is None else available
 
     def ok(n: int) -> bool:
-        return plan(meta, n, kv_mode, devices, gpu_layers, gpu_memory, available).fit is not Fit.RED
+        return plan(meta, n, kv_mode, devices, gpu_layers, gpu_memory, available, recent).fit is not Fit.RED
 
     lo, hi = 0, ctx_limit(meta) // CTX_PADDING  # in steps of 256 tokens: ok(lo) holds (0: none)
     if not ok(CTX_PADDING):
@@ -314,20 +317,21 @@ def max_ctx(meta: ModelMeta, kv_mode: str, devices: Sequence[Device] = (), gpu_l
 
 
 def max_ctx_per_mode(meta: ModelMeta, devices: Sequence[Device] = (), gpu_layers: GpuLayers = AUTO,
-                     gpu_memory: int | None = None, available: int | None = None) -> dict[KvMode, int]:
+                     gpu_memory: int | None = None, available: int | None = None,
+                     recent: int = 0) -> dict[KvMode, int]:
     """``max_ctx`` of every KV mode (0 for a mode the model cannot use: see ModelMeta.kv_support)."""
     available = memory.available_ram() if available is None else available
     support = meta.kv_support()
-    return {mode: max_ctx(meta, mode, devices, gpu_layers, gpu_memory, available)
+    return {mode: max_ctx(meta, mode, devices, gpu_layers, gpu_memory, available, recent)
             if support.allows(mode) else 0 for mode in KvMode}
 
 
 def _most_layers(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device], budgets: list[int],
-                 most: int) -> int:
+                 most: int, recent: int = 0) -> int:
     """The largest n_gpu_layers whose devices all stay within budget (the need grows with the count)."""
 
     def fits(ngl: int) -> bool:
-        return all(d.fits for d in _place(meta, n_ctx, mode, devices, budgets, ngl)[1])
+        return all(d.fits for d in _place(meta, n_ctx, mode, devices, budgets, ngl, recent)[1])
 
     lo, hi = 0, most
     while lo < hi:
@@ -340,13 +344,13 @@ def _most_layers(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[De
 
 
 def _auto_reason(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device], budgets: list[int],
-                 ngl: int, most: int, gpu_memory: int | None) -> str:
+                 ngl: int, most: int, gpu_memory: int | None, recent: int = 0) -> str:
     room = " + ".join(fmt_bytes(b) for b in budgets)
     limit = f" (at most {fmt_bytes(gpu_memory)} each, as set)" if gpu_memory else ""
     if ngl >= most:
         return f"every layer fits on the GPU: {room} to use{limit}"
     if ngl == 0:
-        need = sum(d.total for d in _place(meta, n_ctx, mode, devices, budgets, 1)[1])
+        need = sum(d.total for d in _place(meta, n_ctx, mode, devices, budgets, 1, recent)[1])
         return (f"no layer fits on the GPU: the output layer with its buffers alone needs {fmt_bytes(need)}, "
                 f"{room} to use{limit}; the model runs on the CPU")
     return (f"{ngl} of {most} layers fit on the GPU ({room} to use{limit}, leaving "
@@ -354,11 +358,11 @@ def _auto_reason(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[De
 
 
 def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device], budgets: list[int],
-           ngl: int) -> tuple[Bytes, tuple[DevicePlan, ...]]:
+           ngl: int, recent: int = 0) -> tuple[Bytes, tuple[DevicePlan, ...]]:
     """The bytes in host memory and on each device with ``ngl`` layers offloaded, as llama.cpp places them."""
     n_layer = whole(meta.n_layer)
     cells = padded_ctx(whole(n_ctx))
-    kv_layer = kv_bytes(meta, cells, mode) // n_layer if n_layer else 0
+    kv_layer = kv_bytes(meta, cells, mode, recent) // n_layer if n_layer else 0
     layout = _layout(meta)
     weights = layout.weights
     n_dev = len(devices)
