@@ -60,7 +60,8 @@ models: | $(PY)
 sysdeps:
 	@sh tools/sysdeps.sh
 
-bench: setup
+bench: setup native-tools
+	@sh tools/sysdeps.sh doc
 	QT_QPA_PLATFORM=offscreen $(PY) -m bench
 	QT_QPA_PLATFORM=offscreen $(PY) -m bench.gui_stall
 	$(PY) -m bench.resume

@@ -19,6 +19,7 @@ from bench.conversion import run_conversion
 from bench.corpus import build_tokens, unique_token_count
 from bench.engine import open_vocab
 from bench.ladder import LADDER_N_CTX, LadderResults, model_pass, run_pause
+from bench.recent import run_recent
 from bench.lockstep import run_pass
 from bench.machine import WAIT_BUDGET, OtherLoad, describe, load_average, wait_for_quiet
 from bench.report import Results, StepTiming, write
@@ -160,6 +161,7 @@ def run_ladder(settings: Settings, command: str, out: Path) -> None:
     ladder.pause = clock.run(
         "ladder steps (Llama-3-8B KV shape)", lambda: run_pause(settings, settings.conversion_reps)
     )
+    ladder.recent = clock.run("recent window (llama-perplexity, paired decode)", lambda: run_recent(settings))
     run.load_end = load_average()
     run.total_s = time.perf_counter() - clock.started
     ladder_report.write(ladder, run, out / ladder_report.REPORT_NAME)

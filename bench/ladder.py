@@ -7,7 +7,8 @@
 3. pause: each step of the ladder (f16 -> q8_0, q8_0 -> q4_0 or q5_0, f16 -> q4_0 directly) on the
    Llama-3-8B KV shape of bench/realistic.py, against a memcpy of the bytes it reads, with the peak extra RSS;
 4. speed: during the pass, decode and prefill of the ladder in each rung against the plain cache of that
-   rung's type at the same depth, paired repetitions.
+   rung's type at the same depth, paired repetitions;
+5. the recent f16 window: bench/recent.py.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from bench.lockstep import chunk_bounds
 from bench.machine import run_uncontended
 from bench.memory import memcpy_seconds
 from bench.quality import compare_rows
+from bench.recent import RecentResults
 from bench.settings import ModelSpec, Settings
 from bench.speed import time_decode
 from bench.sweep import time_chunk
@@ -303,6 +305,7 @@ def run_pause(settings: Settings, reps: int) -> PauseResult:
 class LadderResults:
     passes: list[LadderPass] = field(default_factory=list)
     pause: PauseResult | None = None
+    recent: RecentResults | None = None  # part 5, bench/recent.py
 
 
 def model_pass(spec: ModelSpec, settings: Settings, tokens: list[int]) -> LadderPass:

@@ -13,6 +13,7 @@ from bench.ladder import (
     PauseResult,
     StepResult,
 )
+from bench.recent import recent_section, recent_targets
 from bench.report import (
     DECODE_TARGET,
     KLD_TOLERANCE,
@@ -134,6 +135,8 @@ def all_targets(r: LadderResults) -> list[Target]:
     found = [t for p in r.passes for t in pass_targets(p)]
     if r.pause is not None:
         found += [t for s in r.pause.steps for t in step_targets(s)]
+    if r.recent is not None:
+        found += recent_targets(r.recent)
     return found
 
 
@@ -386,6 +389,8 @@ def render(r: LadderResults, run: Results) -> str:
         parts.append(pause_section(r.pause))
     if r.passes:
         parts.append(speed_section(r.passes))
+    if r.recent is not None:
+        parts.append(recent_section(r.recent))
     parts.append(timings_section(run))
     return "\n\n".join(part for part in parts if part) + "\n"
 

@@ -14,11 +14,29 @@
 # Debian/Ubuntu only; elsewhere it only reports what is missing.
 # `sysdeps.sh vulkan` (make vulkan-check): Vulkan's loader and headers, glslc, SPIR-V headers and
 # Mesa's drivers (lavapipe: a Vulkan device on the CPU), nothing else.
+# `sysdeps.sh doc` (make bench): the Python documentation (python3-doc), the long natural text of the
+# recent window's KLD measurement (bench/natural_text.py), nothing else.
 set -eu
 # apt-get, with sudo when not root
 apt_get() {
     if [ "$(id -u)" -eq 0 ]; then apt-get "$@"; else sudo apt-get "$@"; fi
 }
+# install the packages named, from the distribution (Debian/Ubuntu), or say what is missing
+install_only() {
+    echo "sysdeps: missing for $1:$2"
+    if command -v apt-get >/dev/null 2>&1; then
+        apt_get update -qq
+        # shellcheck disable=SC2086
+        apt_get install -y -qq --no-install-recommends $2 >/dev/null
+    else
+        echo "sysdeps: install them with your package manager" >&2
+        exit 1
+    fi
+}
+if [ "${1:-}" = "doc" ]; then
+    ls /usr/share/doc/python3*/html/_sources/faq/*.rst.txt >/dev/null 2>&1 || install_only "the bench's text" " python3-doc"
+    exit 0
+fi
 if [ "${1:-}" = "vulkan" ]; then
     pkgs=""
     for pair in /usr/include/vulkan/vulkan.h:libvulkan-dev /usr/include/spirv/unified1/spirv.hpp:spirv-headers; do
@@ -28,15 +46,7 @@ if [ "${1:-}" = "vulkan" ]; then
     command -v vulkaninfo >/dev/null 2>&1 || pkgs="$pkgs vulkan-tools"
     ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || pkgs="$pkgs mesa-vulkan-drivers"
     [ -z "$pkgs" ] && exit 0
-    echo "sysdeps: missing for Vulkan:$pkgs"
-    if command -v apt-get >/dev/null 2>&1; then
-        apt_get update -qq
-        # shellcheck disable=SC2086
-        apt_get install -y -qq --no-install-recommends $pkgs >/dev/null
-    else
-        echo "sysdeps: install them with your package manager" >&2
-        exit 1
-    fi
+    install_only Vulkan "$pkgs"
     exit 0
 fi
 need=""
