@@ -19,6 +19,7 @@ EXT_TAG = 0x6C6B7678  # LLAMA_STATE_EXT_TAG, 'lkvx'
 EXT_REQUIRED = 0x80000000
 EXT_LAYOUT = 1
 EXT_LAZY = 2
+EXT_RECENT = 3  # with EXT_REQUIRED: a lazy cache's recent window (patch 0049)
 
 QK8 = 32
 Q8_BLOCK = 34
@@ -45,6 +46,20 @@ class CacheState:
     positions: list[int] = field(default_factory=list)
     k: list[Tensor] = field(default_factory=list)
     v: list[Tensor] = field(default_factory=list)
+    recent: tuple[int, int] | None = None  # (tokens per sequence, slots) of a lazy cache's recent window
+    window: Window | None = None
+
+
+@dataclass
+class Window:
+    """The recent window written after a stream's cells: per slot written, the cell (its index among the
+    written cells) and the slot; the ring's head; the f16 K and V rows per layer (uint8 [n, row_size])."""
+
+    cells: list[int]
+    slots: list[int]
+    head: int
+    k: list[np.ndarray]
+    v: list[np.ndarray]
 
 
 class _Reader:
@@ -103,6 +118,8 @@ def _parse_cache(r: _Reader) -> CacheState:
         cache.type_k, cache.type_v, cache.n_layer = struct.unpack("<iiI", entries[EXT_LAYOUT][:12])
     if EXT_LAZY in entries:
         cache.lazy_phases = struct.unpack("<ii", entries[EXT_LAZY][:8])
+    if EXT_RECENT | EXT_REQUIRED in entries:
+        cache.recent = struct.unpack("<II", entries[EXT_RECENT | EXT_REQUIRED][:8])
     n_cells = r.u32()
     if n_cells == 0:
         return cache
@@ -118,7 +135,21 @@ def _parse_cache(r: _Reader) -> CacheState:
             assert typ == header_type or header_type == -1, "every layer is stored as the header says"
             rows = np.frombuffer(r.take(n_cells * row), dtype=np.uint8).reshape(n_cells, row)
             dest.append(Tensor(typ, rows))
+    if cache.recent is not None:
+        n = r.u32()
+        pairs = [(r.u32(), r.u32()) for _ in range(n)]
+        head = r.u32()
+        rows_k = [np.frombuffer(r.take(n * 2 * _f16_width(t)), dtype=np.uint8).reshape(n, -1)
+                  for t in cache.k]
+        rows_v = [np.frombuffer(r.take(n * 2 * _f16_width(t)), dtype=np.uint8).reshape(n, -1) for t in cache.v]
+        cache.window = Window([c for c, _ in pairs], [j for _, j in pairs], head, rows_k, rows_v)
     return cache
+
+
+def _f16_width(t: Tensor) -> int:
+    """Values per row of a stored tensor (f16 rows, or blocks of 32 of a quantized type)."""
+    block = {GGML_TYPE_F16: (1, 2), GGML_TYPE_Q8_0: (32, 34), 2: (32, 18), 6: (32, 22)}[t.type]
+    return t.rows.shape[1] // block[1] * block[0]
 
 
 def f16_values(t: Tensor) -> np.ndarray:

@@ -13,6 +13,7 @@ pass, in column order, so masked (dropped) columns are skipped exactly.
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import llama_cpp
@@ -21,6 +22,7 @@ import pytest
 from llama_cpp import Llama, StateMismatchError
 
 from .helpers import KV_TYPES
+from .state_blob import f16_values, hadamard, parse_context_state
 from .test_lazy_cache import corpus, kld
 
 N_CTX = 1024  # q4_0 ladder rungs: f16 256 cells, q8_0 512, q4_0 1024
@@ -111,6 +113,35 @@ def test_window_brings_the_last_rung_closer_to_f16(model_path: Path) -> None:
     plain = kld(runs["f16"], runs["ladder"]).mean()
     window = kld(runs["f16"], runs["window"]).mean()
     assert window < 0.9 * plain, (window, plain)
+
+
+def state_bytes(llm: Llama) -> bytes:
+    size = llama_cpp.llama_state_get_size(llm.ctx)
+    buf = (ctypes.c_uint8 * size)()
+    n = llama_cpp.llama_state_get_data(llm.ctx, buf, size)
+    return bytes(buf[:n])
+
+
+def test_window_rows_are_the_rotated_f16_rows(smollm2_path: Path, tokens: list[int]) -> None:
+    """The window holds each of the last W tokens' K and V rows rotated as the rung rotates them, in f16: read
+    from a saved state (tests/native/state_blob.py, an independent reader) and compared, slot by slot, with
+    the first layer's rows of an f16 cache that read the same tokens, rotated in NumPy. (The first layer's
+    K and V depend on the tokens only; f16 rounding apart, they are the same numbers.)"""
+    win, f16 = ladder(smollm2_path, recent=W), ladder(smollm2_path, kv="f16")
+    for llm in (win, f16):
+        prefill(llm, tokens[:600])
+        decode(llm, tokens[600:620])
+    _, (ws,) = parse_context_state(state_bytes(win))
+    _, (fs,) = parse_context_state(state_bytes(f16))
+    assert ws.recent == (W, W) and ws.window is not None and ws.n_rot_k and ws.n_rot_v
+    positions = [ws.positions[c] for c in ws.window.cells]
+    assert sorted(positions) == list(range(620 - W, 620))  # the last W tokens, one slot each
+    rows = [fs.positions.index(p) for p in positions]
+    for got, stored, n_rot in ((ws.window.k[0], fs.k[0], ws.n_rot_k), (ws.window.v[0], fs.v[0], ws.n_rot_v)):
+        values = f16_values(stored)[rows].astype(np.float64)
+        want = (values.reshape(len(rows), -1, n_rot) @ hadamard(n_rot)).reshape(values.shape)
+        have = got.view(np.float16).astype(np.float64)
+        assert np.abs(have - want).max() <= 4e-3 * np.abs(want).max()
 
 
 # ---------------------------------------------------------------- sequence operations
