@@ -22,7 +22,7 @@ from llama_cpp import Llama
 
 from .helpers import make_llama
 from .state_blob import byte_mismatches, conversion_mismatches, parse_context_state
-from .test_lazy_cache import assert_kld_no_worse_than_q8_0, corpus
+from .test_lazy_cache import assert_kld_no_worse_than_q8_0, corpus, kld
 
 N_CTX = 512
 N_F16 = 256  # floor(512 * 34/64) = 272, rounded down to the 256-cell padding
@@ -312,3 +312,35 @@ def test_ladder_steps_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
     # and decoding goes on up to the whole cache, on the device, without another conversion
     fill(device, corpus(device, n_ctx - 24)[200:])
     assert device.kv_lazy_info().n_conversions == 2
+
+
+def test_recent_window_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
+    """The recent window (patches 0046-0050) lives with the cache on the device and is attended there: the
+    f16 rung is bit-identical to the cache without a window, and on the q4_0 rung decoding on the device
+    agrees with the same ladder in host memory (the server's threads sum in another order: close, not equal)
+    and is closer to f16 than the ladder without the window."""
+    n_ctx = 1024  # rungs 256 / 512 / 1024
+
+    def ladder(recent: int, device: bool) -> Llama:
+        where = {"rpc_servers": [rpc.endpoint], "n_gpu_layers": -1} if device else {}
+        return make_llama(smollm2_path, "ladder", n_ctx=n_ctx, kv_lazy_recent=recent, logits_all=True, **where)
+
+    device, host, plain = ladder(64, True), ladder(64, False), ladder(0, True)
+    uses = device.memory_breakdown()
+    assert sum(u.kv for u in uses if not u.host) == device.kv_lazy_info().kv_bytes > plain.kv_lazy_info().kv_bytes
+    assert sum(u.kv for u in uses if u.host) == 0
+    tokens = corpus(host, 700)
+    for llm in (device, host, plain):
+        fill(llm, tokens[:200])
+    np.testing.assert_array_equal(device.scores[:200], plain.scores[:200])  # f16 rung: no window in use
+    f16 = make_llama(smollm2_path, "f16", n_ctx=n_ctx, logits_all=True)
+    fill(f16, tokens[:600])
+    for llm in (device, host, plain):
+        fill(llm, tokens[200:600])
+        assert llm.kv_lazy_info().phase == "q4_0"
+    for llm in (device, host, plain, f16):
+        for t in tokens[600:640]:
+            llm.eval([t])
+    rows = slice(600, 640)
+    assert kld(host.scores[rows], device.scores[rows]).max() < 1e-4
+    assert kld(f16.scores[rows], device.scores[rows]).mean() < 0.9 * kld(f16.scores[rows], plain.scores[rows]).mean()
