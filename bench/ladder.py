@@ -277,7 +277,7 @@ def measure_step(
             result.retries, result.contended = result.retries + tries, result.contended + busy
     finally:
         llm.close()
-    out.memcpy_s, tries, busy = run_uncontended(lambda: memcpy_seconds(bytes_read, 7))
+    out.memcpy_s, tries, busy = run_uncontended(lambda: memcpy_seconds(bytes_read, 7, n_threads))
     result.retries, result.contended = result.retries + tries, result.contended + busy
     return out
 

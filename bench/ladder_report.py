@@ -228,7 +228,7 @@ def pause_section(pause: PauseResult) -> str:
         "tokens (restoring more cells than the f16 rung holds puts the cache on the q8_0 rung), then "
         '`kv_lazy_convert()` (one step) or `kv_lazy_convert("q4_0")` (direct) is timed with RSS '
         f"sampled. Medians of {len(pause.steps[0].runs)}; {pause.n_threads} threads. memcpy: numpy "
-        "`copyto` of the bytes the step reads, best of 7, single-threaded. Extra RSS: the larger of "
+        "`copyto` of the bytes the step reads, best of 7, on as many threads as the step (issue 28). Extra RSS: the larger of "
         "the sampled peak and VmHWM, minus RSS before, the largest of the repetitions.\n\n"
         + table(
             [
@@ -357,7 +357,7 @@ def summary_section(r: LadderResults, run: Results) -> str:
             f"({best.step.name}, {1000 * best.wall_s:.0f} ms for {mib(best.bytes_read)}) to "
             f"{worst.wall_s / worst.memcpy_s:.1f}x ({worst.step.name}, {1000 * worst.wall_s:.0f} ms for "
             f"{mib(worst.bytes_read)}); largest extra RSS {mib(max(s.extra_rss for s in r.pause.steps))}. "
-            "The memcpy is single-threaded, the steps use n_threads."
+            "The memcpy runs on as many threads as the steps."
         )
     if contention_warning(run):
         lines.append(
