@@ -173,6 +173,15 @@ def device_checks() -> int:
     still = emptied and plain.n_tokens == 4
     rows.append(f"| the refused cache: emptied, and it decodes again | {'yes' if still else 'NO'} |")
     ok &= refused and still
+
+    # the recent window needs flash attention over a second K/V range, which ggml-vulkan does not have: the
+    # engine leaves the window out (a warning) instead of running every layer's attention on the CPU
+    windowed = make_llama(path, "ladder", n_ctx=n_ctx, n_gpu_layers=-1, kv_lazy_recent=128)
+    plain_ladder = make_llama(path, "ladder", n_ctx=n_ctx, n_gpu_layers=-1)
+    same = windowed.kv_lazy_info().kv_bytes == plain_ladder.kv_lazy_info().kv_bytes
+    rows.append(f"| a ladder asking for a recent window on the device: left without one (no second K/V range in "
+                f"ggml-vulkan's flash attention) | {'yes' if same else 'NO'} |")
+    ok &= same
     print("\n".join(rows))
     return 0 if ok else 1
 
