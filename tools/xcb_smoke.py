@@ -81,9 +81,7 @@ def x_desktop(screen: str = SCREEN) -> Iterator[str]:
             raise SmokeError("Xvfb did not start")
         display = f":{number}"
         env = {**os.environ, "DISPLAY": display}
-        wm = subprocess.Popen(["openbox", "--sm-disable"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait(lambda: _quiet(["wmctrl", "-m"], env) is not None, 20, "openbox did not take the display")
+        wm = _start_window_manager(env)
         yield display
     finally:
         for process in (wm, xvfb):
@@ -94,6 +92,29 @@ def x_desktop(screen: str = SCREEN) -> Iterator[str]:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+
+
+def _start_window_manager(env: Mapping[str, str], tries: int = 3, seconds: float = 60) -> subprocess.Popen:
+    """openbox on the display in ``env``, once ``wmctrl`` sees it manage the screen.
+
+    On a loaded machine (the test suite on two cores) openbox can take long to start, or exit before
+    it took the display; it is started again, up to ``tries`` times, and what it printed is kept for
+    the error."""
+    said = ""
+    for _ in range(tries):
+        with tempfile.TemporaryFile() as log:
+            wm = subprocess.Popen(["openbox", "--sm-disable"], env=dict(env), stdout=log, stderr=log)
+            deadline = time.monotonic() + seconds
+            while wm.poll() is None and time.monotonic() < deadline:
+                if _quiet(["wmctrl", "-m"], env) is not None:
+                    return wm
+                time.sleep(0.1)
+            if wm.poll() is None:
+                wm.kill()
+            wm.wait()
+            log.seek(0)
+            said = log.read().decode(errors="replace").strip()
+    raise SmokeError(f"openbox did not take the display ({tries} tries)" + (f": {said[-500:]}" if said else ""))
 
 
 def run_app(

@@ -21,6 +21,7 @@ import pytest
 from llama_cpp import Llama
 
 from .helpers import make_llama
+from .rawctx import engine_threads
 from .state_blob import byte_mismatches, conversion_mismatches, parse_context_state
 from .test_lazy_cache import assert_kld_no_worse_than_q8_0, corpus, kld
 
@@ -41,7 +42,9 @@ class RpcServer:
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [str(llama_cpp.rpc_server_path()), "-H", "127.0.0.1", "-p", str(self.port), "-t", "2"],
+            # as many threads as the tests' own contexts (1 in an xdist worker): the CPU backend's sums
+            # depend on its thread count, so a device/host comparison holds only with the same count
+            [str(llama_cpp.rpc_server_path()), "-H", "127.0.0.1", "-p", str(self.port), "-t", str(engine_threads())],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + 20
@@ -317,7 +320,7 @@ def test_ladder_steps_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
 def test_recent_window_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
     """The recent window (patches 0046-0050) lives with the cache on the device and is attended there: the
     f16 rung is bit-identical to the cache without a window, and on the q4_0 rung decoding on the device
-    agrees with the same ladder in host memory (the server's threads sum in another order: close, not equal)
+    agrees with the same ladder in host memory (the server runs as many threads as the host)
     and is closer to f16 than the ladder without the window."""
     n_ctx = 1024  # rungs 256 / 512 / 1024
 
