@@ -158,7 +158,8 @@ def test_in_place_on_several_threads_is_the_out_of_place_conversion(
 def hostile_blocks(rng: np.random.Generator) -> np.ndarray:
     """Blocks of 32 f32 values where a quantizer's choices show: the largest magnitude twice with opposite
     signs (the first one sets the scale's sign), all zeros and negative zeros, one value only, denormals,
-    values at the rounding boundaries of the codes, very large and very small scales, and plain noise."""
+    values at the rounding boundaries of the codes, very large and very small scales, no positive value, a NaN
+    or an infinity, and plain noise."""
     blocks = [rng.normal(0, 1, (64, 32))]
     ties = rng.normal(0, 1, (64, 32))
     ties[:, 3], ties[:, 17] = 2.5, -2.5
@@ -178,7 +179,12 @@ def hostile_blocks(rng: np.random.Generator) -> np.ndarray:
     blocks.append(rng.normal(0, 1e30, (8, 32)))
     blocks.append(rng.normal(0, 1e-30, (8, 32)))
     blocks.append(rng.integers(-16, 17, (64, 32)) * 0.25)  # many exact ties
-    return np.concatenate(blocks).astype(np.float32)
+    blocks.append(-np.abs(rng.normal(0, 1, (8, 32))))  # no positive value
+    special = rng.normal(0, 1, (4, 32))
+    special[0, 5], special[1, 30], special[2, 0], special[3, 9] = np.nan, np.inf, -np.inf, np.nan
+    blocks.append(special)  # left to the reference
+    # in random order: the kernels find the scales of 8 blocks at once, and leave a block to one at a time
+    return rng.permutation(np.concatenate(blocks)).astype(np.float32)
 
 
 @pytest.mark.parametrize("dst_type", [Q4_0, Q5_0], ids=QUANT_NAMES.get)
@@ -188,7 +194,8 @@ def test_the_cpu_quantization_is_bit_identical_to_the_reference(dst_type: int) -
     same type hold what upstream's reference would. (Upstream's AVX2 q8_0 is not bit-identical to its own
     reference on blocks of denormals, where it takes the reciprocal of the scale differently: its choice.)"""
     x = hostile_blocks(np.random.default_rng(dst_type))
-    n_per_row = 4 * 32
+    n_per_row = 11 * 32  # 8 blocks whose scales are found together, and 3 on their own
+    x = np.concatenate([x.ravel(), np.zeros(-x.size % n_per_row, np.float32)])
     rows = np.ascontiguousarray(x.reshape(-1, n_per_row))
     n_rows = rows.shape[0]
     out = convert(rows, F32, dst_type, n_per_row, 0)
