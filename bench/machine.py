@@ -86,12 +86,14 @@ def describe() -> Machine:
 
 
 def _busy_seconds() -> tuple[float, float]:
-    """(CPU seconds busy on the whole machine, CPU seconds used by this process) so far."""
+    """(CPU seconds busy on the whole machine, CPU seconds used by this process and the children it has waited
+    for, such as llama-perplexity) so far."""
     fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
     ticks = os.sysconf("SC_CLK_TCK")
     own = os.times()
-    return (user + nice + system + irq + softirq + steal) / ticks, own.user + own.system
+    mine = own.user + own.system + own.children_user + own.children_system
+    return (user + nice + system + irq + softirq + steal) / ticks, mine
 
 
 class OtherLoad:
