@@ -19,8 +19,9 @@ The engine is the pinned llama-cpp-python sdist plus the patch series in
   backend   print the backend the build is for (cpu, cuda, vulkan, metal) and why, one line
   tools     build llama.cpp's test and tool programs (test-llama-archs,
             test-save-load-state, test-backend-ops, llama-perplexity,
-            llama-bench, ggml-rpc-server) of the exported series into the tools cache;
-            print their directory; does nothing when current
+            llama-bench, ggml-rpc-server) of the exported series into the tools cache,
+            and convert-rows-cuda-sim (ggml-cuda's conversion kernel run on the host,
+            native/gpu_check/cuda_sim); print their directory; does nothing when current
 
 The backend follows the machine's GPU, not the tools alone (``detect_backend``):
 CUDA when the driver lists a GPU (``nvidia-smi -L``, else libcuda) and ``nvcc``
@@ -35,7 +36,7 @@ and is keyed by the sha256 of (sdist sha256, patch bytes, CMAKE_ARGS, Python
 tag, machine, and the backend unless it is the CPU), so a second run never
 rebuilds; a GPU wheel's version says its backend (``0.3.36+lazykv.<series>.cuda``).
 The tools live beside it in $XDG_CACHE_HOME/lazykv/tools/<key>, keyed the same way by their own CMake
-arguments; they are built from a git worktree of the exported series
+arguments and the simulator's sources; they are built from a git worktree of the exported series
 (native/work/tools-src, build dir native/work/build-tools), never from the
 edit tree, so uncommitted work never lands in the cache.  Only the standard library is
 used: this runs before anything else is installed.
@@ -49,6 +50,7 @@ import ctypes.util
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -112,6 +114,10 @@ TOOLS_CMAKE_ARGS = [
 ]
 TOOLS = ("test-llama-archs", "test-save-load-state", "test-backend-ops", "llama-perplexity", "llama-bench",
          "ggml-rpc-server")
+# ggml-cuda's conversion kernel run on the host against the CPU backend (native/gpu_check/cuda_sim), built beside
+# the tools from the same sources and libraries
+CUDA_SIM_DIR = NATIVE / "gpu_check" / "cuda_sim"
+CUDA_SIM_TOOL = "convert-rows-cuda-sim"
 
 GIT_ID = ["-c", "user.name=LazyKV build", "-c", "user.email=build@lazykv.invalid"]
 
@@ -564,6 +570,8 @@ def tools_key() -> str:
     h = hashlib.sha256()
     for part in (SDIST_SHA256, series_hash(), " ".join(tools_cmake_args()), platform.machine()):
         h.update(part.encode() + b"\0")
+    for p in sorted(CUDA_SIM_DIR.iterdir()):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -598,10 +606,36 @@ def tools_source() -> Path:
     return TOOLS_SRC
 
 
+def cuda_sim_source(llama_cpp_src: Path, dest: Path) -> None:
+    """ggml-cuda/convert-rows.cu for cuda_sim.h: its launches as cuda_sim_launch calls, the fastdiv helpers of
+    common.cuh before it instead of its header."""
+    cu = (llama_cpp_src / "ggml" / "src" / "ggml-cuda" / "convert-rows.cu").read_text()
+    common = (llama_cpp_src / "ggml" / "src" / "ggml-cuda" / "common.cuh").read_text()
+    fastdiv = re.search(r"static const uint3 init_fastdiv_values\(.*?\n(?=\S[^\n]*dequantize_kernel_t)", common, re.S)
+    launch = re.compile(r"(\w+<[^<>;]*>)<<<([^,]+),\s*([^,]+),\s*[^,]+,\s*[^>]+>>>\(([^;]*)\);")
+    if fastdiv is None or '#include "convert-rows.cuh"' not in cu or len(launch.findall(cu)) != 1:
+        raise BuildError("convert-rows.cu or common.cuh changed: update cuda_sim_source() in native/build.py")
+    cu = cu.replace('#include "convert-rows.cuh"', '#include "cuda_sim.h"\n\n' + fastdiv.group(0), 1)
+    dest.write_text(launch.sub(r"cuda_sim_launch(\1, \2, \3, \4);", cu))
+
+
+def build_cuda_sim(llama_cpp_src: Path, out: Path) -> None:
+    """CUDA_SIM_TOOL into out, linked with the tools build's static ggml."""
+    libs = TOOLS_BUILD_DIR / "ggml" / "src"
+    with tempfile.TemporaryDirectory() as tmp:
+        cuda_sim_source(llama_cpp_src, Path(tmp) / "convert-rows.sim.cu")
+        run([os.environ.get("CXX", "c++"), "-std=c++17", "-O1", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas",
+             "-Wno-unused-function", "-I", tmp, "-I", str(CUDA_SIM_DIR),
+             "-I", str(llama_cpp_src / "ggml" / "include"), "-I", str(llama_cpp_src / "ggml" / "src"),
+             '-DCONVERT_ROWS_SIM_SOURCE="convert-rows.sim.cu"', str(CUDA_SIM_DIR / "convert_rows_sim.cpp"),
+             str(libs / "libggml.a"), str(libs / "libggml-cpu.a"), str(libs / "libggml-base.a"),
+             "-fopenmp", "-lpthread", "-o", str(out / CUDA_SIM_TOOL)])
+
+
 def build_tools() -> Path:
     """The directory holding TOOLS for the current series, built (minutes) only when not cached."""
     out = tools_dir()
-    if all((out / name).is_file() for name in TOOLS):
+    if all((out / name).is_file() for name in (*TOOLS, CUDA_SIM_TOOL)):
         return out
     llama_cpp_src = tools_source() / "vendor" / "llama.cpp"
     ensure_build_requirements()
@@ -618,6 +652,7 @@ def build_tools() -> Path:
     staging.chmod(0o755)
     for name in TOOLS:
         shutil.copy2(TOOLS_BUILD_DIR / "bin" / name, staging / name)
+    build_cuda_sim(llama_cpp_src, staging)
     shutil.rmtree(out, ignore_errors=True)
     staging.replace(out)
     log(f"built the tools in {time.monotonic() - t0:.0f} s into {out}")

@@ -181,6 +181,25 @@ static void on_progress(const llama_kv_lazy_info *, void * data) {
     probe->min_free = std::min(probe->min_free, free);
 }
 
+// the fastest of 5 device-to-device copies of `bytes` bytes
+static double device_copy_s(ggml_backend_dev_t dev, double bytes) {
+    double t = 1e9;
+    ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+    ggml_init_params params = { 2*ggml_tensor_overhead(), nullptr, true };
+    ggml_context * cctx = ggml_init(params);
+    ggml_tensor * a = ggml_new_tensor_1d(cctx, GGML_TYPE_I8, (int64_t) bytes);
+    ggml_tensor * b = ggml_new_tensor_1d(cctx, GGML_TYPE_I8, (int64_t) bytes);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(cctx, buft);
+    for (int r = 0; r < 5; ++r) {
+        const double t0 = now_s();
+        ggml_backend_tensor_copy(a, b); // synchronous
+        t = std::min(t, now_s() - t0);
+    }
+    ggml_backend_buffer_free(buf);
+    ggml_free(cctx);
+    return t;
+}
+
 // seconds per token generating n tokens one at a time after `depth` cells
 static double decode_speed(llama_model * model, kv_mode mode, int n_ctx, int depth, const std::vector<llama_token> & tokens) {
     llama_context * ctx = make_ctx(model, mode, n_ctx);
@@ -349,22 +368,7 @@ int main(int argc, char ** argv) {
     t_step[KV_Q8] = median(t_q8);
 
     const double view_bytes = (double) lazy_after.kv_bytes*n_f16*2.0/((double) n_ctx*34.0/32.0);
-    double t_copy = 1e9;
-    {
-        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(probe.dev);
-        ggml_init_params params = { 2*ggml_tensor_overhead(), nullptr, true };
-        ggml_context * cctx = ggml_init(params);
-        ggml_tensor * a = ggml_new_tensor_1d(cctx, GGML_TYPE_I8, (int64_t) view_bytes);
-        ggml_tensor * b = ggml_new_tensor_1d(cctx, GGML_TYPE_I8, (int64_t) view_bytes);
-        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(cctx, buft);
-        for (int r = 0; r < 5; ++r) {
-            const double t0 = now_s();
-            ggml_backend_tensor_copy(a, b); // synchronous
-            t_copy = std::min(t_copy, now_s() - t0);
-        }
-        ggml_backend_buffer_free(buf);
-        ggml_free(cctx);
-    }
+    const double t_copy = device_copy_s(probe.dev, view_bytes);
     // ---- the pause against the wall time of an explicit conversion (llama_kv_lazy_convert returns once the device
     // has converted): idle (every decode read), and behind a decode whose outputs nobody read yet, which the
     // engine's figure must not include
@@ -416,6 +420,53 @@ int main(int argc, char ** argv) {
     printf("| conversion throughput (f16 bytes read) | %.2f GB/s |\n", view_bytes/pause/1e9);
     printf("| extra device memory during the conversion (free before - lowest free) | %.1f MiB (bound: one f16 tensor = %.1f MiB) |\n\n",
             extra/1048576.0, view_bytes/(2.0*N_LAYER)/1048576.0);
+
+    // ---- the ladder's steps on the device: f16 -> q8_0 -> q4_0, each one graph of the conversion op in place, its
+    // pause against a device-to-device copy of the bytes it reads (the rung's whole view)
+    {
+        llama_context_params p = llama_context_default_params();
+        p.n_ctx           = n_ctx;
+        p.n_batch         = 512;
+        p.n_ubatch        = 512;
+        p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+        p.type_k          = GGML_TYPE_Q4_0;
+        p.type_v          = GGML_TYPE_Q4_0;
+        p.kv_lazy_quant   = true;
+        p.offload_kqv     = true;
+        llama_context * ctx = llama_init_from_model(model, p);
+        if (!ctx) {
+            fprintf(stderr, "cannot create a ladder context\n");
+            exit(2);
+        }
+        const llama_kv_lazy_info li = lazy_info(ctx);
+        const int n_fill = std::max(step, (int) (li.n_cells_f16/step - 1)*step);
+        for (int pos = 0; pos < n_fill; pos += step) decode(ctx, tokens, pos, step, false);
+        llama_synchronize(ctx);
+        const double row_values = (double) N_LAYER*2*N_HEAD_KV*HEAD_DIM;
+        const double read[2] = { row_values*li.n_cells_f16*2.0, row_values*li.n_cells_q8*34.0/32.0 };
+        const char * names[2] = { "f16 -> q8_0", "q8_0 -> q4_0" };
+        printf("## The ladder's steps on the device (f16 %u cells, q8_0 %u, q4_0 %u)\n\n", li.n_cells_f16, li.n_cells_q8, li.n_cells_total);
+        printf("| step | bytes read | engine's pause | graph computes | copy of the bytes read | pause / copy |\n|---|---|---|---|---|---|\n");
+        for (int k = 0; k < 2; ++k) {
+            g_conversion_graphs = -1;
+            if (llama_kv_lazy_convert(ctx) != 1) {
+                fprintf(stderr, "the ladder's step %s did not convert\n", names[k]);
+                exit(2);
+            }
+            const double pause = lazy_info(ctx).t_last_conversion_us/1e6;
+            const double copy = device_copy_s(probe.dev, read[k]);
+            printf("| %s | %.1f MiB | %.2f ms | %d | %.2f ms | %.2fx |\n", names[k], read[k]/1048576.0, pause*1e3,
+                    g_conversion_graphs, copy*1e3, pause/copy);
+        }
+        decode(ctx, tokens, n_fill, 8, true);
+        const float * l = llama_get_logits(ctx);
+        bool finite = true;
+        for (int i = 0; i < 8*N_VOCAB; ++i) finite = finite && std::isfinite(l[i]);
+        const bool on_q4 = lazy_info(ctx).phase == LLAMA_KV_LAZY_Q4_0;
+        ok = ok && finite && on_q4;
+        printf("| 8 tokens decoded on the q4_0 rung: logits finite | %s |  |  |  | %s |\n\n", finite ? "yes" : "NO", on_q4 ? "phase q4_0" : "NOT ON q4_0");
+        llama_free(ctx);
+    }
 
     // ---- decode speed
     printf("## Decode speed (ms per token, %d tokens)\n\n| depth | f16 | q8_0 | lazy | lazy phase |\n|---|---|---|---|---|\n", g_decode_tokens);

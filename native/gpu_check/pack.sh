@@ -12,5 +12,6 @@ for b in cann et hexagon metal musa opencl openvino sycl virtgpu vulkan webgpu z
     ex+=(--exclude="llama.cpp/ggml/src/ggml-$b")
 done
 tar -C "$src" "${ex[@]}" -cJf "$here/native/work/gpu/llama.cpp.tar.xz" \
-    llama.cpp/CMakeLists.txt llama.cpp/cmake llama.cpp/ggml llama.cpp/src llama.cpp/include llama.cpp/licenses llama.cpp/vendor
+    llama.cpp/CMakeLists.txt llama.cpp/cmake llama.cpp/ggml llama.cpp/src llama.cpp/include llama.cpp/licenses llama.cpp/vendor \
+    llama.cpp/tests/test-backend-ops.cpp
 du -h "$here/native/work/gpu/llama.cpp.tar.xz"
