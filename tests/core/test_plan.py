@@ -207,3 +207,67 @@ def test_the_estimate_plans_auto_layers_on_the_gpus_and_rpc_before_them() -> Non
     assert estimate(meta, 8192, "q8_0", available=RAM, gpus=(gpu(6, 8),), gpu_layers=0).device == ""
     both = estimate(meta, 8192, "q8_0", available=RAM, offload=Offload(("box:1",), 10), gpus=(gpu(6, 8),))
     assert both.device == "device memory (remote: box:1)" and both.device_kv == 9 * (p.kv // 32)
+
+
+def test_a_device_that_refuses_the_output_matrix_leaves_the_output_layer_in_host_memory() -> None:
+    """llama.cpp asks the output device's supports_op about the output's product over 512 tokens and keeps
+    the layer in host memory when refused: a Vulkan device refuses any op with a tensor over its storage
+    buffer range (Mesa's lavapipe: 128 MiB), here the logits (128256 x 512 f32 = 250.5 MiB)."""
+    tied = _meta(tied=True)
+    limited = Device("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", 64 * GiB, 64 * GiB, max_tensor=128 * MiB)
+    unlimited = replace(limited, max_tensor=0)
+    kept = plan(tied, 4096, "q8_0", (limited,), gpu_layers=AUTO, available=RAM)
+    moved = plan(tied, 4096, "q8_0", (unlimited,), gpu_layers=AUTO, available=RAM)
+    assert kept.n_gpu_layers == moved.n_gpu_layers == 33  # every layer, and the output layer asked for
+    assert moved.devices[0].output and not kept.devices[0].output
+    assert "the output layer stays in host memory: Vulkan0 takes no tensor over 128.0 MiB" in kept.reason
+    assert "host memory" not in moved.reason
+    assert kept.devices[0].n_layers == moved.devices[0].n_layers == 32
+    # the output matrix (the token embeddings again) is not loaded a second time; its logits are the host's
+    assert moved.devices[0].weights - kept.devices[0].weights == MiB + 500 * MiB
+    assert kept.host.compute >= 128256 * 512 * 4 > moved.host.compute
+    # a limit that the matrix and the logits fit under changes nothing
+    roomy = plan(tied, 4096, "q8_0", (replace(limited, max_tensor=1 * GiB),), gpu_layers=AUTO, available=RAM)
+    assert roomy.host == moved.host and replace(roomy.devices[0], device=unlimited) == moved.devices[0]
+
+
+def test_the_tensor_limit_probe_finds_the_largest_tensor_the_device_takes() -> None:
+    """devices.max_tensor bisects supports_op over the sum of two f32 vectors, allocating nothing."""
+    from lazykv.core.engine import devices
+
+    class FakeGgml:
+        """supports_op as a Vulkan device without 64-bit indexing answers it: no tensor over the limit."""
+
+        def __init__(self, limit: int) -> None:
+            self.limit, self.asked = limit, 0
+            for name in ("ggml_tensor_overhead", "ggml_init", "ggml_free", "ggml_new_tensor_1d", "ggml_add",
+                         "ggml_backend_dev_supports_op"):
+                method = getattr(self, "_" + name)
+                setattr(self, name, lambda *args, method=method: method(*args))  # takes argtypes, as ctypes' do
+
+        def _ggml_tensor_overhead(self) -> int:
+            return 368
+
+        def _ggml_init(self, params: object) -> int:
+            return 1
+
+        def _ggml_free(self, ctx: int) -> None:
+            pass
+
+        def _ggml_new_tensor_1d(self, ctx: int, type_: int, n: int) -> int:
+            return 4 * n  # "the tensor": its bytes
+
+        def _ggml_add(self, ctx: int, a: int, b: int) -> int:
+            return a
+
+        def _ggml_backend_dev_supports_op(self, dev: int, op: int) -> bool:
+            self.asked += 1
+            return op <= self.limit
+
+    for limit in (128 * MiB, 4 * GiB - 1, 2 * MiB + 12345):
+        fake = FakeGgml(limit)
+        found = devices.max_tensor(fake, 0)  # type: ignore[arg-type]
+        assert limit - devices.PROBE_STEP < found <= limit, (limit, found)
+        assert fake.asked <= 30
+    assert devices.max_tensor(FakeGgml(2 << 40), 0) == 0  # type: ignore[arg-type]  # no limit
+    assert devices.max_tensor(FakeGgml(1024), 0) == 0  # type: ignore[arg-type]  # refuses the op at any size

@@ -60,15 +60,60 @@ def _lib() -> ctypes.CDLL | None:
     return lib
 
 
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+def _bind_probe(lib: ctypes.CDLL) -> None:
+    p = ctypes.c_void_p
+    for name, args, res in (("ggml_tensor_overhead", [], ctypes.c_size_t), ("ggml_init", [_InitParams], p),
+                            ("ggml_free", [p], None), ("ggml_new_tensor_1d", [p, ctypes.c_int, ctypes.c_int64], p),
+                            ("ggml_add", [p, p, p], p), ("ggml_backend_dev_supports_op", [p, p], ctypes.c_bool)):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+
+
+PROBE_MIN, PROBE_MAX = 1 << 20, 1 << 40  # bytes
+PROBE_STEP = 1 << 16
+GGML_TYPE_F32 = 0
+
+
+def max_tensor(lib: ctypes.CDLL, dev: int) -> int:
+    """The largest tensor (bytes, to 64 KiB) that an op on ``dev`` may have, as its supports_op answers for
+    the sum of two f32 vectors; 0 when it takes 1 TiB (no limit). No memory is allocated: the tensors have
+    no data. A Vulkan device without 64-bit indexing refuses any op with a tensor over maxStorageBufferRange,
+    and llama.cpp keeps a weight whose product it refuses (a large vocabulary's output) in host memory."""
+    _bind_probe(lib)
+    ctx = lib.ggml_init(_InitParams(96 * lib.ggml_tensor_overhead(), None, True))
+    if not ctx:
+        return 0
+    try:
+        def takes(nbytes: int) -> bool:
+            a = lib.ggml_new_tensor_1d(ctx, GGML_TYPE_F32, nbytes // 4)
+            return bool(lib.ggml_backend_dev_supports_op(dev, lib.ggml_add(ctx, a, a)))
+
+        if takes(PROBE_MAX) or not takes(PROBE_MIN):
+            return 0  # no limit, or one below any weight's size (the op itself is refused): nothing to plan by
+        lo, hi = PROBE_MIN, PROBE_MAX  # takes(lo), not takes(hi)
+        while hi - lo > PROBE_STEP:
+            mid = (lo + hi) // 2 // 4 * 4
+            lo, hi = (mid, hi) if takes(mid) else (lo, mid)
+        return lo
+    finally:
+        lib.ggml_free(ctx)
+
+
 def _text(raw: bytes | None) -> str:
     return (raw or b"").decode("utf-8", "replace")
 
 
-def _device(lib: ctypes.CDLL, dev: int) -> Device:
+def _device(lib: ctypes.CDLL, dev: int, probe: bool = False) -> Device:
+    """The device as the planner sees it; ``probe``: with its tensor size limit (local GPUs: an RPC server
+    would be asked over the network once per probe)."""
     free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
     lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
     return Device(_text(llama_cpp.ggml_backend_dev_name(dev)), _text(lib.ggml_backend_dev_description(dev)),
-                  free.value, total.value)
+                  free.value, total.value, max_tensor(lib, dev) if probe else 0)
 
 
 def _all_devices() -> list[int]:
@@ -93,7 +138,7 @@ def local_gpus() -> list[Device]:
     if lib is None:
         return []
     rpc = getattr(llama_cpp.llama, "_rpc_all_devices", set())
-    return [_device(lib, dev) for dev in _all_devices()
+    return [_device(lib, dev, probe=True) for dev in _all_devices()
             if llama_cpp.ggml_backend_dev_type(dev) in (DEV_GPU, DEV_IGPU) and dev not in rpc
             and not _text(llama_cpp.ggml_backend_dev_name(dev)).startswith("RPC")]
 

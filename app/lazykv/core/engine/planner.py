@@ -157,6 +157,7 @@ DEVICE_HEADROOM = 1024 * MiB  # left free on every device: upstream's target (co
 
 
 F32 = 4
+WEIGHT_PROBE_TOKENS = 512  # the batch llama.cpp asks a device's supports_op about for each weight
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,9 @@ class Device:
     description: str = ""  # the GPU's name, an RPC server's address
     free: int = 0
     total: int = 0
+    # the largest tensor an op on it may have, in bytes, as its supports_op answers (0: no limit known); a
+    # Vulkan device without 64-bit indexing refuses an op with a tensor over maxStorageBufferRange
+    max_tensor: int = 0
 
     @property
     def offloads_ops(self) -> bool:
@@ -283,6 +287,10 @@ def plan(meta: ModelMeta, n_ctx: int, kv_mode: str, devices: Sequence[Device] = 
         ngl = min(max(0, whole(int(gpu_layers))), most)
         why = f"{ngl} of {most} layers on the GPU, as set" if ngl < most else "every layer on the GPU, as set"
     host, placed_on = _place(meta, n_ctx, mode, devices, budgets, ngl, recent)
+    refused = [d for d in devices if not _holds_output(meta, d)]
+    if ngl > 0 and refused and not any(d.output for d in placed_on):
+        why += (f"; the output layer stays in host memory: {refused[-1].name} takes no tensor over "
+                f"{fmt_bytes(refused[-1].max_tensor)}, less than its product needs")
     available = memory.available_ram() if available is None else available
     host_need = capped(host.total + BASE_OVERHEAD)
     share = host_need / available if available > 0 else float("inf")
@@ -384,6 +392,8 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
             dev_kv[where] += kv_layer
             dev_layers[where] += 1
         out_dev = owner[n_layer]
+    if out_dev >= 0 and not _holds_output(meta, devices[out_dev]):
+        out_dev = -1
     host_layers = range(n_host)
     output_w = weights[n_layer]
     if out_dev >= 0:
@@ -429,6 +439,23 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
         plans.append(DevicePlan(dev, dev_layers[i], i == out_dev, capped(dev_w[i]), capped(dev_kv[i]),
                                 capped(compute if used else 0), budgets[i]))
     return Bytes(capped(host_w), capped(host_kv), capped(host_compute)), tuple(plans)
+
+
+def _holds_output(meta: ModelMeta, device: Device) -> bool:
+    """Whether llama.cpp puts the output layer on ``device``: it asks the device's supports_op for the output's
+    matrix product over a batch of 512 tokens (llama_model_loader's weight_buft_supported) and keeps the layer
+    in host memory when refused. A device with a tensor size limit refuses it when the matrix or the logits
+    exceed the limit (Gemma-3's 262k vocabulary on Mesa's lavapipe, whose limit is 128 MiB)."""
+    limit = whole(device.max_tensor)
+    if limit <= 0:
+        return True
+    tensors = meta.tensors
+    if tensors is not None:
+        matrix = tensors.token_embd.nbytes if tensors.tied else tensors.output.nbytes
+    else:
+        matrix = whole(meta.n_vocab) * whole(meta.n_embd) * 2  # no tensor table: as if f16
+    batch = F32 * WEIGHT_PROBE_TOKENS
+    return max(matrix, whole(meta.n_vocab) * batch, whole(meta.n_embd) * batch) <= limit
 
 
 def _rotation_bytes(meta: ModelMeta, mode: KvMode) -> int:
