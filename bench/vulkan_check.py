@@ -101,6 +101,9 @@ def device_checks() -> int:
     path = model_fetch.models_dir() / model_fetch.MODELS["smollm2"].filename
     ok = True
     rows = [f"| device | {gpus[0].name} ({gpus[0].description}) |"]
+    limit = gpus[0].max_tensor
+    rows.append("| the largest tensor an op may have on it (supports_op, what the plan keeps a too large output "
+                f"matrix in host memory by) | {f'{limit / 2**20:.1f} MiB' if limit else 'no limit below 1 TiB'} |")
 
     n_ctx = 1024  # rungs 256 / 512 / 1024
     device = make_llama(path, "ladder", n_ctx=n_ctx, n_gpu_layers=-1)
