@@ -10,6 +10,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#include "rpc.h"
 
 #include <algorithm>
 #include <chrono>
@@ -98,14 +99,9 @@ int main(int argc, char ** argv) {
 
     ggml_backend_dev_t gpu_dev = nullptr;
     if (argc > 2) {
-        ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
-        using add_server_t = ggml_backend_reg_t (*)(const char *);
-        auto add_server = rpc ? (add_server_t) ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server") : nullptr;
-        if (!add_server) {
-            fprintf(stderr, "this build has no RPC backend\n");
+        if (!register_rpc_server(argv[2])) {
             return 2;
         }
-        ggml_backend_register(add_server(argv[2]));
         for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
             if (strncmp(ggml_backend_dev_name(ggml_backend_dev_get(i)), "RPC", 3) == 0) {
                 gpu_dev = ggml_backend_dev_get(i);

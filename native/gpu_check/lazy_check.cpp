@@ -20,6 +20,7 @@
 #include "ggml.h"
 #include "gguf.h"
 #include "llama.h"
+#include "rpc.h"
 
 #include <algorithm>
 #include <chrono>
@@ -235,14 +236,9 @@ int main(int argc, char ** argv) {
     llama_backend_init();
 
     if (argc > 3) {
-        ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
-        using add_server_t = ggml_backend_reg_t (*)(const char *);
-        auto add_server = rpc ? (add_server_t) ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server") : nullptr;
-        if (!add_server) {
-            fprintf(stderr, "this build has no RPC backend\n");
+        if (!register_rpc_server(argv[3])) {
             return 2;
         }
-        ggml_backend_register(add_server(argv[3]));
     }
 
     write_model(argv[1]);
