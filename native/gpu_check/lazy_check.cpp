@@ -435,8 +435,11 @@ int main(int argc, char ** argv) {
             exit(2);
         }
         const llama_kv_lazy_info li = lazy_info(ctx);
-        const int n_fill = std::max(step, (int) (li.n_cells_f16/step - 1)*step);
-        for (int pos = 0; pos < n_fill; pos += step) decode(ctx, tokens, pos, step, false);
+        // the f16 rung filled but for a batch, in batches of at most half of it (a batch larger than the rung
+        // would convert inside the decode)
+        const int batch = std::min(step, (int) li.n_cells_f16/2);
+        const int n_fill = ((int) li.n_cells_f16/batch - 1)*batch;
+        for (int pos = 0; pos < n_fill; pos += batch) decode(ctx, tokens, pos, batch, false);
         llama_synchronize(ctx);
         const double row_values = (double) N_LAYER*2*N_HEAD_KV*HEAD_DIM;
         const double read[2] = { row_values*li.n_cells_f16*2.0, row_values*li.n_cells_q8*34.0/32.0 };
