@@ -431,11 +431,20 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
         # their products itself (its offload_op, for a batch of 32 tokens or more: CUDA, Vulkan)
         offloaded = devices[out_dev].offloads_ops
         host_compute = inputs + (layer_act if host_layers and not offloaded else 0)
+    rotations = _rotation_bytes(meta, mode) * (2 if iswa else 1)
     plans = []
     for i, dev in enumerate(devices):
         used = dev_layers[i] > 0 or i == out_dev
         act = layer_act + masks if dev_layers[i] else 0
-        compute = max(logits + n_embd * per_token, act) if i == out_dev else act
+        if i == out_dev:
+            compute = max(logits + n_embd * per_token, act)
+        elif dev_layers[i]:
+            # without the output layer's logits to overlap with, the inputs copied in for its layers show: the
+            # hidden state (the embeddings, or the host layers' output) and the cache's rotation matrices
+            # (Gemma-3 on lavapipe, whose output layer stays in host memory: within 5 % with every layer on it)
+            compute = act + n_embd * per_token + rotations
+        else:
+            compute = act
         plans.append(DevicePlan(dev, dev_layers[i], i == out_dev, capped(dev_w[i]), capped(dev_kv[i]),
                                 capped(compute if used else 0), budgets[i]))
     return Bytes(capped(host_w), capped(host_kv), capped(host_compute)), tuple(plans)
