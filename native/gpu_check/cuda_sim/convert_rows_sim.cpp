@@ -15,6 +15,9 @@
 #include <random>
 #include <string>
 
+// in place, each case runs under this many schedules of its blocks (cuda_sim.h's scheduler, seeded)
+constexpr int N_SCHEDULES = 8;
+
 struct sim_case {
     ggml_type src, dst;
     int64_t   ne[4];
@@ -68,9 +71,12 @@ int main() {
     cases.push_back({ GGML_TYPE_F16, GGML_TYPE_Q5_0, { 256, 10, 3, 2 }, 64, false, true });
     cases.push_back({ GGML_TYPE_F16, GGML_TYPE_F16, { 128, 33, 1, 1 }, 128, true });
     cases.push_back({ GGML_TYPE_F16, GGML_TYPE_F32, { 96, 5, 2, 1 }, 32, false });
+    // in place, rows that straddle the tiles of 512 chunks (12 and 20 chunks a row)
+    cases.push_back({ GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, { 96, 700, 1, 1 }, 0, true });
+    cases.push_back({ GGML_TYPE_F16, GGML_TYPE_Q8_0, { 160, 500, 1, 1 }, 32, true });
 
-    printf("| conversion | shape | n_rot | in place | bytes | bytes that differ | launches | staged rows' bytes |\n");
-    printf("|---|---|---|---|---|---|---|---|\n");
+    printf("| conversion | shape | n_rot | in place | schedules | bytes | bytes that differ | launches | staged rows' bytes |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
 
     std::mt19937 rng(1234);
     int n_same = 0;
@@ -111,30 +117,39 @@ int main() {
         }
         const std::vector<uint8_t> ref((uint8_t *) out->data, (uint8_t *) out->data + ggml_nbytes(out));
 
-        // the device's kernel, simulated, over the same source bytes
-        memcpy(parent->data, src_bytes.data(), src_bytes.size());
+        // the device's kernel, simulated, over the same source bytes: in place under several schedules of its
+        // blocks (the scheduler's seeds), the bytes that differ summed over them
         ggml_tensor * dst_sim = ggml_new_tensor_4d(ctx, c.dst, ne0, c.ne[1], c.ne[2], c.ne[3]);
         if (c.in_place) {
             dst_sim->data = parent->data;
         }
         ggml_tensor * node = ggml_convert_rows(ctx, src, dst_sim, c.n_rot);
-        ggml_backend_cuda_context cuda_ctx;
-        const uint64_t launches0 = g_launches;
         if (!ggml_cuda_convert_rows_supported(node)) {
             fprintf(stderr, "case %s -> %s not supported by the kernel\n", ggml_type_name(c.src), ggml_type_name(c.dst));
             return 2;
         }
-        ggml_cuda_op_convert_rows(cuda_ctx, node);
-        size_t n_diff = 0;
-        for (size_t i = 0; i < ref.size(); ++i) {
-            n_diff += ref[i] != ((const uint8_t *) node->data)[i];
+        const int n_schedules = c.in_place ? N_SCHEDULES : 1;
+        size_t   n_diff   = 0;
+        uint64_t launches = 0;
+        size_t   pool     = 0;
+        for (int sched = 0; sched < n_schedules; ++sched) {
+            memcpy(parent->data, src_bytes.data(), src_bytes.size());
+            cuda_sim::g.rng.seed((uint32_t) (cases.size()*(&c - cases.data()) + sched));
+            ggml_backend_cuda_context cuda_ctx;
+            const uint64_t launches0 = g_launches;
+            ggml_cuda_op_convert_rows(cuda_ctx, node);
+            for (size_t i = 0; i < ref.size(); ++i) {
+                n_diff += ref[i] != ((const uint8_t *) node->data)[i];
+            }
+            launches = g_launches - launches0;
+            pool     = cuda_ctx.pool().max_bytes;
         }
         n_same += n_diff == 0;
 
-        printf("| %s -> %s | %lld x %lld x %lld x %lld%s | %d | %s | %zu | %zu | %llu | %zu |\n", ggml_type_name(c.src),
+        printf("| %s -> %s | %lld x %lld x %lld x %lld%s | %d | %s | %d | %zu | %zu | %llu | %zu |\n", ggml_type_name(c.src),
                 ggml_type_name(c.dst), (long long) ne0, (long long) c.ne[1], (long long) c.ne[2], (long long) c.ne[3],
-                c.strided ? " (strided rows)" : "", c.n_rot, c.in_place ? "yes" : "no", ref.size(), n_diff,
-                (unsigned long long) (g_launches - launches0), cuda_ctx.pool().max_bytes);
+                c.strided ? " (strided rows)" : "", c.n_rot, c.in_place ? "yes" : "no", n_schedules, ref.size(), n_diff,
+                (unsigned long long) launches, pool);
         ggml_free(ctx);
     }
     printf("\ncases %zu, identical %d, warp shuffles %llu\n", cases.size(), n_same, (unsigned long long) cuda_sim::g_shuffles);

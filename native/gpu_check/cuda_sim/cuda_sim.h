@@ -1,11 +1,14 @@
-// The CUDA that ggml-cuda/convert-rows.cu uses, on the host: a kernel's warps run one at a time, each of its 32
-// lanes a coroutine (ucontext) that runs to the next warp shuffle, so that every lane has put its value before any
-// lane reads its partner's. Device memory is host memory; launches and copies are synchronous.
+// The CUDA that ggml-cuda/convert-rows.cu uses, on the host. Every thread of a kernel is a coroutine (ucontext) that
+// runs until it meets the others of its warp (a shuffle) or of its block (__syncthreads). A few blocks are resident at
+// once, taken last first; the scheduler runs one of them and changes to another at random (a fixed seed), so the
+// blocks of one launch run in no set order and overtake each other: an in-place kernel that wrote over source bytes
+// another block has yet to read shows. Device memory is host
+// memory; launches, copies and memsets are synchronous.
 //
 // Enough to test the kernel's logic (rows, groups, blocks, shuffles, the in-place order) against the CPU backend
 // on a machine without a GPU: not the CUDA compiler, nor the device's memory model. The intrinsics round as their
-// names say (this file is compiled with -ffp-contract=off); a shuffle outside converged control flow (lanes that
-// reach different numbers of shuffles) aborts with a message.
+// names say (this file is compiled with -ffp-contract=off); a shuffle or barrier outside converged control flow
+// (threads that reach different numbers of them) aborts with a message.
 #pragma once
 
 #include "ggml.h"
@@ -17,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <limits>
 #include <vector>
 
@@ -72,76 +76,233 @@ static inline int   __float2int_rn(float a)     { return (int) std::nearbyint(a)
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 
-// ---- the warp
+// ---- the threads of resident blocks
 
 namespace cuda_sim {
 
 struct dim { uint32_t x; };
 
-struct warp {
-    ucontext_t            sched;
-    ucontext_t            lane_ctx[WARP_SIZE];
-    std::vector<char>     stack[WARP_SIZE];
-    bool                  done[WARP_SIZE];
-    uint32_t              slot[WARP_SIZE];
-    int                   lane = 0;
-    uint32_t              block = 0, block_dim = 0, first_thread = 0;
-    std::function<void()> body;
+constexpr int    MAX_BLOCK   = 1024;
+constexpr int    N_RESIDENT  = 4;            // blocks a launch keeps resident at once
+constexpr size_t STACK_BYTES = 64*1024;
+
+enum wait_kind { RUNNABLE, AT_WARP, AT_BLOCK };
+
+struct thread_ctx {
+    ucontext_t ctx;
+    bool       done = false;
+    wait_kind  wait = RUNNABLE;
+    uint64_t   gen  = 0; // the generation of the meeting it waits at
 };
 
-inline warp     g_warp;
-inline uint64_t g_shuffles = 0;
+struct block_ctx {
+    uint32_t                idx = 0, n_threads = 0;
+    bool                    live = false;
+    uint32_t                prio = 0;       // drawn at its start: the scheduler's preference
+    long                    passes = 0;
+    bool                    blocked = false;  // stopped half way, or none of its threads could go on
+    thread_ctx              threads[MAX_BLOCK];
+    uint32_t                slot[MAX_BLOCK];           // shuffle values
+    int                     warp_met[MAX_BLOCK/WARP_SIZE];
+    uint64_t                warp_gen[MAX_BLOCK/WARP_SIZE];
+    int                     block_met = 0;
+    uint64_t                block_gen = 0;
+};
 
-inline void lane_main() {
-    g_warp.body();
-    g_warp.done[g_warp.lane] = true; // back to sched through uc_link
+struct scheduler {
+    ucontext_t            sched;
+    block_ctx             blocks[N_RESIDENT];
+    std::vector<char>     stacks[N_RESIDENT];
+    block_ctx *           cur_block = nullptr;
+    int                   cur_thread = 0;
+    std::function<void()> body;
+    std::mt19937          rng{ 4321 };
+    int                   running = 0;     // the resident block whose threads run
+    uint32_t              random_one_in  = 0; // a pass picks a block at random with this chance (0: never), per launch
+    uint32_t              preempt_one_in = 0; // a pass stops half way with this chance (0: never), per launch
+};
+
+inline scheduler g;
+inline uint64_t  g_shuffles = 0;
+
+inline void thread_main() {
+    g.body();
+    g.cur_block->threads[g.cur_thread].done = true; // back to the scheduler through uc_link
 }
 
-// this lane waits until every lane of the warp has reached the same point
-inline void yield_lane() {
-    swapcontext(&g_warp.lane_ctx[g_warp.lane], &g_warp.sched);
+inline void yield_thread(wait_kind w, uint64_t gen) {
+    thread_ctx & t = g.cur_block->threads[g.cur_thread];
+    t.wait = w;
+    t.gen  = gen;
+    swapcontext(&t.ctx, &g.sched);
 }
 
-inline void run_warp(uint32_t block, uint32_t block_dim, uint32_t first_thread, const std::function<void()> & body) {
-    warp & w = g_warp;
-    w.block = block;
-    w.block_dim = block_dim;
-    w.first_thread = first_thread;
-    w.body = body;
-    for (int l = 0; l < WARP_SIZE; ++l) {
-        w.stack[l].resize(256*1024);
-        w.done[l] = false;
-        getcontext(&w.lane_ctx[l]);
-        w.lane_ctx[l].uc_stack.ss_sp   = w.stack[l].data();
-        w.lane_ctx[l].uc_stack.ss_size = w.stack[l].size();
-        w.lane_ctx[l].uc_link          = &w.sched;
-        makecontext(&w.lane_ctx[l], lane_main, 0);
+[[noreturn]] inline void hang(const char * what) {
+    fprintf(stderr, "cuda_sim: %s in block %u\n", what, g.cur_block->idx);
+    abort();
+}
+
+// every thread of the warp reaches this point before any goes on
+inline void meet_warp() {
+    block_ctx & b = *g.cur_block;
+    const int w = g.cur_thread/WARP_SIZE;
+    const uint64_t gen = b.warp_gen[w];
+    if (++b.warp_met[w] == WARP_SIZE) {
+        b.warp_met[w] = 0;
+        b.warp_gen[w]++;
+        return;
+    }
+    yield_thread(AT_WARP, gen);
+}
+
+inline void meet_block() {
+    block_ctx & b = *g.cur_block;
+    const uint64_t gen = b.block_gen;
+    if (++b.block_met == (int) b.n_threads) {
+        b.block_met = 0;
+        b.block_gen++;
+        return;
+    }
+    yield_thread(AT_BLOCK, gen);
+}
+
+inline bool can_run(const block_ctx & b, int i) {
+    const thread_ctx & t = b.threads[i];
+    if (t.done) {
+        return false;
+    }
+    switch (t.wait) {
+        case AT_WARP:  return b.warp_gen[i/WARP_SIZE] != t.gen;
+        case AT_BLOCK: return b.block_gen != t.gen;
+        default:       return true;
+    }
+}
+
+inline void start_block(block_ctx & b, int slot, uint32_t idx, uint32_t n_threads) {
+    b.idx = idx;
+    b.n_threads = n_threads;
+    b.live = true;
+    b.prio = (uint32_t) g.rng();
+    b.passes = 0;
+    b.blocked = false;
+    b.block_met = 0;
+    b.block_gen = 0;
+    for (uint32_t w = 0; w < n_threads/WARP_SIZE; ++w) {
+        b.warp_met[w] = 0;
+        b.warp_gen[w] = 0;
+    }
+    std::vector<char> & stack = g.stacks[slot];
+    if (stack.size() < (size_t) n_threads*STACK_BYTES) {
+        stack.resize((size_t) n_threads*STACK_BYTES);
+    }
+    for (uint32_t i = 0; i < n_threads; ++i) {
+        thread_ctx & t = b.threads[i];
+        t.done = false;
+        t.wait = RUNNABLE;
+        getcontext(&t.ctx);
+        t.ctx.uc_stack.ss_sp   = stack.data() + i*STACK_BYTES;
+        t.ctx.uc_stack.ss_size = STACK_BYTES;
+        t.ctx.uc_link          = &g.sched;
+        makecontext(&t.ctx, thread_main, 0);
+    }
+}
+
+// n_blocks blocks of block_size threads running body; at most N_RESIDENT at once, picked at random
+inline void run_grid(int64_t n_blocks, uint32_t block_size, const std::function<void()> & body) {
+    GGML_ASSERT(block_size % WARP_SIZE == 0 && block_size <= MAX_BLOCK);
+    g.body = body;
+    // the launch's schedule: how often a pass picks a block at random, how often a pass stops half way (0: never)
+    const uint32_t modes[][2] = { { 0, 0 }, { 0, 0 }, { 4, 0 }, { 0, 16 }, { 0, 4 }, { 4, 4 } };
+    const uint32_t mode = g.rng() % 6;
+    g.random_one_in  = modes[mode][0];
+    g.preempt_one_in = modes[mode][1];
+    int64_t next = n_blocks - 1; // the last first
+    for (auto & b : g.blocks) {
+        b.live = false;
     }
     for (;;) {
-        int n_done = 0, n_waiting = 0;
-        for (int l = 0; l < WARP_SIZE; ++l) {
-            if (w.done[l]) {
-                continue;
+        int n_live = 0;
+        for (int s = 0; s < N_RESIDENT; ++s) {
+            if (!g.blocks[s].live && next >= 0) {
+                start_block(g.blocks[s], s, (uint32_t) next--, block_size);
             }
-            w.lane = l;
-            swapcontext(&w.sched, &w.lane_ctx[l]);
-            (w.done[l] ? n_done : n_waiting)++;
+            n_live += g.blocks[s].live;
         }
-        if (n_waiting == 0) {
+        if (n_live == 0) {
             return;
         }
-        if (n_done > 0) {
-            fprintf(stderr, "cuda_sim: a warp shuffle with %d lanes of block %u gone (divergent control flow)\n", n_done, block);
-            abort();
+        // one pass over the threads of one block: each runs to its next meeting, and in some launches the pass now
+        // and then stops half way. A block that has not run yet goes first, for one pass; then the block of highest
+        // priority (drawn at its start) that was not stopped, or in some launches now and then one at random:
+        // blocks overtake each other, as they may on a device
+        g.running = -1;
+        for (int o = 0; o < N_RESIDENT && g.running < 0; ++o) {
+            if (g.blocks[o].live && g.blocks[o].passes == 0) {
+                g.running = o;
+            }
+        }
+        if (g.running < 0 && (g.random_one_in == 0 || g.rng() % g.random_one_in != 0)) {
+            for (int o = 0; o < N_RESIDENT; ++o) {
+                const block_ctx & c = g.blocks[o];
+                if (c.live && !c.blocked && (g.running < 0 || c.prio > g.blocks[g.running].prio)) {
+                    g.running = o;
+                }
+            }
+        }
+        if (g.running < 0) {
+            do {
+                g.running = (int) (g.rng() % N_RESIDENT);
+            } while (!g.blocks[g.running].live);
+        }
+        block_ctx & b = g.blocks[g.running];
+        g.cur_block = &b;
+        b.passes++;
+        // now and then the block stops in the middle of a pass, the threads from a random one on behind
+        const uint32_t stop = g.preempt_one_in > 0 && g.rng() % g.preempt_one_in == 0 ? 1 + g.rng() % b.n_threads
+                                                                                      : b.n_threads;
+        bool ran = false, all_done = true, preempted = false;
+        for (uint32_t i = 0; i < b.n_threads; ++i) {
+            preempted = preempted || i >= stop;
+            if (!preempted && can_run(b, (int) i)) {
+                g.cur_thread = (int) i;
+                b.threads[i].wait = RUNNABLE;
+                swapcontext(&g.sched, &b.threads[i].ctx);
+                ran = true;
+            }
+            all_done = all_done && b.threads[i].done;
+        }
+        // a block stopped half way waits until another has gone on
+        if (!preempted) {
+            for (auto & o : g.blocks) {
+                o.blocked = false;
+            }
+        }
+        b.blocked = preempted;
+        if (all_done) {
+            b.live = false;
+            continue;
+        }
+        if (!ran) {
+            // no thread can go on: some met at a shuffle or barrier that others will never reach
+            bool any = false;
+            for (int o = 0; o < N_RESIDENT; ++o) {
+                for (uint32_t i = 0; g.blocks[o].live && i < g.blocks[o].n_threads; ++i) {
+                    any = any || can_run(g.blocks[o], (int) i);
+                }
+            }
+            if (!any) {
+                hang("a shuffle or barrier that some threads never reach (divergent control flow)");
+            }
+            b.blocked = true; // another block's turn
         }
     }
 }
 
 } // namespace cuda_sim
 
-#define blockIdx  (cuda_sim::dim{ cuda_sim::g_warp.block })
-#define blockDim  (cuda_sim::dim{ cuda_sim::g_warp.block_dim })
-#define threadIdx (cuda_sim::dim{ cuda_sim::g_warp.first_thread + (uint32_t) cuda_sim::g_warp.lane })
+#define blockIdx  (cuda_sim::dim{ cuda_sim::g.cur_block->idx })
+#define blockDim  (cuda_sim::dim{ cuda_sim::g.cur_block->n_threads })
+#define threadIdx (cuda_sim::dim{ (uint32_t) cuda_sim::g.cur_thread })
 
 template <typename T>
 static T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = WARP_SIZE) {
@@ -150,16 +311,18 @@ static T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = WARP_SIZ
         fprintf(stderr, "cuda_sim: __shfl_xor_sync(0x%x, ., %d, %d) is not simulated\n", mask, lane_mask, width);
         abort();
     }
-    cuda_sim::warp & w = cuda_sim::g_warp;
-    const int lane = w.lane;
-    memcpy(&w.slot[lane], &v, 4);
-    cuda_sim::yield_lane(); // every lane has put its value
+    cuda_sim::block_ctx & b = *cuda_sim::g.cur_block;
+    const int t = cuda_sim::g.cur_thread;
+    memcpy(&b.slot[t], &v, 4);
+    cuda_sim::meet_warp(); // every lane has put its value
     T r;
-    memcpy(&r, &w.slot[lane ^ lane_mask], 4);
-    cuda_sim::yield_lane(); // every lane has read before the next shuffle puts
+    memcpy(&r, &b.slot[t ^ lane_mask], 4);
+    cuda_sim::meet_warp(); // every lane has read before the next shuffle puts
     cuda_sim::g_shuffles++;
     return r;
 }
+
+static inline void __syncthreads() { cuda_sim::meet_block(); }
 
 // ---- the host side
 
@@ -203,16 +366,9 @@ struct ggml_backend_cuda_context {
 
 inline uint64_t g_launches = 0;
 
-// kernel<<<n_blocks, block_size, 0, stream>>>(args), one warp after the other, the last first: a device runs blocks
-// in any order, and an in-place kernel that writes over source rows another block has yet to read (rows before its
-// own) has those rows read after they were written here
+// kernel<<<n_blocks, block_size, 0, stream>>>(args)
 template <typename K, typename A>
 static void cuda_sim_launch(K kernel, int64_t n_blocks, int block_size, const A & args) {
-    GGML_ASSERT(block_size % WARP_SIZE == 0);
     g_launches++;
-    for (int64_t b = n_blocks - 1; b >= 0; --b) {
-        for (int w = block_size/WARP_SIZE - 1; w >= 0; --w) {
-            cuda_sim::run_warp((uint32_t) b, (uint32_t) block_size, (uint32_t) w*WARP_SIZE, [&] { kernel(args); });
-        }
-    }
+    cuda_sim::run_grid(n_blocks, (uint32_t) block_size, [&] { kernel(args); });
 }
