@@ -102,8 +102,9 @@ def device_checks() -> int:
     ok = True
     rows = [f"| device | {gpus[0].name} ({gpus[0].description}) |"]
     limit = gpus[0].max_tensor
-    rows.append("| the largest tensor an op may have on it (supports_op, what the plan keeps a too large output "
-                f"matrix in host memory by) | {f'{limit / 2**20:.1f} MiB' if limit else 'no limit below 1 TiB'} |")
+    shown = f"{limit / 2**20:.1f} MiB" if limit else "no limit below 1 TiB"
+    rows.append("| the largest tensor an op may have on it (supports_op, what the plan keeps a too large "
+                f"output matrix in host memory by) | {shown} |")
 
     n_ctx = 1024  # rungs 256 / 512 / 1024
     device = make_llama(path, "ladder", n_ctx=n_ctx, n_gpu_layers=-1)
@@ -182,8 +183,8 @@ def device_checks() -> int:
     windowed = make_llama(path, "ladder", n_ctx=n_ctx, n_gpu_layers=-1, kv_lazy_recent=128)
     plain_ladder = make_llama(path, "ladder", n_ctx=n_ctx, n_gpu_layers=-1)
     same = windowed.kv_lazy_info().kv_bytes == plain_ladder.kv_lazy_info().kv_bytes
-    rows.append(f"| a ladder asking for a recent window on the device: left without one (no second K/V range in "
-                f"ggml-vulkan's flash attention) | {'yes' if same else 'NO'} |")
+    rows.append("| a ladder asking for a recent window on the device: left without one (no second K/V range "
+                f"in ggml-vulkan's flash attention) | {'yes' if same else 'NO'} |")
     ok &= same
     print("\n".join(rows))
     return 0 if ok else 1

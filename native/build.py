@@ -114,8 +114,8 @@ TOOLS_CMAKE_ARGS = [
 ]
 TOOLS = ("test-llama-archs", "test-save-load-state", "test-backend-ops", "llama-perplexity", "llama-bench",
          "ggml-rpc-server")
-# ggml-cuda's conversion kernel run on the host against the CPU backend (native/gpu_check/cuda_sim), built beside
-# the tools from the same sources and libraries
+# ggml-cuda's conversion kernel run on the host against the CPU backend (native/gpu_check/cuda_sim), built
+# beside the tools from the same sources and libraries
 CUDA_SIM_DIR = NATIVE / "gpu_check" / "cuda_sim"
 CUDA_SIM_TOOL = "convert-rows-cuda-sim"
 
@@ -611,7 +611,8 @@ def cuda_sim_source(llama_cpp_src: Path, dest: Path) -> None:
     common.cuh before it instead of its header."""
     cu = (llama_cpp_src / "ggml" / "src" / "ggml-cuda" / "convert-rows.cu").read_text()
     common = (llama_cpp_src / "ggml" / "src" / "ggml-cuda" / "common.cuh").read_text()
-    fastdiv = re.search(r"static const uint3 init_fastdiv_values\(.*?\n(?=\S[^\n]*dequantize_kernel_t)", common, re.S)
+    fastdiv = re.search(r"static const uint3 init_fastdiv_values\(.*?\n(?=\S[^\n]*dequantize_kernel_t)",
+                        common, re.S)
     launch = re.compile(r"(\w+<[^<>;]*>)<<<([^,]+),\s*([^,]+),\s*[^,]+,\s*[^>]+>>>\(([^;]*)\);")
     if fastdiv is None or '#include "convert-rows.cuh"' not in cu or len(launch.findall(cu)) != 1:
         raise BuildError("convert-rows.cu or common.cuh changed: update cuda_sim_source() in native/build.py")
@@ -624,8 +625,8 @@ def build_cuda_sim(llama_cpp_src: Path, out: Path) -> None:
     libs = TOOLS_BUILD_DIR / "ggml" / "src"
     with tempfile.TemporaryDirectory() as tmp:
         cuda_sim_source(llama_cpp_src, Path(tmp) / "convert-rows.sim.cu")
-        run([os.environ.get("CXX", "c++"), "-std=c++17", "-O1", "-ffp-contract=off", "-Wall", "-Wno-unknown-pragmas",
-             "-Wno-unused-function", "-I", tmp, "-I", str(CUDA_SIM_DIR),
+        run([os.environ.get("CXX", "c++"), "-std=c++17", "-O1", "-ffp-contract=off", "-Wall",
+             "-Wno-unknown-pragmas", "-Wno-unused-function", "-I", tmp, "-I", str(CUDA_SIM_DIR),
              "-I", str(llama_cpp_src / "ggml" / "include"), "-I", str(llama_cpp_src / "ggml" / "src"),
              '-DCONVERT_ROWS_SIM_SOURCE="convert-rows.sim.cu"', str(CUDA_SIM_DIR / "convert_rows_sim.cpp"),
              str(libs / "libggml.a"), str(libs / "libggml-cpu.a"), str(libs / "libggml-base.a"),

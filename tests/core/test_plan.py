@@ -243,7 +243,8 @@ def test_the_tensor_limit_probe_finds_the_largest_tensor_the_device_takes() -> N
             for name in ("ggml_tensor_overhead", "ggml_init", "ggml_free", "ggml_new_tensor_1d", "ggml_add",
                          "ggml_backend_dev_supports_op"):
                 method = getattr(self, "_" + name)
-                setattr(self, name, lambda *args, method=method: method(*args))  # takes argtypes, as ctypes' do
+                # a plain function takes argtypes, as ctypes' do
+                setattr(self, name, lambda *args, method=method: method(*args))
 
         def _ggml_tensor_overhead(self) -> int:
             return 368

@@ -2,12 +2,12 @@
 
 `convert-rows-cuda-sim` (native/gpu_check/cuda_sim, built beside the tools by `native/build.py tools`) runs
 the kernel's own source on the host: every thread is a coroutine that meets the others of its warp at each
-shuffle (and of its block at each barrier), and a few blocks are resident at once, run by a scheduler that lets
-blocks overtake each other and stops blocks half way, so that an in-place conversion writing over source bytes
-another block has yet to read would read them overwritten. In place, each case runs under 8 such schedules. It compares the bytes with the CPU backend's for every case of
-llama.cpp's test-backend-ops for the op and a few more (rotations of 256, strided rows, hostile blocks). The
-kernel writes the CPU backend's bytes, so every case must be identical. On a GPU, `make gpu-check` runs the
-kernel itself against the CPU (native/README.md, "GPU check").
+shuffle, and a few blocks are resident at once, run by a scheduler that lets blocks overtake each other and
+stops blocks half way, so that an in-place conversion writing over source bytes another block has yet to read
+would read them overwritten. In place, each case runs under 8 such schedules. It compares the bytes with the
+CPU backend's for every case of llama.cpp's test-backend-ops for the op and a few more (rotations of 256,
+strided rows, hostile blocks). The kernel writes the CPU backend's bytes, so every case must be identical. On
+a GPU, `make gpu-check` runs the kernel itself against the CPU (native/README.md, "GPU check").
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from .test_upstream_state_suite import tools_dir
 
 
 def run_simulator() -> str:
-    proc = subprocess.run([str(tools_dir() / "convert-rows-cuda-sim")], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([str(tools_dir() / "convert-rows-cuda-sim")], capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     return proc.stdout
 
@@ -40,9 +41,10 @@ def test_the_cuda_kernel_writes_the_cpu_backends_bytes() -> None:
         assert any(c[0] == conversion and c[3] == "yes" for c in cases), conversion
     assert ("f16 -> q8_0", "128 x 1000 x 1 x 1", "128", "yes") in cases
 
-    # in place, rows of the destination smaller than the source's (by a factor r): two launches straight over the
-    # source, the first r^2 of the rows staged in the device's pool (28 % of the destination for f16 -> q8_0, 42 %
-    # for q8_0 -> q5_0), each under 8 schedules of the blocks; rows of the same size: all staged
+    # in place, rows of the destination smaller than the source's (by a factor r): two launches straight over
+    # the source, the first r^2 of the rows staged in the device's pool (28 % of the destination for
+    # f16 -> q8_0, 42 % for q8_0 -> q5_0), each under 8 schedules of the blocks; rows of the same size: all
+    # staged
     for conversion, _shape, _rot, in_place, schedules, size, differ, launches, staged in rows:
         assert differ == "0"
         assert schedules == ("8" if in_place == "yes" else "1")

@@ -1,14 +1,13 @@
 // The CUDA that ggml-cuda/convert-rows.cu uses, on the host. Every thread of a kernel is a coroutine (ucontext) that
-// runs until it meets the others of its warp (a shuffle) or of its block (__syncthreads). A few blocks are resident at
-// once, taken last first; the scheduler runs one of them and changes to another at random (a fixed seed), so the
-// blocks of one launch run in no set order and overtake each other: an in-place kernel that wrote over source bytes
-// another block has yet to read shows. Device memory is host
-// memory; launches, copies and memsets are synchronous.
+// runs until it meets the others of its warp at a shuffle. A few blocks are resident at once, taken last first; the
+// scheduler runs one of them and changes to another at random (a fixed seed), so the blocks of one launch run in no
+// set order and overtake each other: an in-place kernel that wrote over source bytes another block has yet to read
+// shows. Device memory is host memory; launches and copies are synchronous.
 //
 // Enough to test the kernel's logic (rows, groups, blocks, shuffles, the in-place order) against the CPU backend
 // on a machine without a GPU: not the CUDA compiler, nor the device's memory model. The intrinsics round as their
-// names say (this file is compiled with -ffp-contract=off); a shuffle or barrier outside converged control flow
-// (threads that reach different numbers of them) aborts with a message.
+// names say (this file is compiled with -ffp-contract=off); a shuffle outside converged control flow (threads that
+// reach different numbers of them) aborts with a message.
 #pragma once
 
 #include "ggml.h"
@@ -86,7 +85,7 @@ constexpr int    MAX_BLOCK   = 1024;
 constexpr int    N_RESIDENT  = 4;            // blocks a launch keeps resident at once
 constexpr size_t STACK_BYTES = 64*1024;
 
-enum wait_kind { RUNNABLE, AT_WARP, AT_BLOCK };
+enum wait_kind { RUNNABLE, AT_WARP };
 
 struct thread_ctx {
     ucontext_t ctx;
@@ -105,8 +104,6 @@ struct block_ctx {
     uint32_t                slot[MAX_BLOCK];           // shuffle values
     int                     warp_met[MAX_BLOCK/WARP_SIZE];
     uint64_t                warp_gen[MAX_BLOCK/WARP_SIZE];
-    int                     block_met = 0;
-    uint64_t                block_gen = 0;
 };
 
 struct scheduler {
@@ -155,17 +152,6 @@ inline void meet_warp() {
     yield_thread(AT_WARP, gen);
 }
 
-inline void meet_block() {
-    block_ctx & b = *g.cur_block;
-    const uint64_t gen = b.block_gen;
-    if (++b.block_met == (int) b.n_threads) {
-        b.block_met = 0;
-        b.block_gen++;
-        return;
-    }
-    yield_thread(AT_BLOCK, gen);
-}
-
 inline bool can_run(const block_ctx & b, int i) {
     const thread_ctx & t = b.threads[i];
     if (t.done) {
@@ -173,7 +159,6 @@ inline bool can_run(const block_ctx & b, int i) {
     }
     switch (t.wait) {
         case AT_WARP:  return b.warp_gen[i/WARP_SIZE] != t.gen;
-        case AT_BLOCK: return b.block_gen != t.gen;
         default:       return true;
     }
 }
@@ -185,8 +170,6 @@ inline void start_block(block_ctx & b, int slot, uint32_t idx, uint32_t n_thread
     b.prio = (uint32_t) g.rng();
     b.passes = 0;
     b.blocked = false;
-    b.block_met = 0;
-    b.block_gen = 0;
     for (uint32_t w = 0; w < n_threads/WARP_SIZE; ++w) {
         b.warp_met[w] = 0;
         b.warp_gen[w] = 0;
@@ -283,7 +266,7 @@ inline void run_grid(int64_t n_blocks, uint32_t block_size, const std::function<
             continue;
         }
         if (!ran) {
-            // no thread can go on: some met at a shuffle or barrier that others will never reach
+            // no thread can go on: some met at a shuffle that others will never reach
             bool any = false;
             for (int o = 0; o < N_RESIDENT; ++o) {
                 for (uint32_t i = 0; g.blocks[o].live && i < g.blocks[o].n_threads; ++i) {
@@ -291,7 +274,7 @@ inline void run_grid(int64_t n_blocks, uint32_t block_size, const std::function<
                 }
             }
             if (!any) {
-                hang("a shuffle or barrier that some threads never reach (divergent control flow)");
+                hang("a shuffle that some threads never reach (divergent control flow)");
             }
             b.blocked = true; // another block's turn
         }
@@ -322,7 +305,6 @@ static T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = WARP_SIZ
     return r;
 }
 
-static inline void __syncthreads() { cuda_sim::meet_block(); }
 
 // ---- the host side
 

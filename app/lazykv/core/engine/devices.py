@@ -9,6 +9,7 @@ ggml library instance llama.cpp uses.
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -67,8 +68,10 @@ class _InitParams(ctypes.Structure):
 def _bind_probe(lib: ctypes.CDLL) -> None:
     p = ctypes.c_void_p
     for name, args, res in (("ggml_tensor_overhead", [], ctypes.c_size_t), ("ggml_init", [_InitParams], p),
-                            ("ggml_free", [p], None), ("ggml_new_tensor_1d", [p, ctypes.c_int, ctypes.c_int64], p),
-                            ("ggml_add", [p, p, p], p), ("ggml_backend_dev_supports_op", [p, p], ctypes.c_bool)):
+                            ("ggml_free", [p], None),
+                            ("ggml_new_tensor_1d", [p, ctypes.c_int, ctypes.c_int64], p),
+                            ("ggml_add", [p, p, p], p),
+                            ("ggml_backend_dev_supports_op", [p, p], ctypes.c_bool)):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
 
@@ -93,7 +96,8 @@ def max_tensor(lib: ctypes.CDLL, dev: int) -> int:
             return bool(lib.ggml_backend_dev_supports_op(dev, lib.ggml_add(ctx, a, a)))
 
         if takes(PROBE_MAX) or not takes(PROBE_MIN):
-            return 0  # no limit, or one below any weight's size (the op itself is refused): nothing to plan by
+            # no limit, or one below any weight's size (the op itself is refused): nothing to plan by
+            return 0
         lo, hi = PROBE_MIN, PROBE_MAX  # takes(lo), not takes(hi)
         while hi - lo > PROBE_STEP:
             mid = (lo + hi) // 2 // 4 * 4
@@ -101,6 +105,12 @@ def max_tensor(lib: ctypes.CDLL, dev: int) -> int:
         return lo
     finally:
         lib.ggml_free(ctx)
+
+
+@functools.cache
+def _device_max_tensor(lib: ctypes.CDLL, dev: int) -> int:
+    """max_tensor of a device, asked once per process: the limit is the device's, its free memory is not."""
+    return max_tensor(lib, dev)
 
 
 def _text(raw: bytes | None) -> str:
@@ -113,7 +123,7 @@ def _device(lib: ctypes.CDLL, dev: int, probe: bool = False) -> Device:
     free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
     lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
     return Device(_text(llama_cpp.ggml_backend_dev_name(dev)), _text(lib.ggml_backend_dev_description(dev)),
-                  free.value, total.value, max_tensor(lib, dev) if probe else 0)
+                  free.value, total.value, _device_max_tensor(lib, dev) if probe else 0)
 
 
 def _all_devices() -> list[int]:

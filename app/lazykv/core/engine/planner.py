@@ -441,7 +441,8 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
         elif dev_layers[i]:
             # without the output layer's logits to overlap with, the inputs copied in for its layers show: the
             # hidden state (the embeddings, or the host layers' output) and the cache's rotation matrices
-            # (Gemma-3 on lavapipe, whose output layer stays in host memory: within 5 % with every layer on it)
+            # (Gemma-3 on lavapipe, whose output layer stays in host memory: within 5 % with every layer on
+            # it)
             compute = act + n_embd * per_token + rotations
         else:
             compute = act
@@ -451,10 +452,10 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
 
 
 def _holds_output(meta: ModelMeta, device: Device) -> bool:
-    """Whether llama.cpp puts the output layer on ``device``: it asks the device's supports_op for the output's
-    matrix product over a batch of 512 tokens (llama_model_loader's weight_buft_supported) and keeps the layer
-    in host memory when refused. A device with a tensor size limit refuses it when the matrix or the logits
-    exceed the limit (Gemma-3's 262k vocabulary on Mesa's lavapipe, whose limit is 128 MiB)."""
+    """Whether llama.cpp puts the output layer on ``device``: it asks the device's supports_op for the
+    output's matrix product over a batch of 512 tokens (llama_model_loader's weight_buft_supported) and keeps
+    the layer in host memory when refused. A device with a tensor size limit refuses it when the matrix or the
+    logits exceed the limit (Gemma-3's 262k vocabulary on Mesa's lavapipe, whose limit is 128 MiB)."""
     limit = whole(device.max_tensor)
     if limit <= 0:
         return True
