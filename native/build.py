@@ -617,7 +617,16 @@ def cuda_sim_source(llama_cpp_src: Path, dest: Path) -> None:
     if fastdiv is None or '#include "convert-rows.cuh"' not in cu or len(launch.findall(cu)) != 1:
         raise BuildError("convert-rows.cu or common.cuh changed: update cuda_sim_source() in native/build.py")
     cu = cu.replace('#include "convert-rows.cuh"', '#include "cuda_sim.h"\n\n' + fastdiv.group(0), 1)
-    dest.write_text(launch.sub(r"cuda_sim_launch(\1, \2, \3, \4);", cu))
+    cu = launch.sub(r"cuda_sim_launch(\1, \2, \3, \4);", cu)
+    # __shared__ T name[a][b]; as T (&name)[a][b] = cuda_sim::block_shared<T[a][b]>(i), i counting them per kernel
+    shared = re.compile(r"__shared__\s+(\w+)\s+(\w+)((?:\[[^\]]+\])+);")
+    counts: dict[str, int] = {}
+
+    def block_shared(m: re.Match) -> str:
+        kernel = cu.rfind("__global__", 0, m.start())
+        i = counts[kernel] = counts.get(kernel, -1) + 1
+        return f"{m[1]} (&{m[2]}){m[3]} = cuda_sim::block_shared<{m[1]}{m[3]}>({i});"
+    dest.write_text(shared.sub(block_shared, cu))
 
 
 def build_cuda_sim(llama_cpp_src: Path, out: Path) -> None:

@@ -1,8 +1,9 @@
 // The CUDA that ggml-cuda/convert-rows.cu uses, on the host. Every thread of a kernel is a coroutine (ucontext) that
-// runs until it meets the others of its warp at a shuffle. A few blocks are resident at once, taken last first; the
-// scheduler runs one of them and changes to another at random (a fixed seed), so the blocks of one launch run in no
-// set order and overtake each other: an in-place kernel that wrote over source bytes another block has yet to read
-// shows. Device memory is host memory; launches and copies are synchronous.
+// runs until it meets the others of its warp at a shuffle or __syncwarp. A few blocks are resident at once, taken
+// last first; the scheduler runs one of them and changes to another at random (a fixed seed), so the blocks of one
+// launch run in no set order and overtake each other: an in-place kernel that wrote over source bytes another block
+// has yet to read shows. Each block has its shared memory, random bytes at its start. Device memory is host memory;
+// launches and copies are synchronous.
 //
 // Enough to test the kernel's logic (rows, groups, blocks, shuffles, the in-place order) against the CPU backend
 // on a machine without a GPU: not the CUDA compiler, nor the device's memory model. The intrinsics round as their
@@ -45,6 +46,7 @@ struct float4 { float x, y, z, w; };
 
 static inline uint2 make_uint2(uint32_t x, uint32_t y)             { return { x, y }; }
 static inline uint3 make_uint3(uint32_t x, uint32_t y, uint32_t z) { return { x, y, z }; }
+static inline float4 make_float4(float x, float y, float z, float w) { return { x, y, z, w }; }
 
 static inline uint32_t __umulhi(uint32_t a, uint32_t b) { return (uint32_t) (((uint64_t) a*b) >> 32); }
 
@@ -70,10 +72,13 @@ static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fdiv_rn(float a, float b) { return a/b; }
 static inline float __frcp_rn(float a)          { return 1.0f/a; }
+static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+static inline uint32_t __float_as_uint(float a) { uint32_t u; memcpy(&u, &a, 4); return u; }
 static inline int   __float2int_rn(float a)     { return (int) std::nearbyint(a); } // the default mode: to even
 
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
+static inline uint32_t min(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
 // ---- the threads of resident blocks
 
@@ -84,6 +89,8 @@ struct dim { uint32_t x; };
 constexpr int    MAX_BLOCK   = 1024;
 constexpr int    N_RESIDENT  = 4;            // blocks a launch keeps resident at once
 constexpr size_t STACK_BYTES = 64*1024;
+constexpr int    MAX_SHARED  = 4;            // __shared__ arrays of a kernel
+constexpr size_t SHARED_EACH = 8*1024;       // bytes of each
 
 enum wait_kind { RUNNABLE, AT_WARP };
 
@@ -104,6 +111,7 @@ struct block_ctx {
     uint32_t                slot[MAX_BLOCK];           // shuffle values
     int                     warp_met[MAX_BLOCK/WARP_SIZE];
     uint64_t                warp_gen[MAX_BLOCK/WARP_SIZE];
+    alignas(16) uint8_t     shared[MAX_SHARED][SHARED_EACH]; // the block's shared memory, garbage at its start
 };
 
 struct scheduler {
@@ -174,6 +182,11 @@ inline void start_block(block_ctx & b, int slot, uint32_t idx, uint32_t n_thread
         b.warp_met[w] = 0;
         b.warp_gen[w] = 0;
     }
+    for (auto & s : b.shared) {
+        for (size_t i = 0; i < SHARED_EACH; ++i) {
+            s[i] = (uint8_t) g.rng(); // a kernel that reads what no thread wrote differs
+        }
+    }
     std::vector<char> & stack = g.stacks[slot];
     if (stack.size() < (size_t) n_threads*STACK_BYTES) {
         stack.resize((size_t) n_threads*STACK_BYTES);
@@ -192,7 +205,7 @@ inline void start_block(block_ctx & b, int slot, uint32_t idx, uint32_t n_thread
 
 // n_blocks blocks of block_size threads running body; at most N_RESIDENT at once, picked at random
 inline void run_grid(int64_t n_blocks, uint32_t block_size, const std::function<void()> & body) {
-    GGML_ASSERT(block_size % WARP_SIZE == 0 && block_size <= MAX_BLOCK);
+    GGML_ASSERT(block_size % WARP_SIZE == 0 && block_size <= MAX_BLOCK && (block_size & (block_size - 1)) == 0);
     g.body = body;
     // the launch's schedule: how often a pass picks a block at random, how often a pass stops half way (0: never)
     const uint32_t modes[][2] = { { 0, 0 }, { 0, 0 }, { 4, 0 }, { 0, 16 }, { 0, 4 }, { 4, 4 } };
@@ -243,9 +256,13 @@ inline void run_grid(int64_t n_blocks, uint32_t block_size, const std::function<
         // now and then the block stops in the middle of a pass, the threads from a random one on behind
         const uint32_t stop = g.preempt_one_in > 0 && g.rng() % g.preempt_one_in == 0 ? 1 + g.rng() % b.n_threads
                                                                                       : b.n_threads;
+        // the threads go in an order of their own each pass (i -> i*stride + offset, stride odd): a lane that read
+        // what another lane of its warp writes before they met would read it unwritten in some pass
+        const uint32_t stride = (uint32_t) g.rng() | 1, offset = (uint32_t) g.rng();
         bool ran = false, all_done = true, preempted = false;
-        for (uint32_t i = 0; i < b.n_threads; ++i) {
-            preempted = preempted || i >= stop;
+        for (uint32_t j = 0; j < b.n_threads; ++j) {
+            const uint32_t i = (j*stride + offset) % b.n_threads;
+            preempted = preempted || j >= stop;
             if (!preempted && can_run(b, (int) i)) {
                 g.cur_thread = (int) i;
                 b.threads[i].wait = RUNNABLE;
@@ -281,6 +298,14 @@ inline void run_grid(int64_t n_blocks, uint32_t block_size, const std::function<
     }
 }
 
+// the i-th __shared__ array of the kernel (native/build.py rewrites `__shared__ T name[..]...;` as a reference to it)
+template <typename T>
+inline T & block_shared(int i) {
+    static_assert(sizeof(T) <= SHARED_EACH, "a __shared__ array over the simulator's size");
+    GGML_ASSERT(i < MAX_SHARED);
+    return *reinterpret_cast<T *>(g.cur_block->shared[i]);
+}
+
 } // namespace cuda_sim
 
 #define blockIdx  (cuda_sim::dim{ cuda_sim::g.cur_block->idx })
@@ -305,6 +330,14 @@ static T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = WARP_SIZ
     return r;
 }
 
+// every lane of the warp reaches it before any goes on (the simulator's memory is coherent: the meeting is the order)
+static inline void __syncwarp(unsigned mask = 0xFFFFFFFF) {
+    if (mask != 0xFFFFFFFF) {
+        fprintf(stderr, "cuda_sim: __syncwarp(0x%x) is not simulated\n", mask);
+        abort();
+    }
+    cuda_sim::meet_warp();
+}
 
 // ---- the host side
 
