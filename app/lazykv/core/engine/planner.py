@@ -392,6 +392,8 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
             dev_kv[where] += kv_layer
             dev_layers[where] += 1
         out_dev = owner[n_layer]
+    # the device of the first offloaded layer, the one the host layers' output goes to
+    first_dev = -1 if n_host >= n_layer else 0 if n_dev == 1 else owner[n_host]
     if out_dev >= 0 and not _holds_output(meta, devices[out_dev]):
         out_dev = -1
     host_layers = range(n_host)
@@ -417,6 +419,8 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
     # with a quantized cache llama.cpp's allocator overlaps more of them (fitted on SmolLM2 and Gemma-3:
     # within 5 % on both, bench/plan_accuracy.py)
     layer_floats = 3 * whole(meta.n_ff) + n_embd + whole(meta.n_head) * whole(meta.head_k)
+    # not on a local GPU's buffer: Gemma-3 and SmolLM2 on lavapipe are within 5 % without it, under with it
+    gpu_layer_act = layer_floats * per_token
     if mode is not KvMode.F16:
         layer_floats -= n_embd // 2
     layer_act = layer_floats * per_token
@@ -435,15 +439,17 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
     plans = []
     for i, dev in enumerate(devices):
         used = dev_layers[i] > 0 or i == out_dev
-        act = layer_act + masks if dev_layers[i] else 0
+        act = (gpu_layer_act if dev.offloads_ops else layer_act) + masks if dev_layers[i] else 0
         if i == out_dev:
             compute = max(logits + n_embd * per_token, act)
         elif dev_layers[i]:
             # without the output layer's logits to overlap with, the inputs copied in for its layers show: the
-            # hidden state (the embeddings, or the host layers' output) and the cache's rotation matrices
-            # (Gemma-3 on lavapipe, whose output layer stays in host memory: within 5 % with every layer on
-            # it)
-            compute = act + n_embd * per_token + rotations
+            # hidden state and the cache's rotation matrices (Gemma-3 on lavapipe, whose output layer stays in
+            # host memory: within 5 % with every layer on it). After layers in host memory the hidden state is
+            # two tensors: the scheduler puts the last host layer's residual add with the device's first layer,
+            # so both of its operands are copied in (GGML_SCHED_DEBUG: sa_out and ffn_post_norm of Gemma-3)
+            states = 2 if n_host and i == first_dev else 1
+            compute = act + states * n_embd * per_token + rotations
         else:
             compute = act
         plans.append(DevicePlan(dev, dev_layers[i], i == out_dev, capped(dev_w[i]), capped(dev_kv[i]),
