@@ -2,9 +2,11 @@
 
 `convert-rows-cuda-sim` (native/gpu_check/cuda_sim, built beside the tools by `native/build.py tools`) runs
 the kernel's own source on the host: every thread is a coroutine that meets the others of its warp at each
-shuffle, and a few blocks are resident at once, run by a scheduler that lets blocks overtake each other and
-stops blocks half way, so that an in-place conversion writing over source bytes another block has yet to read
-would read them overwritten. In place, each case runs under 8 such schedules. It compares the bytes with the
+shuffle or __syncwarp, each block has its shared memory (random bytes at its start), and a few blocks are
+resident at once, run by a scheduler that lets blocks overtake each other, stops blocks half way and runs a
+block's threads in a new order each pass, so that an in-place conversion writing over source bytes another
+block has yet to read would read them overwritten, and a lane reading what another lane of its warp has yet
+to write to shared memory would read it unwritten. In place, each case runs under 8 such schedules. It compares the bytes with the
 CPU backend's for every case of llama.cpp's test-backend-ops for the op and a few more (rotations of 256,
 strided rows, hostile blocks). The kernel writes the CPU backend's bytes, so every case must be identical. On
 a GPU, `make gpu-check` runs the kernel itself against the CPU (native/README.md, "GPU check").
