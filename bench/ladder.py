@@ -238,8 +238,15 @@ class StepResult(RepeatedConversions):
     n_cells: int  # cells of the rung read (all used)
     bytes_read: int
     n_layers: int
-    runs: list[realistic.TimedRun]
+    runs: list[realistic.TimedRun]  # RSS sampled meanwhile
     memcpy_s: float = 0.0
+    unsampled: list[realistic.TimedRun] = field(default_factory=list)  # the same step with no sampling thread
+
+    @property
+    def pause_s(self) -> float:
+        """The step's pause: the fastest wall-clock time of the runs without RSS sampling (the memcpy's is the
+        fastest of its runs too)."""
+        return min(run.wall_s for run in self.unsampled)
 
     @property
     def layer_bytes(self) -> float:
@@ -267,14 +274,15 @@ def measure_step(
         bytes_read = round(n_cells * kv_bytes_per_cell(LLAMA3_8B_KV, BYTES_PER_VALUE[step.source]))
         out = StepResult(step, n_cells, bytes_read, LLAMA3_8B_KV.n_layer, [])
         for _ in range(reps):
-            run, tries, busy = run_uncontended(
-                lambda: realistic.timed(llm, lambda: llm.kv_lazy_convert(step.to)),
-                prepare=lambda: filled(llm, blob, n_cells, step.fill),
-            )
-            if llm.kv_lazy_info().phase == step.fill or run.engine_s == 0:
-                raise RuntimeError(f"ladder bench: {step.name} did not convert")
-            out.runs.append(run)
-            result.retries, result.contended = result.retries + tries, result.contended + busy
+            for sample, runs in ((True, out.runs), (False, out.unsampled)):
+                run, tries, busy = run_uncontended(
+                    lambda sample=sample: realistic.timed(llm, lambda: llm.kv_lazy_convert(step.to), sample=sample),
+                    prepare=lambda: filled(llm, blob, n_cells, step.fill),
+                )
+                if llm.kv_lazy_info().phase == step.fill or run.engine_s == 0:
+                    raise RuntimeError(f"ladder bench: {step.name} did not convert")
+                runs.append(run)
+                result.retries, result.contended = result.retries + tries, result.contended + busy
     finally:
         llm.close()
     out.memcpy_s, tries, busy = run_uncontended(lambda: memcpy_seconds(bytes_read, 7, n_threads))

@@ -18,6 +18,7 @@ prefill, not the conversion, which reads and writes the same bytes whatever the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import statistics
@@ -182,11 +183,15 @@ class TimedRun:
     other_cores: float  # CPU other processes used meanwhile
 
 
-def timed(llm: Llama, action: Callable[[], object], interval_s: float = 0.002) -> TimedRun:
-    """``action`` (a decode after the restored cells, or a conversion alone) timed, RSS sampled meanwhile."""
+def timed(llm: Llama, action: Callable[[], object], interval_s: float = 0.002, sample: bool = True) -> TimedRun:
+    """``action`` (a decode after the restored cells, or a conversion alone) timed, RSS sampled meanwhile.
+
+    ``sample=False`` leaves the sampling thread out (extra_rss is then VmHWM's alone): on 2 cores its wake-ups
+    every interval_s take time from the threads of a conversion, which a user's pause does not have.
+    """
     gc.collect()
     conversions = llm.kv_lazy_info().n_conversions
-    with RssSampler(interval_s) as sampler:
+    with RssSampler(interval_s) if sample else contextlib.nullcontext() as sampler:
         time.sleep(0.02)
         before = rss_bytes()
         hwm_ok = reset_peak_rss()
@@ -198,7 +203,7 @@ def timed(llm: Llama, action: Callable[[], object], interval_s: float = 0.002) -
         hwm = peak_rss_bytes() if hwm_ok else 0
     info = llm.kv_lazy_info()
     engine_s = info.last_conversion_s if info.n_conversions > conversions else 0.0
-    extra = max(sampler.peak_between(started, ended), hwm) - before
+    extra = max(sampler.peak_between(started, ended) if sampler else 0, hwm) - before
     return TimedRun(ended - started, engine_s, max(extra, 0), cores)
 
 
