@@ -273,10 +273,11 @@ def measure_step(
         blob = seed.repeated(n_cells)
         bytes_read = round(n_cells * kv_bytes_per_cell(LLAMA3_8B_KV, BYTES_PER_VALUE[step.source]))
         out = StepResult(step, n_cells, bytes_read, LLAMA3_8B_KV.n_layer, [])
+        convert = lambda: llm.kv_lazy_convert(step.to)  # noqa: E731
         for _ in range(reps):
             for sample, runs in ((True, out.runs), (False, out.unsampled)):
                 run, tries, busy = run_uncontended(
-                    lambda sample=sample: realistic.timed(llm, lambda: llm.kv_lazy_convert(step.to), sample=sample),
+                    lambda sample=sample: realistic.timed(llm, convert, sample=sample),
                     prepare=lambda: filled(llm, blob, n_cells, step.fill),
                 )
                 if llm.kv_lazy_info().phase == step.fill or run.engine_s == 0:

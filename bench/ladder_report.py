@@ -228,11 +228,11 @@ def pause_section(pause: PauseResult) -> str:
         "ladder; the rung a step reads is filled whole by restoring a state built from 512 decoded "
         "tokens (restoring more cells than the f16 rung holds puts the cache on the q8_0 rung), then "
         '`kv_lazy_convert()` (one step) or `kv_lazy_convert("q4_0")` (direct) is timed. The pause is the '
-        f"fastest of {len(pause.steps[0].unsampled)} runs with no RSS sampling thread (its wake-ups every 2 ms take "
-        "time from the conversion's threads on 2 cores); runs alternate with as many that sample RSS, whose median "
-        f"is shown beside it. {pause.n_threads} threads. memcpy: numpy "
-        "`copyto` of the bytes the step reads, best of 7, on as many threads as the step (issue 28). Extra RSS: the larger of "
-        "the sampled peak and VmHWM, minus RSS before, the largest of the sampled repetitions.\n\n"
+        f"fastest of {len(pause.steps[0].unsampled)} runs with no RSS sampling thread (its wake-ups "
+        "every 2 ms take time from the conversion's threads on 2 cores); runs alternate with as many that "
+        f"sample RSS, whose median is shown beside it. {pause.n_threads} threads. memcpy: numpy `copyto` of "
+        "the bytes the step reads, best of 7, on as many threads as the step (issue 28). Extra RSS: the "
+        "larger of the sampled peak and VmHWM, minus RSS before, the largest of the sampled repetitions.\n\n"
         + table(
             [
                 "step",

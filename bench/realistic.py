@@ -183,7 +183,9 @@ class TimedRun:
     other_cores: float  # CPU other processes used meanwhile
 
 
-def timed(llm: Llama, action: Callable[[], object], interval_s: float = 0.002, sample: bool = True) -> TimedRun:
+def timed(
+    llm: Llama, action: Callable[[], object], interval_s: float = 0.002, sample: bool = True
+) -> TimedRun:
     """``action`` (a decode after the restored cells, or a conversion alone) timed, RSS sampled meanwhile.
 
     ``sample=False`` leaves the sampling thread out (extra_rss is then VmHWM's alone): on 2 cores its wake-ups
