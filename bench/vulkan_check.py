@@ -9,8 +9,12 @@
    device copy, the graph computes per conversion, decode speed.
 3. The ladder and a refused restore on the device (``--device-checks``, SmolLM2, every layer on Vulkan):
    both steps of the ladder against the same ladder in host memory (codes off by at most one, rarely),
-   a state of the q8_0 rung refused by a plain f16 cache with its reason, and the cache still usable.
-4. The memory plan against what the engine allocated on the device (``bench.plan_accuracy`` with the
+   a state of the q8_0 rung refused by a plain f16 cache with its reason, and the cache still usable; a
+   recent window on the device (its bytes, its f16 rung bit-identical to the ladder without one, its
+   q4_0 rung closer to the host's window than to no window).
+4. ggml-vulkan's flash attention over a second F16 K/V range (the recent window) against the CPU's:
+   llama.cpp's test-backend-ops built for Vulkan from the series (native/work/build-vktools).
+5. The memory plan against what the engine allocated on the device (``bench.plan_accuracy`` with the
    ``gpu-half`` and ``gpu-all`` placements).
 
 Writes bench/results/vulkan_check.md; exit status 1 when a check fails.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,6 +87,30 @@ def lazy_check(engine: Path) -> tuple[str, bool]:
 
 
 # ---------------------------------------------------------------- the ladder and a refused restore (child)
+
+
+def backend_ops() -> tuple[str, bool]:
+    """llama.cpp's test-backend-ops built for Vulkan from the exported series (native/work/build-vktools):
+    ggml-vulkan's flash attention over a second F16 K/V range (the recent window, 0055) against the CPU's."""
+    sys.path.insert(0, str(ROOT / "native"))
+    import build as native_build
+
+    src = native_build.tools_source() / "vendor" / "llama.cpp"
+    build_dir = native_build.WORK / "build-vktools"
+    run(["cmake", "-S", str(src), "-B", str(build_dir), "-G", "Ninja", *native_build.tools_cmake_args(),
+         "-DGGML_VULKAN=ON"], capture_output=True)
+    run(["cmake", "--build", str(build_dir), "--target", "test-backend-ops"])
+    env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": "0"}
+    proc = subprocess.run([str(build_dir / "bin" / "test-backend-ops"), "test", "-b", "Vulkan0", "-o",
+                           "FLASH_ATTN_EXT", "-p", "kv2="],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    cases = [line.strip() for line in proc.stdout.splitlines() if line.strip().startswith("FLASH_ATTN_EXT(")]
+    passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
+    ok = proc.returncode == 0 and passed is not None and passed[1] == passed[2] and int(passed[2]) > 0
+    body = ("## Flash attention over a second K/V range (the recent window) against the CPU\n\n"
+            "`test-backend-ops test -b Vulkan0 -o FLASH_ATTN_EXT -p kv2=`, built for Vulkan from the series: "
+            f"{passed[0] if passed else 'no summary'}.\n\n```\n" + "\n".join(cases) + "\n```\n")
+    return body, ok
 
 
 def device_checks() -> int:
@@ -178,14 +207,43 @@ def device_checks() -> int:
     rows.append(f"| the refused cache: emptied, and it decodes again | {'yes' if still else 'NO'} |")
     ok &= refused and still
 
-    # the recent window needs flash attention over a second K/V range, which ggml-vulkan does not have: the
-    # engine leaves the window out (a warning) instead of running every layer's attention on the CPU
+    # the recent window on the device: one flash attention over the quantized rung and the window's f16 rows
+    # (ggml-vulkan: a dispatch per range into the split_k slots, merged by the split_k reduce)
     windowed = make_llama(path, "ladder", n_ctx=n_ctx, n_gpu_layers=-1, kv_lazy_recent=128)
-    plain_ladder = make_llama(path, "ladder", n_ctx=n_ctx, n_gpu_layers=-1)
-    same = windowed.kv_lazy_info().kv_bytes == plain_ladder.kv_lazy_info().kv_bytes
-    rows.append("| a ladder asking for a recent window on the device: left without one (no second K/V range "
-                f"in ggml-vulkan's flash attention) | {'yes' if same else 'NO'} |")
-    ok &= same
+    no_window = make_llama(path, "ladder", n_ctx=n_ctx, n_gpu_layers=-1)
+    host_window = make_llama(path, "ladder", n_ctx=n_ctx, kv_lazy_recent=128)
+    host_no_window = make_llama(path, "ladder", n_ctx=n_ctx)
+    extra = windowed.kv_lazy_info().kv_bytes - no_window.kv_lazy_info().kv_bytes
+    host_extra = host_window.kv_lazy_info().kv_bytes - host_no_window.kv_lazy_info().kv_bytes
+    good = extra > 0 and extra == host_extra
+    ok &= good
+    rows.append(f"| a ladder with a recent window of 128 on the device: the window's bytes (the host's) | "
+                f"{extra} ({host_extra}) ({'ok' if good else 'FAIL'}) |")
+    f16_logits = {}
+    for name, llm in (("window", windowed), ("none", no_window)):
+        llm.eval(tokens)
+        f16_logits[name] = np.array(llm.scores[: llm.n_tokens])
+    good = bool(np.array_equal(f16_logits["window"], f16_logits["none"]))
+    ok &= good
+    rows.append(f"| its f16 rung: the logits of {len(tokens)} tokens against the same ladder without a "
+                f"window on the device | {'bit-identical' if good else 'DIFFERENT'} |")
+    last = {}
+    for name, llm in (("window", windowed), ("none", no_window), ("host", host_window)):
+        if name == "host":
+            llm.eval(tokens)
+        while llm.kv_lazy_info().phase != "q4_0":
+            assert llm.kv_lazy_convert()
+        llm.eval(tokens[:8])
+        last[name] = np.array(llm.scores[llm.n_tokens - 1])
+    to_host = float(np.max(np.abs(last["window"] - last["host"])))
+    to_none = float(np.max(np.abs(last["window"] - last["none"])))
+    same_top = int(np.argmax(last["window"])) == int(np.argmax(last["host"]))
+    good = same_top and bool(np.all(np.isfinite(last["window"]))) and to_host < to_none
+    ok &= good
+    rows.append("| on the q4_0 rung, 8 more tokens: the device's logits with the window against the host's "
+                "with one, and against the device's without one (largest difference) | "
+                f"{to_host:.3f} and {to_none:.3f}, same next token as the host: "
+                f"{'yes' if same_top else 'no'} ({'ok' if good else 'FAIL'}) |")
     print("\n".join(rows))
     return 0 if ok else 1
 
@@ -208,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     device_line = names[0] if names else "?"
 
     check_body, check_ok = lazy_check(engine)  # first: it imports the Vulkan engine's llama_cpp here
+    ops_body, ops_ok = backend_ops()
     from bench.machine import cpu_model
     dev = subprocess.run([sys.executable, "-m", "bench.vulkan_check", "--device-checks"], capture_output=True,
                          text=True, env=env, cwd=ROOT, timeout=3600)
@@ -223,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         plan_body = plan_out.read_text().replace("\n## ", "\n### ")
         plan_body = plan_body.replace("# Memory plan vs llama.cpp's own allocation", "## The memory plan", 1)
 
-    ok = check_ok and dev.returncode == 0 and plan.returncode == 0
+    ok = check_ok and ops_ok and dev.returncode == 0 and plan.returncode == 0
     report = [
         f"<!-- make vulkan-check ({time.monotonic() - t0:.0f} s, of it {t_engine:.0f} s for the engine) -->",
         "# The lazy KV cache on Vulkan",
@@ -239,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         dev.stdout.strip(),
         "",
         check_body.strip(),
+        "",
+        ops_body.strip(),
         "",
         plan_body.strip(),
         "",

@@ -50,3 +50,18 @@ def test_flash_attention_over_quantized_kv_matches_the_reference_path() -> None:
     assert int(passed.group(2)) >= 15 * 2 * 2 * 4
     for case in ("type_K=q5_0,type_V=q5_0", "type_K=q8_0,type_V=f16", "type_K=f16,type_V=q4_0"):
         assert case in proc.stdout
+
+
+def test_flash_attention_over_a_second_kv_range_matches_the_reference_path() -> None:
+    """ggml_flash_attn_ext_add_kv (0046), the recent window's attention: a quantized or F16 first range and an
+    F16 second one, decodes and batches, grouped-query attention and sinks (test_flash_attn_ext_kv2, patch
+    0054). The CPU's tiled and split-KV paths against its one-chunk path; on lavapipe, `make vulkan-check`'s
+    build compares ggml-vulkan's (0055) with the CPU."""
+    cmd = [str(backend_ops_program()), "test", "-b", "CPU", "-o", "FLASH_ATTN_EXT", "-p", "kv2="]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
+    assert passed is not None, proc.stdout[-4000:]
+    assert passed.group(1) == passed.group(2) == "21"
+    for case in ("kv2=128,nb=33,type_KV=q4_0", "kv2=32,nb=1,type_KV=q8_0", "type_KV=q8_0,sinks=1"):
+        assert case in proc.stdout
