@@ -192,7 +192,8 @@ def device_checks() -> int:
     good = agree >= 7 and mean_kld < 0.01 and bool(np.all(np.isfinite(logits["device"])))
     ok &= good
     rows.append(f"| 8 more tokens after the last step, device against host (from the device's state): the "
-                f"same most likely token, mean KLD | {agree} of 8, {mean_kld:.5f} ({'ok' if good else 'FAIL'}) |")
+                f"same most likely token, mean KLD | {agree} of 8, {mean_kld:.5f} "
+                f"({'ok' if good else 'FAIL'}) |")
 
     # a state of the q8_0 rung, saved on the device: a plain f16 cache refuses it with a reason, and
     # is emptied (the binding's contract) and usable
@@ -252,8 +253,8 @@ def device_checks() -> int:
     _, to_none = next_tokens(last["host"], last["none"])
     good = agree >= 7 and to_host < to_none and bool(np.all(np.isfinite(last["window"])))
     ok &= good
-    rows.append("| on the q4_0 rung, 8 more tokens: the host's window against the device's window and against "
-                "the device without one (mean KLD); the same most likely token as the host's window | "
+    rows.append("| on the q4_0 rung, 8 more tokens: the host's window against the device's window and "
+                "against the device without one (mean KLD); the same most likely token as the host's window | "
                 f"{to_host:.5f} and {to_none:.5f}; {agree} of 8 ({'ok' if good else 'FAIL'}) |")
     print("\n".join(rows))
     return 0 if ok else 1
