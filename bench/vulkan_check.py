@@ -254,7 +254,7 @@ def device_checks() -> int:
     good = agree >= 7 and to_host < to_none and bool(np.all(np.isfinite(last["window"])))
     ok &= good
     rows.append("| on the q4_0 rung, 8 more tokens: the host's window against the device's window and "
-                "against the device without one (mean KLD); the same most likely token as the host's window | "
+                "against the device without one (mean KLD); the same top token as the host's window | "
                 f"{to_host:.5f} and {to_none:.5f}; {agree} of 8 ({'ok' if good else 'FAIL'}) |")
     print("\n".join(rows))
     return 0 if ok else 1
