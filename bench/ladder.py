@@ -244,9 +244,9 @@ class StepResult(RepeatedConversions):
 
     @property
     def pause_s(self) -> float:
-        """The step's pause: the fastest wall-clock time of the runs without RSS sampling (the memcpy's is the
-        fastest of its runs too)."""
-        return min(run.wall_s for run in self.unsampled)
+        """The step's pause: the fastest wall-clock time of all its runs, with RSS sampled or not (the
+        memcpy's is the fastest of its runs too)."""
+        return min(run.wall_s for run in [*self.runs, *self.unsampled])
 
     @property
     def layer_bytes(self) -> float:

@@ -220,6 +220,9 @@ def pause_section(pause: PauseResult) -> str:
     runs = "; ".join(
         f"{s.step.name}: "
         + ", ".join(f"{1000 * r.wall_s:.0f} ms ({r.other_cores:.2f} cores)" for r in s.runs)
+        + " sampled, "
+        + ", ".join(f"{1000 * r.wall_s:.0f} ms" for r in s.unsampled)
+        + " not"
         for s in pause.steps
     )
     return (
@@ -227,10 +230,11 @@ def pause_section(pause: PauseResult) -> str:
         "The synthetic model of `bench/realistic.py` (32 layers, 8 KV heads of 128), its cache as a "
         "ladder; the rung a step reads is filled whole by restoring a state built from 512 decoded "
         "tokens (restoring more cells than the f16 rung holds puts the cache on the q8_0 rung), then "
-        '`kv_lazy_convert()` (one step) or `kv_lazy_convert("q4_0")` (direct) is timed. The pause is the '
-        f"fastest of {len(pause.steps[0].unsampled)} runs with no RSS sampling thread (its wake-ups "
-        "every 2 ms take time from the conversion's threads on 2 cores); runs alternate with as many that "
-        f"sample RSS, whose median is shown beside it. {pause.n_threads} threads. memcpy: numpy `copyto` of "
+        '`kv_lazy_convert()` (one step) or `kv_lazy_convert("q4_0")` (direct) is timed, alternately with '
+        "RSS sampled and without the sampling thread (its wake-ups every 2 ms can take time from the "
+        "conversion's threads on 2 cores). The pause is the fastest of all "
+        f"{len(pause.steps[0].runs) + len(pause.steps[0].unsampled)} runs; the median of the sampled ones is "
+        f"shown beside it. {pause.n_threads} threads. memcpy: numpy `copyto` of "
         "the bytes the step reads, best of 7, on as many threads as the step (issue 28). Extra RSS: the "
         "larger of the sampled peak and VmHWM, minus RSS before, the largest of the sampled repetitions.\n\n"
         + table(
@@ -238,7 +242,7 @@ def pause_section(pause: PauseResult) -> str:
                 "step",
                 "cells read",
                 "bytes read",
-                "pause ms (fastest, not sampled)",
+                "pause ms (fastest)",
                 "wall ms (median, sampled)",
                 "engine ms (median, sampled)",
                 "memcpy ms",
