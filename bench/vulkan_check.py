@@ -115,13 +115,11 @@ def backend_ops() -> tuple[str, bool]:
 
 def next_tokens(ref, other) -> tuple[int, float]:
     """Rows of logits: how many pick ref's most likely token, and the mean KL(softmax(ref) ||
-    softmax(other))."""
-    import numpy as np
+    softmax(other)) (bench.quality.compare_rows)."""
+    from bench.quality import compare_rows
 
-    p = ref.astype(np.float64) - np.logaddexp.reduce(ref.astype(np.float64), axis=1, keepdims=True)
-    q = other.astype(np.float64) - np.logaddexp.reduce(other.astype(np.float64), axis=1, keepdims=True)
-    kld = float(np.mean(np.sum(np.exp(p) * (p - q), axis=1)))
-    return int(np.sum(np.argmax(ref, axis=1) == np.argmax(other, axis=1))), kld
+    kld, top1 = compare_rows(ref, other, block=len(ref))
+    return int(top1.sum()), float(kld.mean())
 
 
 def device_checks() -> int:
@@ -234,7 +232,7 @@ def device_checks() -> int:
     rows.append(f"| a ladder with a recent window of 128 on the device: the window's bytes (the host's) | "
                 f"{extra} ({host_extra}) ({'ok' if good else 'FAIL'}) |")
     f16_logits = {}
-    for name, llm in (("window", windowed), ("none", no_window)):
+    for name, llm in (("window", windowed), ("none", no_window), ("host", host_window)):
         llm.eval(tokens)
         f16_logits[name] = np.array(llm.scores[: llm.n_tokens])
     good = bool(np.array_equal(f16_logits["window"], f16_logits["none"]))
@@ -243,8 +241,6 @@ def device_checks() -> int:
                 f"window on the device | {'bit-identical' if good else 'DIFFERENT'} |")
     last = {}
     for name, llm in (("window", windowed), ("none", no_window), ("host", host_window)):
-        if name == "host":
-            llm.eval(tokens)
         while llm.kv_lazy_info().phase != "q4_0":
             assert llm.kv_lazy_convert()
         llm.eval(tokens[:8])
