@@ -207,3 +207,52 @@ def test_the_cpu_quantization_is_bit_identical_to_the_reference(dst_type: int) -
     want = ref.reshape(-1, BLOCK_BYTES[dst_type])
     differ = np.flatnonzero((got != want).any(axis=1))
     assert differ.size == 0, f"{differ.size} blocks differ, the first: {differ[:5]}"
+
+
+def hostile_q8_0_blocks(rng: np.random.Generator) -> np.ndarray:
+    """q8_0 blocks (34 bytes: an f16 scale, 32 int8 codes) where a requantization from the codes could part
+    from the reference: a largest magnitude that is odd or even (ties of the next rung's codes exist only for
+    even ones) and is there twice with opposite signs, -128, codes all 0, scales of +0, -0, negative,
+    denormal, the largest f16, Inf and NaN, and plain blocks as a cache holds them (largest code 127)."""
+    n = 1024
+    codes = rng.integers(-127, 128, (n, 32))
+    codes[:64, 0] = 127  # a cache's blocks
+    for b, top in enumerate(range(1, 129)):  # every largest magnitude, with opposite signs in half of them
+        row = 64 + b
+        codes[row] = rng.integers(-top + 1, top, 32) if top > 1 else 0
+        codes[row, b % 32] = top if top < 128 else -128
+        if b % 2:
+            codes[row, (b + 7) % 32] = -codes[row, b % 32] if top < 128 else 127
+    codes[200:216] = rng.integers(-16, 17, (16, 32))  # many exact ties of the q4_0 codes
+    codes[220:224] = 0
+    d = np.abs(rng.normal(0, 0.05, n)).astype(np.float16)
+    d[300:304] = [0.0, -0.0, -0.03, -1.5]
+    d[304:308] = np.array([6e-8, 1e-7, 3e-5, 65504.0], dtype=np.float16)
+    d[308:312] = [np.inf, -np.inf, np.nan, np.nan]
+    d[220] = 0.5
+    blocks = np.zeros((n, 34), dtype=np.uint8)
+    blocks[:, :2] = d.view(np.uint8).reshape(n, 2)
+    blocks[:, 2:] = codes.astype(np.int8).view(np.uint8)
+    return blocks[rng.permutation(n)]
+
+
+@pytest.mark.parametrize("dst_type", [Q4_0, Q5_0], ids=QUANT_NAMES.get)
+def test_q8_0_rows_requantize_as_the_reference(dst_type: int) -> None:
+    """The q8_0 -> q4_0 / q5_0 step works from the q8_0 codes (the series' AVX2 kernel) and gives the bytes of
+    the reference: the values as ggml's q8_0 to_float gives them (code times scale, exact in f32), then
+    ggml_quantize_chunk, in place and out of place, on one thread and on three."""
+    blocks = hostile_q8_0_blocks(np.random.default_rng(dst_type))
+    n_per_row = 8 * 32  # rows of 8 blocks: the scales of 8 blocks are divided at once
+    src = np.ascontiguousarray(blocks.reshape(-1))
+    with np.errstate(invalid="ignore"):  # 0 times Inf, as ggml gives it too
+        values, _ = dequantize(src.tobytes(), Q8_0, blocks.shape[0] * 32)
+    rows = np.ascontiguousarray(values.reshape(-1, n_per_row).astype(np.float32))
+    ref = np.zeros(rows.shape[0] * _BASE.ggml_row_size(dst_type, n_per_row), dtype=np.uint8)
+    _BASE.ggml_quantize_chunk(dst_type, rows.ctypes.data, ref.ctypes.data, 0, rows.shape[0], n_per_row, None)
+    want = ref.reshape(-1, BLOCK_BYTES[dst_type])
+    for in_place, n_threads in ((False, 1), (True, 1), (True, 3)):
+        out = convert(src, Q8_0, dst_type, n_per_row, 0, in_place=in_place, n_threads=n_threads)
+        got = np.frombuffer(out, np.uint8).reshape(-1, BLOCK_BYTES[dst_type])
+        differ = np.flatnonzero((got != want).any(axis=1))
+        where = f"{in_place=} {n_threads=}"
+        assert differ.size == 0, f"{where}: {differ.size} blocks differ, the first: {differ[:5]}"
