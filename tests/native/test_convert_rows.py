@@ -28,6 +28,7 @@ QUANT_NAMES = {Q8_0: "q8_0", Q4_0: "q4_0", Q5_0: "q5_0"}
 _p = ctypes.c_void_p
 for _lib, _name, _args, _res in (
     (_BASE, "ggml_convert_rows", [_p, _p, _p, ctypes.c_int], _p),
+    (_BASE, "ggml_convert_rows_zero_tail", [_p, _p, _p, ctypes.c_int], _p),
     (_BASE, "ggml_backend_tensor_alloc", [_p, _p, _p], ctypes.c_int),
     (_BASE, "ggml_backend_buffer_free", [_p], None),
     (_CPU, "ggml_backend_cpu_buffer_from_ptr", [_p, ctypes.c_size_t], _p),
@@ -45,9 +46,11 @@ def aligned(n_bytes: int) -> np.ndarray:
 
 
 def convert(src: np.ndarray, src_type: int, dst_type: int, n_per_row: int, n_rot: int,
-            in_place: bool = False, n_threads: int = 1) -> bytes:
+            in_place: bool = False, n_threads: int = 1, zero_tail: bool = False) -> bytes:
     """Convert the rows in `src` (bytes of rows of src_type) with a graph of one GGML_OP_CONVERT_ROWS on the
-    CPU backend; returns the destination rows' bytes."""
+    CPU backend; returns the destination rows' bytes - with zero_tail (ggml_convert_rows_zero_tail, in place),
+    followed by the rest of the source's bytes."""
+    in_place = in_place or zero_tail
     n_rows = src.nbytes // _BASE.ggml_row_size(src_type, n_per_row)
     dst_bytes = n_rows * _BASE.ggml_row_size(dst_type, n_per_row)
     buf = aligned(src.nbytes)
@@ -66,7 +69,8 @@ def convert(src: np.ndarray, src_type: int, dst_type: int, n_per_row: int, n_rot
         assert _BASE.ggml_backend_tensor_alloc(buffers[0], a, buf.ctypes.data) == 0
         assert _BASE.ggml_backend_tensor_alloc(buffers[-1], b, dst.ctypes.data) == 0
         graph = _BASE.ggml_new_graph(ctx)
-        _BASE.ggml_build_forward_expand(graph, _BASE.ggml_convert_rows(ctx, a, b, n_rot))
+        op = _BASE.ggml_convert_rows_zero_tail if zero_tail else _BASE.ggml_convert_rows
+        _BASE.ggml_build_forward_expand(graph, op(ctx, a, b, n_rot))
         _CPU.ggml_backend_cpu_set_n_threads(backend, n_threads)
         assert _BASE.ggml_backend_graph_compute(backend, graph) == 0
     finally:
@@ -74,7 +78,7 @@ def convert(src: np.ndarray, src_type: int, dst_type: int, n_per_row: int, n_rot
             _BASE.ggml_backend_buffer_free(buffer)
         _BASE.ggml_backend_free(backend)
         _BASE.ggml_free(ctx)
-    return dst[:dst_bytes].tobytes()
+    return (dst if zero_tail else dst[:dst_bytes]).tobytes()
 
 
 def dequantize(data: bytes, dst_type: int, n_values: int) -> tuple[np.ndarray, np.ndarray]:
@@ -211,9 +215,10 @@ def test_the_cpu_quantization_is_bit_identical_to_the_reference(dst_type: int) -
 
 def hostile_q8_0_blocks(rng: np.random.Generator) -> np.ndarray:
     """q8_0 blocks (34 bytes: an f16 scale, 32 int8 codes) where a requantization from the codes could part
-    from the reference: a largest magnitude that is odd or even (ties of the next rung's codes exist only for
-    even ones) and is there twice with opposite signs, -128, codes all 0, scales of +0, -0, negative,
-    denormal, the largest f16, Inf and NaN, and plain blocks as a cache holds them (largest code 127)."""
+    from the reference: every largest magnitude, there twice with opposite signs in half of the blocks;
+    multiples of 16 with their ties (the next rung's code a whole number before rounding, which only they
+    have); -128, codes all 0, scales of +0, -0, negative, denormal, the largest f16, Inf and NaN; and plain
+    blocks as a cache holds them (largest code 127)."""
     n = 1024
     codes = rng.integers(-127, 128, (n, 32))
     codes[:64, 0] = 127  # a cache's blocks
@@ -225,7 +230,19 @@ def hostile_q8_0_blocks(rng: np.random.Generator) -> np.ndarray:
             codes[row, (b + 7) % 32] = -codes[row, b % 32] if top < 128 else 127
     codes[200:216] = rng.integers(-16, 17, (16, 32))  # many exact ties of the q4_0 codes
     codes[220:224] = 0
+    # largest magnitudes that are multiples of 16, where 8.5 - 8c/m (q4_0) or 16.5 - 16c/m (q5_0) is a whole
+    # number for some codes (ties: k*c/m odd, k 16 or 32), with scales where the reference's float arithmetic
+    # then lands just below it (the largest ties first: they are where it does)
+    tie_rows = {230: (48, 0x3013, 16), 231: (80, 0x3002, 16), 232: (96, 0x3013, 16), 233: (112, 0x3000, 16),
+                234: (32, 0x307F, 16), 235: (96, 0x3010, 32), 236: (32, 0x307F, 32)}
+    for row, (top, _, k) in tie_rows.items():
+        ties = sorted((c for c in range(1 - top, top) if (k * c) % top == 0 and (k * c // top) % 2),
+                      key=lambda c: -abs(c))[:31]
+        codes[row] = 0
+        codes[row, 0] = top
+        codes[row, 1:1 + len(ties)] = ties
     d = np.abs(rng.normal(0, 0.05, n)).astype(np.float16)
+    d[list(tie_rows)] = np.array([bits for _, bits, _ in tie_rows.values()], dtype=np.uint16).view(np.float16)
     d[300:304] = [0.0, -0.0, -0.03, -1.5]
     d[304:308] = np.array([6e-8, 1e-7, 3e-5, 65504.0], dtype=np.float16)
     d[308:312] = [np.inf, -np.inf, np.nan, np.nan]
@@ -256,3 +273,26 @@ def test_q8_0_rows_requantize_as_the_reference(dst_type: int) -> None:
         differ = np.flatnonzero((got != want).any(axis=1))
         where = f"{in_place=} {n_threads=}"
         assert differ.size == 0, f"{where}: {differ.size} blocks differ, the first: {differ[:5]}"
+
+
+@pytest.mark.parametrize(("src_type", "dst_type", "n_rot"),
+                         [(F16, Q8_0, 128), (Q8_0, Q4_0, 0), (Q8_0, Q5_0, 0), (Q5_0, Q4_0, 0)],
+                         ids=["f16-q8_0", "q8_0-q4_0", "q8_0-q5_0", "q5_0-q4_0"])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_zero_tail_zeroes_the_source_after_the_rows(src_type: int, dst_type: int, n_rot: int,
+                                                    n_threads: int) -> None:
+    """ggml_convert_rows_zero_tail, as a lazy KV cache steps from a quantized rung: the rows of an in-place
+    conversion, and every byte of the source after them zero - on one thread (each row's tail part zeroed
+    after it), on several (q5_0 -> q4_0: rows of similar size, staged, the tail zeroed at the end; the others
+    in growing chunks). The source's bytes start as anything but zeros."""
+    rng = np.random.default_rng(n_threads)
+    n_per_row = 256
+    x = rng.normal(0, 2, (997, n_per_row)).astype(np.float16)
+    src = x if src_type == F16 else np.frombuffer(convert(x, F16, src_type, n_per_row, 64), np.uint8)
+    want = convert(src, src_type, dst_type, n_per_row, n_rot, in_place=True, n_threads=n_threads)
+    got = np.frombuffer(
+        convert(src, src_type, dst_type, n_per_row, n_rot, n_threads=n_threads, zero_tail=True), np.uint8)
+    assert got.size == src.nbytes and src.nbytes > len(want)
+    assert got[:len(want)].tobytes() == want
+    nonzero = np.flatnonzero(got[len(want):])
+    assert nonzero.size == 0, f"{nonzero.size} tail bytes not zeroed, the first at {nonzero[:5] + len(want)}"
