@@ -19,9 +19,9 @@ from bench.conversion import run_conversion
 from bench.corpus import build_tokens, unique_token_count
 from bench.engine import open_vocab
 from bench.ladder import LADDER_N_CTX, LadderResults, model_pass, run_pause
-from bench.recent import run_recent
 from bench.lockstep import run_pass
 from bench.machine import WAIT_BUDGET, OtherLoad, describe, load_average, wait_for_quiet
+from bench.recent import run_recent
 from bench.report import Results, StepTiming, write
 from bench.settings import MODEL_LABELS, SECTIONS, ModelSpec, Settings, make_settings
 from bench.sweep import SWEEP_MODELS, run_sweep

@@ -103,9 +103,11 @@ def tools_dir() -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
-def perplexity(tools: Path, model: Path, corpus: Path, args: list[str], env: dict[str, str], log: Path) -> str:
+def perplexity(tools: Path, model: Path, corpus: Path, args: list[str], env: dict[str, str],
+               log: Path) -> str:
     cmd = [str(tools / "llama-perplexity"), "-m", str(model), "-f", str(corpus), "-c", str(RECENT_N_CTX),
-           "-b", str(RECENT_BATCH), "-ub", str(RECENT_BATCH), "--chunks", str(RECENT_CHUNKS), "-fa", "on", *args]
+           "-b", str(RECENT_BATCH), "-ub", str(RECENT_BATCH), "--chunks", str(RECENT_CHUNKS), "-fa", "on",
+           *args]
     done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=3600)
     log.write_text(done.stdout + done.stderr, encoding="utf-8")
     if done.returncode != 0:
@@ -120,7 +122,8 @@ def kld_run(text: str, name: str, window: int) -> KldRun:
     return KldRun(name, window, float(kld.group(1)), float(kld.group(2)), float(top.group(1)))
 
 
-def measure_quality(spec: ModelSpec, settings: Settings, tools: Path, corpus: Path, work: Path) -> RecentModel:
+def measure_quality(spec: ModelSpec, settings: Settings, tools: Path, corpus: Path,
+                    work: Path) -> RecentModel:
     model = model_path(spec.key)
     threads = ["-t", str(settings.n_threads)]
     base = work / f"{spec.key}.base"
@@ -150,7 +153,8 @@ def ladder_context(spec: ModelSpec, settings: Settings, window: int, kind: str =
                  verbose=False)
 
 
-def measure_memory_and_speed(spec: ModelSpec, settings: Settings, tokens: list[int], result: RecentModel) -> None:
+def measure_memory_and_speed(spec: ModelSpec, settings: Settings, tokens: list[int],
+                             result: RecentModel) -> None:
     plain = ladder_context(spec, settings, -1)
     result.kv_bytes_plain = plain.kv_lazy_info().kv_bytes
     plain.close()
@@ -193,7 +197,7 @@ def run_recent(settings: Settings) -> RecentResults:
     return results
 
 
-# --- the report (bench/ladder_report.py puts it in ladder.md) ------------------------------------------------
+# --- the report (bench/ladder_report.py puts it in ladder.md) ---------------------------------------------
 
 
 def recent_targets(r: RecentResults) -> list[Target]:
@@ -202,8 +206,9 @@ def recent_targets(r: RecentResults) -> list[Target]:
         plain, window = m.run(-1), m.run(TARGET_WINDOW)
         ratio = window.kld / plain.kld
         found.append(Target(m.label, "recent window", f"KLD at the q4_0 rung, W={TARGET_WINDOW} / plain q4_0 "
-                            f"(llama-perplexity, n_ctx {RECENT_N_CTX})", f"{window.kld:.5f} / {plain.kld:.5f} = "
-                            f"{ratio:.3f}", f"<= {KLD_TARGET}", ratio <= KLD_TARGET))
+                            f"(llama-perplexity, n_ctx {RECENT_N_CTX})",
+                            f"{window.kld:.5f} / {plain.kld:.5f} = {ratio:.3f}", f"<= {KLD_TARGET}",
+                            ratio <= KLD_TARGET))
         extra = m.kv_bytes_window - m.kv_bytes_plain
         found.append(Target(m.label, "recent window", f"KV bytes, W={TARGET_WINDOW} - plain q4_0",
                             f"{extra / 2**20:.2f} MiB", f"<= {TARGET_WINDOW} f16 rows "
@@ -211,7 +216,8 @@ def recent_targets(r: RecentResults) -> list[Target]:
         if m.speed is not None:
             ci = m.speed.ci
             interval = f" (95 % CI {ci[0]:.3f}-{ci[1]:.3f})" if ci else ""
-            found.append(Target(m.label, "recent window", f"decode at depth {m.speed.depth}, W={TARGET_WINDOW} "
+            found.append(Target(m.label, "recent window",
+                                f"decode at depth {m.speed.depth}, W={TARGET_WINDOW} "
                                 f"/ W=0 ({m.speed.rounds} paired rounds)", f"{m.speed.median:.3f}{interval}",
                                 f">= {SPEED_TARGET}", m.speed.median >= SPEED_TARGET))
     return found
@@ -221,25 +227,28 @@ def recent_section(r: RecentResults) -> str:
     lines = [
         "## 5. The recent f16 window (issue 28)",
         "",
-        f"`llama-perplexity --kl-divergence` (llama.cpp's own, built from this tree) on {r.corpus}: n_ctx "
-        f"{RECENT_N_CTX}, {RECENT_CHUNKS} chunks, batches of {RECENT_BATCH} tokens; the KLD is against an f16 "
-        "cache over the second half of each chunk (positions 2048-4095: the ladder's q4_0 rung). The ladder "
-        "runs with `LLAMA_KV_CACHE_LAZY_QUANT=1 -ctk q4_0 -ctv q4_0 --kv-recent W`.",
+        f"`llama-perplexity --kl-divergence` (llama.cpp's own, built from this tree) on {r.corpus}: "
+        f"n_ctx {RECENT_N_CTX}, {RECENT_CHUNKS} chunks, batches of {RECENT_BATCH} tokens; the KLD is against "
+        "an f16 cache over the second half of each chunk (positions 2048-4095: the ladder's q4_0 rung). "
+        "The ladder runs with `LLAMA_KV_CACHE_LAZY_QUANT=1 -ctk q4_0 -ctv q4_0 --kv-recent W`.",
         "",
     ]
     rows = []
     for m in r.models:
         plain = m.run(-1)
         for run in m.runs:
-            rows.append([m.label, "plain q4_0" if run.window < 0 else run.name, f"{run.kld:.5f} ± {run.kld_err:.5f}",
-                         f"{run.kld / plain.kld:.3f}", f"{run.same_top:.2f} %"])
+            rows.append([m.label, "plain q4_0" if run.window < 0 else run.name,
+                         f"{run.kld:.5f} ± {run.kld_err:.5f}", f"{run.kld / plain.kld:.3f}",
+                         f"{run.same_top:.2f} %"])
     lines.append(table(["model", "cache", "mean KLD", "/ plain q4_0", "same top token"], rows))
     lines.append("")
     for m in r.models:
         best = m.best_window()
         lines.append(f"- {m.label}: f16 PPL {m.base_ppl:.3f}; the window that measures best here is W={best} "
-                     f"(KLD {m.run(best).kld / m.run(-1).kld:.3f}x plain q4_0). Memory with W={TARGET_WINDOW}: "
-                     f"{m.kv_bytes_window / 2**20:.2f} MiB against plain q4_0's {m.kv_bytes_plain / 2**20:.2f} MiB "
+                     f"(KLD {m.run(best).kld / m.run(-1).kld:.3f}x plain q4_0). "
+                     f"Memory with W={TARGET_WINDOW}: "
+                     f"{m.kv_bytes_window / 2**20:.2f} MiB against plain q4_0's "
+                     f"{m.kv_bytes_plain / 2**20:.2f} MiB "
                      f"(n_ctx {SPEED_DEPTH + 256}).")
     lines.append(f"- The app's default window (`DEFAULT_KV_RECENT`) is {DEFAULT_KV_RECENT} tokens.")
     return "\n".join(lines)

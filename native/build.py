@@ -618,7 +618,8 @@ def cuda_sim_source(llama_cpp_src: Path, dest: Path) -> None:
         raise BuildError("convert-rows.cu or common.cuh changed: update cuda_sim_source() in native/build.py")
     cu = cu.replace('#include "convert-rows.cuh"', '#include "cuda_sim.h"\n\n' + fastdiv.group(0), 1)
     cu = launch.sub(r"cuda_sim_launch(\1, \2, \3, \4);", cu)
-    # __shared__ T name[a][b]; as T (&name)[a][b] = cuda_sim::block_shared<T[a][b]>(i), i counting them per kernel
+    # __shared__ T name[a][b]; as T (&name)[a][b] = cuda_sim::block_shared<T[a][b]>(i), i counting them per
+    # kernel
     shared = re.compile(r"__shared__\s+(\w+)\s+(\w+)((?:\[[^\]]+\])+);")
     counts: dict[str, int] = {}
 

@@ -46,7 +46,8 @@ def test_recent_window_is_counted_with_the_kv_cache(tiny_gguf: Path, capsys: pyt
     """--kv-recent N adds the window's f16 rows to the KV cache of the lazy modes (a plain cache has none)."""
     figures = {}
     for recent in ("0", "256"):
-        code, out, _ = run(capsys, str(tiny_gguf), "--ctx", "2048", "--kv", kv, "--kv-recent", recent, "--json")
+        code, out, _ = run(capsys, str(tiny_gguf), "--ctx", "2048", "--kv", kv, "--kv-recent", recent,
+                           "--json")
         assert code == 0
         figures[recent] = json.loads(out)["host"]["kv"]
     meta = read_model_meta(tiny_gguf)

@@ -114,7 +114,8 @@ def _start_window_manager(env: Mapping[str, str], tries: int = 3, seconds: float
             wm.wait()
             log.seek(0)
             said = log.read().decode(errors="replace").strip()
-    raise SmokeError(f"openbox did not take the display ({tries} tries)" + (f": {said[-500:]}" if said else ""))
+    raise SmokeError(f"openbox did not take the display ({tries} tries)"
+                     + (f": {said[-500:]}" if said else ""))
 
 
 def run_app(

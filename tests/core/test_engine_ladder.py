@@ -141,7 +141,8 @@ def test_the_kv_bytes_a_budget_is_measured_in_are_what_the_engine_allocates(mode
             s = EngineSession()
             try:
                 info = s.load(model_path, n_ctx=N_CTX, kv_mode=kv_mode, kv_recent=recent)
-                assert s.kv_status().kv_bytes == kv_bytes(info.meta, N_CTX, kv_mode, recent), (kv_mode, recent)
+                assert s.kv_status().kv_bytes == kv_bytes(info.meta, N_CTX, kv_mode, recent), (
+                    kv_mode, recent)
                 assert info.plan.recent == (recent if kv_mode.is_lazy else 0)
             finally:
                 s.close()

@@ -118,7 +118,8 @@ def _fill(t: int, type_name: str, values: np.ndarray) -> None:
     ctypes.memmove(dst, data.ctypes.data, data.nbytes)
 
 
-def _kv_view(ctx: int, type_name: str, case: FaCase, rng: np.random.Generator, n_kv: int | None = None) -> int:
+def _kv_view(ctx: int, type_name: str, case: FaCase, rng: np.random.Generator,
+             n_kv: int | None = None) -> int:
     """A [head, n_kv, n_head_kv] view of a buffer twice as long, filled with uniform [-1, 1] values."""
     n_kv = case.n_kv if n_kv is None else n_kv
     t = TYPE_NAMES[type_name]
@@ -140,7 +141,8 @@ def _read_view(t: int, type_name: str, case: FaCase, n_kv: int) -> np.ndarray:
     for h in range(case.n_head_kv):
         for r in range(n_kv):
             if type_name == "f32":
-                out[h, r] = np.frombuffer(ctypes.string_at(base + (h * 2 * n_kv + r) * nb1, nb1), dtype=np.float32)
+                out[h, r] = np.frombuffer(ctypes.string_at(base + (h * 2 * n_kv + r) * nb1, nb1),
+                                          dtype=np.float32)
             else:
                 to_float(base + (h * 2 * n_kv + r) * nb1, out[h, r].ctypes.data, case.head)
     return out
@@ -197,7 +199,8 @@ def flash_attn(case: FaCase, n_threads: int, use_ref: bool, oracle: bool = False
         result = _compute(ctx, out, n_threads, use_ref, (case.n_q, case.n_head, case.head))
         if not oracle:
             return result
-        qv = np.array((ctypes.c_float * (case.n_head * case.n_q * case.head)).from_address(_BASE.ggml_get_data(q)))
+        qv = np.array((ctypes.c_float * (case.n_head * case.n_q * case.head)).from_address(
+            _BASE.ggml_get_data(q)))
         qv = qv.reshape(case.n_head, case.n_q, case.head).astype(np.float64)
         ks = [_read_view(k, case.type_k, case, case.n_kv)]
         vs = [_read_view(v, case.type_v, case, case.n_kv)]

@@ -141,7 +141,8 @@ def _parse_cache(r: _Reader) -> CacheState:
         head = r.u32()
         rows_k = [np.frombuffer(r.take(n * 2 * _f16_width(t)), dtype=np.uint8).reshape(n, -1)
                   for t in cache.k]
-        rows_v = [np.frombuffer(r.take(n * 2 * _f16_width(t)), dtype=np.uint8).reshape(n, -1) for t in cache.v]
+        rows_v = [np.frombuffer(r.take(n * 2 * _f16_width(t)), dtype=np.uint8).reshape(n, -1)
+                  for t in cache.v]
         cache.window = Window([c for c, _ in pairs], [j for _, j in pairs], head, rows_k, rows_v)
     return cache
 

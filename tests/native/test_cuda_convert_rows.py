@@ -6,10 +6,11 @@ shuffle or __syncwarp, each block has its shared memory (random bytes at its sta
 resident at once, run by a scheduler that lets blocks overtake each other, stops blocks half way and runs a
 block's threads in a new order each pass, so that an in-place conversion writing over source bytes another
 block has yet to read would read them overwritten, and a lane reading what another lane of its warp has yet
-to write to shared memory would read it unwritten. In place, each case runs under 8 such schedules. It compares the bytes with the
-CPU backend's for every case of llama.cpp's test-backend-ops for the op and a few more (rotations of 256,
-strided rows, hostile blocks). The kernel writes the CPU backend's bytes, so every case must be identical. On
-a GPU, `make gpu-check` runs the kernel itself against the CPU (native/README.md, "GPU check").
+to write to shared memory would read it unwritten. In place, each case runs under 8 such schedules. It
+compares the bytes with the CPU backend's for every case of llama.cpp's test-backend-ops for the op and a few
+more (rotations of 256, strided rows, hostile blocks). The kernel writes the CPU backend's bytes, so every
+case must be identical. On a GPU, `make gpu-check` runs the kernel itself against the CPU (native/README.md,
+"GPU check").
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from .ggml_fa import FLASH_ATTN_EXT_MAX_NMSE, FaCase, flash_attn, nmse
 SHAPES = [(640, 1), (96, 3), (192, 64)]
 
 
-@pytest.mark.parametrize("type_k,type_v", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q5_0", "q8_0")])
+@pytest.mark.parametrize("type_k,type_v",
+                         [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q5_0", "q8_0")])
 @pytest.mark.parametrize("n_kv,n_q", SHAPES)
 @pytest.mark.parametrize("n_kv2", [32, 128])
 @pytest.mark.parametrize("use_ref", [False, True])
@@ -36,7 +37,8 @@ def test_second_range_carries_weight():
 
 @pytest.mark.parametrize("n_kv,n_q", SHAPES)
 def test_threads_agree(n_kv, n_q):
-    case = FaCase(head=64, gqa=2, n_kv=n_kv, n_q=n_q, mask=True, type_k="q8_0", type_v="q4_0", n_kv2=64, seed=3)
+    case = FaCase(head=64, gqa=2, n_kv=n_kv, n_q=n_q, mask=True, type_k="q8_0", type_v="q4_0", n_kv2=64,
+                  seed=3)
     one = flash_attn(case, n_threads=1, use_ref=False)
     two = flash_attn(case, n_threads=2, use_ref=False)
     assert nmse(one, two) < 1e-10

@@ -162,8 +162,8 @@ def test_removed_tokens_never_answer_from_the_window(smollm2_path: Path, tokens:
 
 
 def test_other_tokens_in_removed_cells(smollm2_path: Path, tokens: list[int]) -> None:
-    """New tokens where removed ones were (same positions, the same cells) answer as themselves: the same as in
-    a cache that decoded them in the first place, with the same window contents."""
+    """New tokens where removed ones were (same positions, the same cells) answer as themselves: the same as
+    in a cache that decoded them in the first place, with the same window contents."""
     a = ladder(smollm2_path, recent=512)
     b = ladder(smollm2_path, recent=512)
     prefill(a, tokens[:600])
@@ -178,7 +178,8 @@ def test_other_tokens_in_removed_cells(smollm2_path: Path, tokens: list[int]) ->
 
 
 @pytest.mark.parametrize("where", ["inside", "across"])
-def test_seq_ops_around_the_window_stay_close_to_f16(smollm2_path: Path, tokens: list[int], where: str) -> None:
+def test_seq_ops_around_the_window_stay_close_to_f16(smollm2_path: Path, tokens: list[int],
+                                                     where: str) -> None:
     """Copy, keep, remove and shift inside the window and across its boundary: what is attended stays the
     cache's tokens (close to an f16 cache that went through the same operations)."""
     cut = 700 if where == "inside" else 560  # the window holds positions 636..699 after the prefill
@@ -213,7 +214,8 @@ def test_restore_continues_exactly(smollm2_path: Path, tokens: list[int]) -> Non
 
 
 @pytest.mark.parametrize("saved,into", [(W, 2 * W), (W, 0), (0, W)])
-def test_restore_with_another_window_is_refused(smollm2_path: Path, tokens: list[int], saved: int, into: int) -> None:
+def test_restore_with_another_window_is_refused(smollm2_path: Path, tokens: list[int], saved: int,
+                                                into: int) -> None:
     src = ladder(smollm2_path, recent=saved)
     prefill(src, tokens[:600])
     state = src.save_state()

@@ -44,7 +44,8 @@ class RpcServer:
         self.proc = subprocess.Popen(
             # as many threads as the tests' own contexts (1 in an xdist worker): the CPU backend's sums
             # depend on its thread count, so a device/host comparison holds only with the same count
-            [str(llama_cpp.rpc_server_path()), "-H", "127.0.0.1", "-p", str(self.port), "-t", str(engine_threads())],
+            [str(llama_cpp.rpc_server_path()), "-H", "127.0.0.1", "-p", str(self.port),
+             "-t", str(engine_threads())],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         deadline = time.monotonic() + 20
@@ -326,11 +327,13 @@ def test_recent_window_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None
 
     def ladder(recent: int, device: bool) -> Llama:
         where = {"rpc_servers": [rpc.endpoint], "n_gpu_layers": -1} if device else {}
-        return make_llama(smollm2_path, "ladder", n_ctx=n_ctx, kv_lazy_recent=recent, logits_all=True, **where)
+        return make_llama(smollm2_path, "ladder", n_ctx=n_ctx, kv_lazy_recent=recent, logits_all=True,
+                          **where)
 
     device, host, plain = ladder(64, True), ladder(64, False), ladder(0, True)
     uses = device.memory_breakdown()
-    assert sum(u.kv for u in uses if not u.host) == device.kv_lazy_info().kv_bytes > plain.kv_lazy_info().kv_bytes
+    assert (sum(u.kv for u in uses if not u.host) == device.kv_lazy_info().kv_bytes
+            > plain.kv_lazy_info().kv_bytes)
     assert sum(u.kv for u in uses if u.host) == 0
     tokens = corpus(host, 700)
     for llm in (device, host, plain):
@@ -346,4 +349,5 @@ def test_recent_window_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None
             llm.eval([t])
     rows = slice(600, 640)
     assert kld(host.scores[rows], device.scores[rows]).max() < 1e-4
-    assert kld(f16.scores[rows], device.scores[rows]).mean() < 0.9 * kld(f16.scores[rows], plain.scores[rows]).mean()
+    assert (kld(f16.scores[rows], device.scores[rows]).mean()
+            < 0.9 * kld(f16.scores[rows], plain.scores[rows]).mean())

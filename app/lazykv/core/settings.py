@@ -19,7 +19,13 @@ from lazykv.core.engine.planner import AUTO, GpuLayers
 from lazykv.core.engine.remote import normalize_endpoints
 from lazykv.core.files import write_text_atomic
 from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL
-from lazykv.core.kinds import DEFAULT_KV_MODE, DEFAULT_KV_RECENT, KV_MODE_WORDS, ContextFullPolicy, SettingKind
+from lazykv.core.kinds import (
+    DEFAULT_KV_MODE,
+    DEFAULT_KV_RECENT,
+    KV_MODE_WORDS,
+    ContextFullPolicy,
+    SettingKind,
+)
 
 APP_DIR_NAME = "lazykv"
 SCHEMA_VERSION = 3

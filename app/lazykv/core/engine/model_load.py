@@ -102,8 +102,8 @@ def budget_n_ctx(meta: ModelMeta, budget: int, kv_mode: KvMode, recent: int = 0)
         raise ContextBudgetError(
             f"{fmt_bytes(budget)} of context memory holds fewer than {CTX_PADDING} tokens of "
             f"{meta.path.name} with the {kv_mode} KV cache: {CTX_PADDING} tokens need "
-            f"{fmt_bytes(kv_bytes(meta, CTX_PADDING, kv_mode, recent))}. Raise the budget, or set it to 0 to use "
-            "the context length."
+            f"{fmt_bytes(kv_bytes(meta, CTX_PADDING, kv_mode, recent))}. Raise the budget, or set it to 0 "
+            "to use the context length."
         )
     return n_ctx
 

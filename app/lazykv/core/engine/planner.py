@@ -446,8 +446,9 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
             # without the output layer's logits to overlap with, the inputs copied in for its layers show: the
             # hidden state and the cache's rotation matrices (Gemma-3 on lavapipe, whose output layer stays in
             # host memory: within 5 % with every layer on it). After layers in host memory the hidden state is
-            # two tensors: the scheduler puts the last host layer's residual add with the device's first layer,
-            # so both of its operands are copied in (GGML_SCHED_DEBUG: sa_out and ffn_post_norm of Gemma-3)
+            # two tensors: the scheduler puts the last host layer's residual add with the device's first
+            # layer, so both of its operands are copied in (GGML_SCHED_DEBUG: sa_out and ffn_post_norm of
+            # Gemma-3)
             states = 2 if n_host and i == first_dev else 1
             compute = act + states * n_embd * per_token + rotations
         else:
