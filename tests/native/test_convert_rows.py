@@ -254,12 +254,16 @@ def hostile_q8_0_blocks(rng: np.random.Generator) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dst_type", [Q4_0, Q5_0], ids=QUANT_NAMES.get)
-def test_q8_0_rows_requantize_as_the_reference(dst_type: int) -> None:
+@pytest.mark.parametrize("n_blocks", [8, 41])
+def test_q8_0_rows_requantize_as_the_reference(dst_type: int, n_blocks: int) -> None:
     """The q8_0 -> q4_0 / q5_0 step works from the q8_0 codes (the series' AVX2 kernel) and gives the bytes of
     the reference: the values as ggml's q8_0 to_float gives them (code times scale, exact in f32), then
-    ggml_quantize_chunk, in place and out of place, on one thread and on three."""
+    ggml_quantize_chunk, in place and out of place, on one thread and on three. Rows of 8 blocks (the
+    constants of 8 blocks are computed at once) and of 41 (a chunk of 32 blocks, then one of 9: a group of 8
+    and one block)."""
     blocks = hostile_q8_0_blocks(np.random.default_rng(dst_type))
-    n_per_row = 8 * 32  # rows of 8 blocks: the scales of 8 blocks are divided at once
+    blocks = blocks[: len(blocks) // n_blocks * n_blocks]
+    n_per_row = n_blocks * 32
     src = np.ascontiguousarray(blocks.reshape(-1))
     with np.errstate(invalid="ignore"):  # 0 times Inf, as ggml gives it too
         values, _ = dequantize(src.tobytes(), Q8_0, blocks.shape[0] * 32)
