@@ -260,7 +260,9 @@ def test_q8_0_rows_requantize_as_the_reference(dst_type: int, n_blocks: int) -> 
     the reference: the values as ggml's q8_0 to_float gives them (code times scale, exact in f32), then
     ggml_quantize_chunk, in place and out of place, on one thread and on three. Rows of 8 blocks (the
     constants of 8 blocks are computed at once) and of 41 (a chunk of 32 blocks, then one of 9: a group of 8
-    and one block)."""
+    and one block). Blocks of largest magnitude 127 (the cache's) take one multiplication a code, their sign
+    read from their codes (rows with +127 and -127, either first); a block of another kind hands the rest of
+    its 8 to the general path, and the blocks in random order mix the two."""
     blocks = hostile_q8_0_blocks(np.random.default_rng(dst_type))
     blocks = blocks[: len(blocks) // n_blocks * n_blocks]
     n_per_row = n_blocks * 32
