@@ -43,7 +43,8 @@ def thp_mode() -> str:
     return found.group(1)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="madvise(MADV_HUGEPAGE) is Linux's: the patch asks for huge pages on Linux only")
 @pytest.mark.parametrize("kv", ["f16", "lazy"])
 def test_a_host_kv_buffer_is_backed_by_huge_pages(smollm2_path: Path, kv: str) -> None:
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
