@@ -144,6 +144,19 @@ class Conversation:
         self._markers.extend(taken.markers)
         return True
 
+    def extend_reply(self, more: str) -> None:
+        """Go on with the last turn, a reply that was cut off: ``more`` is added to its text, which
+        stays the same version (its other versions, its figures and markers are kept)."""
+        index = len(self._turns) - 1
+        if index < 0 or self._turns[index]["role"] != "assistant":
+            raise ValueError("the last turn is not a reply")
+        content = self._turns[index]["content"]
+        if index in self._versions:
+            versions = list(self._versions[index])
+            versions[self.version_shown(index)] = content + more
+            self._versions[index] = versions
+        self._turns[index] = {"role": "assistant", "content": content + more}
+
     def versions(self, index: int) -> list[str]:
         """Every version of the turn at ``index``, oldest first (one: its content, if never regenerated)."""
         return list(self._versions.get(index) or [self._turns[index]["content"]])
