@@ -434,7 +434,10 @@ class ChatFlow:
                                  target=event.target)
             self.memory_panel.set_status(converting)
             self.context_meter.set_status(converting)
-        if event.stage is ConversionStage.END:
+        if event.stage is ConversionStage.END and self._resuming:  # said once it is known how it resumed
+            self._resume_steps = (*self._resume_steps, (event, self._conversion_from))
+            self.statusBar().showMessage(compacted_text(event), 10_000)
+        elif event.stage is ConversionStage.END:
             in_reply = self._state is UiState.REPLYING and bool(self._reply_text)
             reading = self._state is not UiState.READY and not in_reply  # a prompt or a transcript
             label = marker_label(event, during_reply=in_reply,
@@ -449,8 +452,12 @@ class ChatFlow:
 
     # -- resuming a saved chat's context memory ---------------------------------------------
 
+    # the cache's steps while the chat on screen is resumed, with its status before each
+    _resume_steps: tuple[tuple[ConversionEvent, KvStatus | None], ...] = ()
+
     def begin_resume(self) -> None:
         self._resuming = True
+        self._resume_steps = ()
         self._set_state(UiState.LOADING)
         self.banner.show_progress("Resuming the conversation…", 0.0)
 
@@ -464,6 +471,7 @@ class ChatFlow:
         was replaced) or failed."""
         self._resuming = False
         self._set_state(self._idle_state())
+        self._mark_resume_steps(result, failure)
         if result is None:
             assert failure is not None
             self.banner.close_task()
@@ -483,6 +491,22 @@ class ChatFlow:
         self.resume_note = text
         self.banner.show_note(text, details=result.details)
         self.statusBar().showMessage(text, 10_000)
+
+    def _mark_resume_steps(self, result: OpenResult | None, failure: Failure | None) -> None:
+        """The lines for the cache's steps while the chat resumed. Restored from its snapshot: the
+        cache only went to the rung the snapshot was saved at, before anything was read (one line
+        says so, nothing about the conversation not fitting). Re-read (also in part, until stopped):
+        each step as any other taken while text was read. The resume of a chat replaced meanwhile: none."""
+        steps, self._resume_steps = self._resume_steps, ()
+        if not steps or (result is None and (failure is None or not failure.message)):
+            return
+        if result is not None and result.how is OpenHow.RESTORED:
+            labels = [f"Context memory restored from the snapshot at {steps[-1][0].target.words}"]
+        else:
+            labels = [marker_label(event, before=before) for event, before in steps]
+        for label in labels:
+            self._add_marker(label)
+            self.transcript.mark_here(label)
 
 
 def _how_it_ended(result: ReplyResult, max_tokens: int | None) -> str:

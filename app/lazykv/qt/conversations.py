@@ -24,7 +24,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QMessageBox,
     QPushButton,
-    QStatusBar,
     QWidget,
 )
 
@@ -53,12 +52,15 @@ from lazykv.core.settings import Settings
 from lazykv.qt.background import Background
 from lazykv.qt.conversation_files import ConversationFiles
 from lazykv.qt.conversations_panel import ConversationsPanel
+from lazykv.qt.elided_label import StatusBar
+from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.notice_banner import NoticeBanner
 from lazykv.qt.operations import EngineClient
 from lazykv.qt.protection_prompts import ProtectionPrompts
 from lazykv.qt.worker import ClearKv, Failure, OpenConversation, SaveSnapshot
 
 UNDO_MS = 10_000  # the status bar's offer to undo a delete
+SAVED_NOTICE_MS = 5000  # "Saved: snapshot of …" beside the status bar's messages
 # how long a delete can be undone (Chat > Undo delete): then the conversation is erased for good
 # (its snapshot key and file, its words in the search index, the WAL's old pages); at quit, at once
 ERASE_MS = 60_000
@@ -76,6 +78,7 @@ class ConversationsHost(Protocol):
     """What Conversations needs from its window (the window satisfies it; no import of it here)."""
 
     conversations_panel: ConversationsPanel
+    memory_panel: MemoryPanel
     background: Background
     database: Database
     engine: EngineClient
@@ -84,7 +87,7 @@ class ConversationsHost(Protocol):
     keyring_notice: NoticeBanner  # non-modal: the chat goes on while they are shown
     history_notice: NoticeBanner
 
-    def statusBar(self) -> QStatusBar: ...  # noqa: N802 - Qt's name
+    def statusBar(self) -> StatusBar: ...  # noqa: N802 - Qt's name
     def show_error(self, title: str, message: str, details: str = "") -> QMessageBox: ...
     def show_exception(self, title: str, err: BaseException) -> QMessageBox: ...
     def setting(self, name: str) -> Any: ...
@@ -252,6 +255,7 @@ class Conversations(ProtectionPrompts, ConversationFiles, QObject):
         if not self._history_open and self._unwritten(self.chat):  # written once the history opens
             self._waiting_chats.append(self.chat)
         self.chat = Chat(Conversation(system_prompt))
+        self.host.memory_panel.new_chat()  # its "Compacted" counts this chat's steps
         self.host.show_chat(None)
         self.host.conversations_panel.select(None)
         if self.host.model_info is not None:  # an empty cache, 16-bit again after a compaction
@@ -400,9 +404,10 @@ class Conversations(ProtectionPrompts, ConversationFiles, QObject):
             return
         self.last_saved = result
         pruned = f"; {len(result.pruned)} old snapshots pruned" if result.pruned else ""
-        self.host.statusBar().showMessage(
+        # beside the status bar's messages: the reply's "Prompt N tokens, M reused" stays readable
+        self.host.statusBar().show_notice(
             f"Saved: snapshot of {result.n_tokens} tokens, {fmt_bytes(result.size)}, "
-            f"in {1000 * result.seconds:.0f} ms{pruned}", 5000)
+            f"in {1000 * result.seconds:.0f} ms{pruned}", SAVED_NOTICE_MS)
         self.snapshot_saved.emit(conv_id, result)
 
     def _snapshot_failed(self, failure: Failure) -> None:
@@ -441,8 +446,10 @@ class Conversations(ProtectionPrompts, ConversationFiles, QObject):
     def open(self, conv_id: int) -> None:
         """Read the conversation off the GUI thread, show it, then restore or rebuild its KV cache.
 
-        Chosen while another one is re-read, it replaces it (that re-read is stopped). Refused (a reply
-        is streaming, a model reloading): the list goes back to the chat on screen, and says why."""
+        Asked by the list whenever its current row changes (a click, the arrow keys): the list's row is
+        the chat on screen. Chosen while another one is re-read, it replaces it (that re-read is
+        stopped). Refused (a reply is streaming, a model reloading) or failed: the list goes back to the
+        chat on screen, and says why."""
         if conv_id == self.current:  # (back to) the chat on screen: a read still on its way is dropped
             self._opening = None
             return
@@ -453,7 +460,14 @@ class Conversations(ProtectionPrompts, ConversationFiles, QObject):
                 "loaded", 5000)
             return
         self._opening = conv_id
-        self.call(lambda s: loaded(s.conversation(conv_id)), self._show, "Opening the conversation")
+
+        def failed(err: Exception) -> None:  # the list goes back to the chat on screen
+            if self._opening == conv_id:
+                self._opening = None
+                self.host.conversations_panel.select(self.current)
+            self.host.show_exception("Opening the conversation failed", err)
+
+        self.call(lambda s: loaded(s.conversation(conv_id)), self._show, "Opening the conversation", failed)
 
     def _show(self, loaded: Loaded) -> None:
         record, conversation, messages = loaded.record, loaded.conversation, loaded.messages
@@ -462,6 +476,7 @@ class Conversations(ProtectionPrompts, ConversationFiles, QObject):
         self._opening = None
         self._cancel_resume()
         self.chat = Chat(conversation, SavedAs(record.id, record.uid, len(record.messages)))
+        self.host.memory_panel.new_chat()
         self.host.show_chat(record.title)
         self.host.conversations_panel.select(record.id)
         if self.host.model_info is not None:

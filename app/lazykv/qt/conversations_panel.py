@@ -1,13 +1,17 @@
 """The conversation list: search, open, new, rename, delete, export, import, private mode.
 
-The panel only shows and asks (signals); the window does the work off the GUI thread.
+The panel only shows and asks (signals); the window does the work off the GUI thread. The list's
+current row is the chat on screen: a user's change of it by any means (a click, the arrow keys, Page
+Down, a program setting it) asks to open that chat (``open_requested``); the window's own changes
+(``select``, a row moved or removed) ask nothing.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -57,14 +61,18 @@ class ConversationsPanel(QWidget):
         self.search.textChanged.connect(lambda _: self._search_timer.start())
 
         self._saving: frozenset[int] = frozenset()  # conversations whose snapshot is being written
+        self._quiet = 0  # > 0 while the panel itself changes the list: its current row opens nothing
+        self._open_timer = QTimer(self)  # the row to open, asked once the key or click is handled
+        self._open_timer.setSingleShot(True)
+        self._open_timer.setInterval(0)
+        self._open_timer.timeout.connect(self._open_current)
         self.list = QListWidget()
         self.list.setObjectName("conversation-list")
-        self.list.currentItemChanged.connect(lambda *_: self._enable_delete())
+        self.list.currentItemChanged.connect(self._current_changed)
         self.list.setWordWrap(True)
         self.list.setAlternatingRowColors(True)  # rows of two or three lines each: told apart
         self.list.setSpacing(1)
-        self.list.itemActivated.connect(self._activated)
-        self.list.itemClicked.connect(self._activated)
+        self.list.itemActivated.connect(lambda _: self._open_timer.start())  # Enter, a double click
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._context_menu)
         # F2 (rename) is the window's: it works from the message box too (issue 30)
@@ -105,23 +113,28 @@ class ConversationsPanel(QWidget):
         """Replace the whole list (start-up, a new search query); the scroll position is kept."""
         bar = self.list.verticalScrollBar()
         scrolled = bar.value()
-        self.list.clear()
-        for summary in items:
-            self.list.addItem(_item(summary))
-        self._tell_apart()
-        self.select(current)
+        with self._changing():
+            self.list.clear()
+            for summary in items:
+                self.list.addItem(_item(summary))
+            self._tell_apart()
+            self.select(current)
         bar.setValue(scrolled)
         self.listed.emit()
 
     def apply(self, rows: Mapping[int, ConversationSummary | None], current: int | None) -> None:
         """An operation's changes to the list (``Conversations.operation_did_execute``): each changed
         conversation's row as it is now, None when it is gone. Only those rows change; the others,
-        and the scroll position, stay as they are."""
-        for conv_id, summary in rows.items():
-            if summary is None:
-                self.remove(conv_id)
-            else:
-                self.upsert(summary, selected=conv_id == current)
+        and the scroll position, stay as they are; the current row stays the chat on screen."""
+        with self._changing():
+            shown = self.selected_id()
+            for conv_id, summary in rows.items():
+                if summary is None:
+                    self.remove(conv_id)
+                else:
+                    self.upsert(summary, selected=conv_id == current)
+            if shown is not None and self._row(shown) is None:  # its row went: Qt made a neighbour current
+                self.select(current)
 
     def upsert(self, summary: ConversationSummary, selected: bool) -> None:
         """One conversation changed (a saved turn, a rename, an import, an undone delete): its row is
@@ -129,18 +142,20 @@ class ConversationsPanel(QWidget):
         conversation not in its results is not added (it may not match)."""
         searching = bool(self.search.text().strip())
         row = self._row(summary.id)
-        if row is None:
-            if not searching:
-                self.list.insertItem(self._place(summary), _item(summary))
-        else:
-            item = self.list.item(row)
-            _fill(item, summary)
-            place = self._place(summary, moving=row)
-            if place != row and not searching:  # a search's results keep the search's order
-                self.list.insertItem(place, self.list.takeItem(row))
-        self._tell_apart()
-        if selected:
-            self.select(summary.id)
+        with self._changing():
+            shown = self.selected_id()
+            if row is None:
+                if not searching:
+                    self.list.insertItem(self._place(summary), _item(summary))
+            else:
+                item = self.list.item(row)
+                _fill(item, summary)
+                place = self._place(summary, moving=row)
+                if place != row and not searching:  # a search's results keep the search's order
+                    self.list.insertItem(place, self.list.takeItem(row))  # the current row moves too
+            self._tell_apart()
+            # the chat on screen's row, unless the user has just chosen another (it is being opened)
+            self.select(summary.id if selected and not self._open_timer.isActive() else shown)
 
     def _place(self, summary: ConversationSummary, moving: int | None = None) -> int:
         """Where ``summary``'s row goes (the row at ``moving`` taken out first): the list's order is the
@@ -165,8 +180,9 @@ class ConversationsPanel(QWidget):
     def remove(self, conv_id: int) -> None:
         row = self._row(conv_id)
         if row is not None:
-            self.list.takeItem(row)
-            self._tell_apart()
+            with self._changing():
+                self.list.takeItem(row)
+                self._tell_apart()
 
     def _tell_apart(self) -> None:
         """Rows with the same title also show when each conversation was started (to the second)."""
@@ -184,14 +200,39 @@ class ConversationsPanel(QWidget):
         return None if row is None else self.list.item(row).data(SUMMARY_ROLE).title
 
     def select(self, conv_id: int | None) -> None:
+        """Show ``conv_id`` (None: no row) as the chat on screen; this opens nothing."""
         row = self._row(conv_id) if conv_id is not None else None
-        if row is None:
-            self.list.clearSelection()
-            self.list.setCurrentItem(None)
-            return
-        item = self.list.item(row)
-        item.setSelected(True)
-        self.list.setCurrentItem(item)
+        with self._changing():
+            if row is None:
+                self.list.clearSelection()
+                self.list.setCurrentItem(None)
+                return
+            item = self.list.item(row)
+            item.setSelected(True)
+            self.list.setCurrentItem(item)
+
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        """The panel changes the list itself (fills it, moves, removes or selects a row): a current row
+        that changes meanwhile is no choice of the user's."""
+        self._quiet += 1
+        try:
+            yield
+        finally:
+            self._quiet -= 1
+
+    def _current_changed(self, *_: object) -> None:
+        self._enable_delete()
+        if not self._quiet and self.list.currentItem() is not None:
+            # asked once the key press or click is handled, so that the window's answer (e.g. back to
+            # the chat on screen while a reply streams) is the last word on the selection too; several
+            # changes before then ask for the last row only
+            self._open_timer.start()
+
+    def _open_current(self) -> None:
+        conv_id = self.selected_id()
+        if conv_id is not None:
+            self.open_requested.emit(conv_id)
 
     def _row(self, conv_id: int) -> int | None:
         return next((i for i, cid in enumerate(self.ids()) if cid == conv_id), None)
@@ -207,9 +248,6 @@ class ConversationsPanel(QWidget):
         conv_id = self.selected_id()
         if conv_id is not None:
             fn(conv_id)
-
-    def _activated(self, item: QListWidgetItem) -> None:
-        self.open_requested.emit(item.data(Qt.ItemDataRole.UserRole))
 
     def _context_menu(self, pos) -> None:  # noqa: ANN001 - QPoint
         item = self.list.itemAt(pos)

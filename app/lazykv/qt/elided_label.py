@@ -1,11 +1,12 @@
 """A one-line label that shortens its text with "…" to the width it is given (the whole text in its
-tooltip): a status-bar text that never runs into the one beside it, nor widens the window."""
+tooltip): a status-bar text that never runs into the one beside it, nor widens the window; and the
+window's status bar, whose messages are shortened the same way."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QRect, QSize, Qt, QTimer
 from PySide6.QtGui import QPainter, QPaintEvent
-from PySide6.QtWidgets import QLabel, QSizePolicy, QWidget
+from PySide6.QtWidgets import QLabel, QSizeGrip, QSizePolicy, QStatusBar, QStyle, QStyleOption, QWidget
 
 MIN_CHARS = 12  # the narrowest it gets: about this many characters
 
@@ -32,3 +33,54 @@ class ElidedLabel(QLabel):
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt's name
         painter = QPainter(self)
         painter.drawText(self.contentsRect(), int(self.alignment()), self.shown_text())
+
+
+class StatusBar(QStatusBar):
+    """The window's status bar: a message longer than its room is shortened with "…" (the whole of it
+    in the tooltip) instead of cut off mid-word, and a notice of its own (``show_notice``, e.g. a
+    snapshot saved) beside the messages, so that it never replaces one that is being read."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.notice = ElidedLabel()
+        self.notice.setObjectName("status-notice")
+        self.notice.hide()
+        self.addPermanentWidget(self.notice)  # the first permanent widget: next to the messages
+        self._notice_timer = QTimer(self)
+        self._notice_timer.setSingleShot(True)
+        self._notice_timer.timeout.connect(self.notice.hide)
+        self.messageChanged.connect(self.setToolTip)
+
+    def show_notice(self, text: str, ms: int) -> None:
+        """``text`` beside the messages for ``ms`` milliseconds."""
+        self.notice.setText(text)
+        self.notice.show()
+        self._notice_timer.start(ms)
+
+    def message_rect(self) -> QRect:
+        """Where the message is drawn: as QStatusBar's own, up to the first permanent widget shown (the
+        other widgets are hidden while a message is) and the size grip."""
+        right = self.width() - 12
+        for child in self.children():
+            if isinstance(child, QWidget) and child.isVisible() and not child.isWindow():
+                right = min(right, child.x() - (0 if isinstance(child, QSizeGrip) else 2))
+        return QRect(6, 0, max(0, right - 6), self.height())
+
+    def shown_message(self) -> str:
+        """The message as drawn: shortened with "…" to its room."""
+        text = " ".join(self.currentMessage().splitlines())
+        return self.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, self.message_rect().width())
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt's name
+        super().paintEvent(event)  # the panel, the widgets' frames, and the message as Qt cuts it
+        if not self.currentMessage():
+            return
+        rect = self.message_rect()
+        painter = QPainter(self)
+        painter.setClipRect(rect)
+        option = QStyleOption()
+        option.initFrom(self)
+        self.style().drawPrimitive(QStyle.PrimitiveElement.PE_PanelStatusBar, option, painter, self)
+        painter.setPen(self.palette().windowText().color())
+        painter.drawText(rect, int(Qt.AlignmentFlag.AlignLeading | Qt.AlignmentFlag.AlignVCenter
+                                   | Qt.TextFlag.TextSingleLine), self.shown_message())

@@ -44,7 +44,7 @@ from lazykv.qt.context_meter import ContextMeter
 from lazykv.qt.conversations import ERASE_MS, UNDO_MS, Conversations
 from lazykv.qt.conversations_panel import ConversationsPanel
 from lazykv.qt.conversion_banner import ConversionBanner
-from lazykv.qt.elided_label import ElidedLabel
+from lazykv.qt.elided_label import ElidedLabel, StatusBar
 from lazykv.qt.local_server import LOCAL_SERVER_SETTINGS, LocalServerSwitch
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.model_loading import ModelLoading
@@ -304,6 +304,7 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         self.conversations_dock.setMinimumWidth(240)
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.conversations_dock)
 
+        self.setStatusBar(StatusBar())  # its messages shortened with "…", a notice beside them
         self.model_label = ElidedLabel("No model loaded")  # shortened, never over the status messages
         self.statusBar().addPermanentWidget(self.model_label)
         self._build_actions()

@@ -74,6 +74,9 @@ class MemoryPanel(QWidget):
         super().__init__(parent)
         self.status: KvStatus | None = None
         self.memory: tuple[DeviceMemory, ...] = ()  # the loaded model's, per place
+        # the engine counts a context's conversions for its whole life: those before the chat on screen
+        # was put there are not its own
+        self._conversions_before = 0
         self.phase_label = QLabel("no model")
         self.phase_label.setObjectName("kv-phase")
         self.rung_label = QLabel("–")  # the rung in use and the next one
@@ -111,7 +114,14 @@ class MemoryPanel(QWidget):
         layout.addWidget(self.estimate_label)
         layout.addStretch()
 
+    def new_chat(self) -> None:
+        """Another chat is on screen from now on: "Compacted" counts its own steps only."""
+        self._conversions_before = self.status.n_conversions if self.status is not None else 0
+        if self.status is not None:
+            self._show_conversions(self.status)
+
     def set_model(self, info: ModelInfo) -> None:
+        self._conversions_before = 0  # a new context counts from nought
         self.memory = info.memory
         weights = placed((p.place, p.weights) for p in self.memory) or fmt_bytes(info.file_size)
         self.weights_label.setText(f"{weights} ({info.name})")
@@ -131,10 +141,14 @@ class MemoryPanel(QWidget):
         where = placed((p.place, p.kv) for p in self.memory)
         self.kv_label.setText(f"{fmt_bytes(status.kv_bytes_used)} in use of {fmt_bytes(status.kv_bytes)}"
                               + (f": {where}" if where else ""))
-        if status.n_conversions:
-            self.conversion_label.setText(
-                f"{status.n_conversions}× (last {1000 * status.last_conversion_s:.0f} ms)"
-            )
+        self._show_conversions(status)
+
+    def _show_conversions(self, status: KvStatus) -> None:
+        if status.n_conversions < self._conversions_before:  # a context made since (a model loaded)
+            self._conversions_before = 0
+        n = status.n_conversions - self._conversions_before
+        if n:
+            self.conversion_label.setText(f"{n}× (last {1000 * status.last_conversion_s:.0f} ms)")
         elif not status.kv_mode.is_lazy:
             self.conversion_label.setText("not a lazy cache")
         else:

@@ -1,0 +1,136 @@
+"""The status bar and the lines about the context memory say what is true and stay readable (issue 45,
+defect 8): the reply's prompt figure is not replaced by the snapshot's notice, a long message is
+shortened with "…", "Compacted" counts the chat on screen's own steps, and a chat resumed from its
+snapshot gets no line saying that it did not fit. On the fake engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pytestqt.qtbot import QtBot
+
+from lazykv.core.engine.types import ConversionEvent, KvRestoreError
+from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
+from tests.qt.conftest import FakeWindow
+from tests.qt.fake_engine import FakeSession
+from tests.qt.helpers import WAIT_MS, chat, saved_then_new_chat, settle
+
+
+def test_the_prompt_figure_stays_while_the_snapshot_notice_shows_beside_it(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    """"Prompt N tokens, M reused from the cache" was replaced within 100 ms by "Saved: snapshot…"."""
+    w = fake_window()
+    with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
+        chat(qtbot, w, "Hello there")
+    settle(qtbot, w)
+    bar = w.statusBar()
+    assert bar.currentMessage().startswith("Prompt ") and "reused from the cache" in bar.currentMessage()
+    notice = bar.findChild(type(w.model_label), "status-notice")
+    assert notice is not None and notice.isVisible() and notice.text().startswith("Saved: snapshot of ")
+    assert notice.geometry().right() < w.model_label.geometry().left()  # beside it, apart from the model's
+
+
+def test_a_long_message_is_shortened_with_an_ellipsis_and_whole_in_the_tooltip(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    w = fake_window()
+    w.resize(700, 500)
+    bar = w.statusBar()
+    text = "Re-read from the transcript (4,096 tokens in 12.3 s) because " + "the snapshot was refused " * 8
+    bar.showMessage(text)
+    qtbot.wait(20)
+    shown = bar.shown_message()
+    assert shown.endswith("…") and text.startswith(shown[:-1].rstrip()), shown
+    assert bar.fontMetrics().horizontalAdvance(shown) <= bar.message_rect().width()
+    assert bar.message_rect().right() < w.model_label.geometry().left()
+    assert bar.toolTip() == text
+    bar.showMessage("Short")
+    assert bar.shown_message() == "Short"
+
+
+def _clear_keeping_count(fake: FakeSession) -> None:
+    """As the real engine: a context counts its conversions for its whole life, an empty cache too."""
+    def clear() -> None:
+        n = fake._kv.n_conversions
+        fake._kv = fake._empty_kv()
+        fake._kv.n_conversions = n
+
+    fake.clear_kv = clear  # type: ignore[method-assign]
+
+
+def test_compacted_counts_the_chat_on_screen_only(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    """"Compacted 2×" carried over to a new, empty chat."""
+    w = fake_window(kv_mode=KvMode.LADDER)
+    _clear_keeping_count(fake)
+    chat(qtbot, w, "Hello there")
+    for n in (1, 2):
+        with qtbot.waitSignal(w.converted, timeout=WAIT_MS):
+            w.convert_now()
+        settle(qtbot, w)
+        qtbot.waitUntil(lambda n=n: w.memory_panel.conversion_label.text().startswith(f"{n}×"),
+                        timeout=WAIT_MS)
+    w.new_chat()
+    settle(qtbot, w)
+    qtbot.waitUntil(lambda: w.kv is not None and w.kv.n_cells_used == 0, timeout=WAIT_MS)
+    assert w.kv.n_conversions == 2  # the engine's own count goes on
+    assert w.memory_panel.conversion_label.text() == "none yet"
+    chat(qtbot, w, "A new chat")
+    with qtbot.waitSignal(w.converted, timeout=WAIT_MS):
+        w.convert_now()
+    settle(qtbot, w)
+    qtbot.waitUntil(lambda: w.memory_panel.conversion_label.text().startswith("1×"), timeout=WAIT_MS)
+
+
+def _stepping_down_first(fake: FakeSession, method: str, to: Sequence[KvPhase]) -> None:
+    """The fake's ``method`` first takes the empty cache down to the rungs ``to``, reporting each step as
+    the real engine does (a restore into the rung its snapshot was saved at; a re-read that does not fit
+    the first rung)."""
+    original = getattr(fake, method)
+
+    def stepping(*args: object, **kwargs: object) -> object:
+        for target in to:
+            assert fake._listener is not None
+            for stage in (ConversionStage.START, ConversionStage.END):
+                fake._listener(ConversionEvent(stage, int(stage is ConversionStage.END), 1, 0, 0.01, target))
+        result = original(*args, **kwargs)
+        fake._kv.phase = fake._kv.target = to[-1]
+        return result
+
+    setattr(fake, method, stepping)
+
+
+def test_a_chat_resumed_from_its_snapshot_keeps_true_lines(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    """After a relaunch the chat resumed from its snapshot, and the line under it said that the context
+    memory "went to 4-bit before the conversation was read"."""
+    w = fake_window(kv_mode=KvMode.LADDER)
+    conv_id = saved_then_new_chat(qtbot, w, "A chat saved at 4-bit")
+    _stepping_down_first(fake, "restore_kv", [KvPhase.Q4_0])
+    with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS) as opened:
+        w.conversations.open(conv_id)
+    settle(qtbot, w)
+    assert opened.args[1].how == "restored"
+    labels = [m.label for m in w.conversation.markers()]
+    assert labels == ["Context memory restored from the snapshot at 4-bit"], labels
+    shown = w.transcript.toPlainText()
+    assert "before the conversation was read" not in shown and "restored from the snapshot at 4-bit" in shown
+
+
+def test_a_chat_re_read_says_what_did_not_fit(
+    qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
+) -> None:
+    """The re-read's own line is kept (issue 39's defect 6): it went down before the text was read."""
+    w = fake_window(kv_mode=KvMode.LAZY)
+    conv_id = saved_then_new_chat(qtbot, w, "A chat read again")
+    fake.restore_error = KvRestoreError("the test refuses the snapshot")
+    _stepping_down_first(fake, "rebuild_kv", [KvPhase.Q8_0])
+    with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS) as opened:
+        w.conversations.open(conv_id)
+    settle(qtbot, w)
+    assert opened.args[1].how == "rebuilt"
+    [label] = [m.label for m in w.conversation.markers()]
+    assert label.startswith("Context memory went to 8-bit before the conversation was read"), label
