@@ -379,11 +379,18 @@ class ChatFlow:
         if self.model_info is not None and self.model_info.kv_mode.is_lazy:
             self.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
 
-    def _update_compact_action(self, ready: bool) -> None:
-        """Enabled while a lazy cache in use can go one step down and no compaction is on its way (a
-        second click must not take a ladder two steps down); it says to which rung."""
-        rung = self.kv.next_rung if self.kv is not None and self.kv.n_cells_used > 0 else None
-        self.compact_action.setEnabled(ready and rung is not None and not self._compacting())
+    def _next_rung(self) -> KvPhase | None:
+        """The rung a compaction would go to, if any."""
+        return self.kv.next_rung if self.kv is not None and self.kv.n_cells_used > 0 else None
+
+    def can_compact(self) -> bool:
+        """A lazy cache in use can go one step down and no compaction is on its way (a second click must
+        not take a ladder two steps down): the compact action's check (lazykv.qt.actions)."""
+        return self._next_rung() is not None and not self._compacting()
+
+    def _update_compact_action(self) -> None:
+        """The compact action's tip says to which rung (its enabled state is the declaration's)."""
+        rung = self._next_rung()
         if rung is not None:
             tip = f"Compact the context memory to {rung.words} now"
         elif self.kv is None or not self.kv.kv_mode.is_lazy:

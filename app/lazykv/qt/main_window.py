@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, QObject, Qt, QThread, QTimer, Signal, Slot
-from PySide6.QtGui import QAction, QKeySequence, QResizeEvent
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -20,7 +20,6 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QPushButton,
     QScrollArea,
-    QToolBar,
     QVBoxLayout,
     QWidget,
 )
@@ -36,7 +35,8 @@ from lazykv.core.engine.engine import (
 from lazykv.core.history.store import Database
 from lazykv.core.idle import IDLE_DELAY_S
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
-from lazykv.qt import theme, window_state
+from lazykv.qt import actions, theme, window_state
+from lazykv.qt.about_dialog import AboutDialog
 from lazykv.qt.background import Background
 from lazykv.qt.chat_flow import ChatFlow
 from lazykv.qt.chat_input import ChatInput
@@ -132,6 +132,7 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         self._continued = ""  # the reply streaming goes on with this cut-off one
         self._conversion_from: KvStatus | None = None  # the cache's status when a conversion started
         self._models_dialog: ModelsDialog | None = None  # File > Models…, made when first opened
+        self.about_dialog: AboutDialog | None = None  # Help > About, made when first opened
         self.ops = Operations(self)
         self.background = Background(self, self.ops)
         self.background.unhandled.connect(lambda what, err: self.show_exception(f"{what} failed", err))
@@ -309,83 +310,36 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         self.statusBar().addPermanentWidget(self.model_label)
         self._build_actions()
 
-    def _action(self, text: str, slot: Any, shortcut: Any = None, tip: str = "") -> QAction:
-        action = QAction(text, self)
-        if shortcut is not None:
-            action.setShortcut(shortcut)
-        if tip:
-            action.setStatusTip(tip)
-            action.setToolTip(tip)
-        action.triggered.connect(slot)
-        return action
-
     def _build_actions(self) -> None:
-        K = QKeySequence
-        self.open_action = self._action("&Open model…", self._choose_model, K.StandardKey.Open)
-        self.models_action = self._action("&Models…", self.open_models, K("Ctrl+M"),
-                                          "Models on disk and on the Hugging Face Hub, and what fits")
-        self.info_action = self._action("Model &information…", self._show_model_info)
-        self.new_chat_action = self._action("&New chat", self.new_chat, K.StandardKey.New)
-        self.new_private_action = self._action("New &private chat", self.new_private_chat, K("Ctrl+Shift+N"),
-                                               "A new chat that is never saved (untick Private to end it)")
-        self.continue_action = self._action("C&ontinue the reply", self.continue_reply, K("Ctrl+Shift+R"),
-                                            "Go on with the last reply where it was cut off")
-        self.regenerate_action = self._action("&Regenerate", self.regenerate, K("Ctrl+R"),
-                                              "Replace the last reply with a new one")
-        self.edit_last_action = self._action("&Edit last message", self._edit_last, K("Ctrl+E"),
-                                             "Edit your last message and resend it")
-        self.copy_reply_action = self._action("&Copy last reply", self.copy_last_reply, K("Ctrl+Shift+C"))
-        self.undo_delete_action = self._action("&Undo delete", lambda: self.conversations.undo_delete(),
-                                               K.StandardKey.Undo, "Bring back the conversation deleted last")
-        self.undo_delete_action.setEnabled(False)
-        self.compact_action = self._action("Compact context &memory now", self.convert_now, None,
-                                           "Convert the lazy KV cache to 8-bit now")
-        self.settings_action = self._action("&Settings…", self._open_settings, K("Ctrl+,"))
-        self.stop_action = self._action("&Stop generating", self._stop, K(Qt.Key.Key_Escape))
-        self.search_action = self._action("&Search conversations", self._focus_search, K.StandardKey.Find)
-        self.rename_action = self._action("Re&name conversation…", self._rename_current, K(Qt.Key.Key_F2),
-                                          "Rename the conversation selected in the list, else the one on "
-                                          "screen")
-        self.shortcuts_action = self._action("&Keyboard shortcuts", self._show_shortcuts, K("Ctrl+/"))
-        quit_action = self._action("&Quit", self.close, K.StandardKey.Quit)
-
-        file_menu = self.menuBar().addMenu("&File")
-        file_menu.addAction(self.new_private_action)
-        file_menu.addSeparator()
-        file_menu.addAction(self.models_action)
-        file_menu.addAction(self.open_action)
-        self.recent_menu = file_menu.addMenu("Open &recent")
-        self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
-        file_menu.addAction(self.info_action)
-        file_menu.addSeparator()
-        file_menu.addAction(self.settings_action)
-        file_menu.addSeparator()
-        file_menu.addAction(quit_action)
-        chat_menu = self.menuBar().addMenu("&Chat")
-        for action in (self.new_chat_action, self.stop_action, self.regenerate_action, self.continue_action,
-                       self.edit_last_action, self.copy_reply_action, self.rename_action,
-                       self.undo_delete_action, self.search_action, self.compact_action):
-            chat_menu.addAction(action)
-        self.private_action = QAction("&Private chat (save nothing)", self)
-        self.private_action.setCheckable(True)
-        self.private_action.toggled.connect(lambda on: self.conversations.set_private(on))
+        """The menus and the toolbar, from the actions' declaration (lazykv.qt.actions): each declared
+        action is the window's ``<name>_action`` (the recent models' submenu ``recent_menu``)."""
+        self.declared_actions = actions.build(self)
         self.conversations_panel.new_requested.connect(self.new_chat)
-        chat_menu.addSeparator()
-        chat_menu.addAction(self.private_action)
-        view_menu = self.menuBar().addMenu("&View")
-        view_menu.addAction(self.conversations_dock.toggleViewAction())
-        view_menu.addAction(self.memory_dock.toggleViewAction())
-        self.menuBar().addMenu("&Help").addAction(self.shortcuts_action)
-
-        toolbar = QToolBar("Main", self)
-        toolbar.setObjectName("main-toolbar")
-        toolbar.setMovable(False)
-        for action in (self.new_chat_action, self.regenerate_action, self.continue_action,
-                       self.compact_action, self.settings_action):
-            toolbar.addAction(action)
-        toolbar.addAction(self.memory_dock.toggleViewAction())
-        self.addToolBar(toolbar)
         self.input.setFocus()
+
+    # the declaration's checks (ActionSpec.check) and handlers that are not methods of their own elsewhere
+
+    def engine_free(self) -> bool:
+        """No reply, no load, nothing else on its way to the engine (a snapshot save, a compaction)."""
+        return not self.engine_busy()
+
+    def has_model(self) -> bool:
+        return self.model_info is not None
+
+    def has_user_turn(self) -> bool:
+        return self.conversation.last_index("user") is not None
+
+    def has_reply(self) -> bool:
+        return self.conversation.last_index("assistant") is not None
+
+    def can_undo_delete(self) -> bool:
+        return self.conversations.can_undo_delete
+
+    def _undo_delete(self) -> None:
+        self.conversations.undo_delete()
+
+    def _set_private(self, on: bool) -> None:
+        self.conversations.set_private(on)
 
     def _start_worker(self, session: EngineSession | None) -> None:
         self._thread = QThread(self)
@@ -421,8 +375,9 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
 
     @Slot(str)
     def _on_undo_changed(self, title: str) -> None:
-        self.undo_delete_action.setEnabled(bool(title))
-        self.undo_delete_action.setText(f"&Undo delete of “{title}”" if title else "&Undo delete")
+        spec = actions.ACTIONS_BY_NAME["undo_delete"]
+        self.undo_delete_action.setEnabled(actions.enabled(self, spec, self._state))
+        self.undo_delete_action.setText(f"&Undo delete of “{title}”" if title else spec.title)
 
     @Slot(bool)
     def _on_private_changed(self, private: bool) -> None:
@@ -437,24 +392,13 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         self._state = state
         ready = state is UiState.READY
         idle = state in (UiState.NO_MODEL, UiState.READY)
-        engine_free = not self.engine_busy()  # idle, and e.g. no snapshot being saved, no compaction
+        actions.update_enabled(self, state)  # the menus and the toolbar, as their declaration says
         self.send_button.setEnabled(ready)
         self.stop_button.setEnabled(state is UiState.REPLYING)
-        self.stop_action.setEnabled(state is UiState.REPLYING)
-        self.open_action.setEnabled(engine_free)
-        self.recent_menu.setEnabled(engine_free)
-        self.new_chat_action.setEnabled(idle)
-        self.new_private_action.setEnabled(idle)
-        self.settings_action.setEnabled(engine_free)
         self.system_edit.setReadOnly(not idle)
         self.transcript.actions_enabled = ready
-        self.regenerate_action.setEnabled(ready and self._ends_with_reply())
-        self.continue_action.setEnabled(ready and self.can_continue())
         self._update_versions_bar()
-        self.edit_last_action.setEnabled(ready and self.conversation.last_index("user") is not None)
-        self.copy_reply_action.setEnabled(self.conversation.last_index("assistant") is not None)
-        self._update_compact_action(ready)
-        self.info_action.setEnabled(self.model_info is not None)
+        self._update_compact_action()
         # deleting a conversation while its snapshot is written would orphan the file (issue 16)
         self.conversations_panel.set_saving(
             {r.conv_id for r in self.engine.pending() if isinstance(r, SaveSnapshot)})
@@ -504,9 +448,15 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
 
     @Slot()
     def _show_shortcuts(self) -> None:
-        dialog = ShortcutsDialog(self.findChildren(QAction), self)
+        dialog = ShortcutsDialog(self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
+
+    @Slot()
+    def _show_about(self) -> None:
+        if self.about_dialog is None:  # made when first opened; it asks the engine's facts once
+            self.about_dialog = AboutDialog(self.background, self)
+        self.about_dialog.open()
 
     @Slot()
     def _sample_memory(self) -> None:
