@@ -1,11 +1,17 @@
 """A conversation exported to a file (Markdown or JSON) and a JSON export imported, for
-``Conversations``: the file choosers here, the formats in core (``lazykv.core.history.exchange``)."""
+``Conversations``: the file choosers here, the formats in core (``lazykv.core.history.exchange``).
+
+Export suggests the user's documents folder (the home folder where there is none) and the chat's
+title as the file's name, made safe for every file system."""
 
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from pathlib import Path
 
+from PySide6.QtCore import QStandardPaths
 from PySide6.QtWidgets import (
     QFileDialog,
 )
@@ -18,6 +24,44 @@ from lazykv.core.history.records import (
 from lazykv.core.history.store import Store
 from lazykv.core.kinds import ExportFormat
 
+EXPORT_NAME_MAX_CHARS = 80  # a suggested file name (a chat's title) is cut to this, before its suffix
+EXPORT_NAME_MAX_BYTES = 200  # and to this in UTF-8: file systems take 255 bytes a name
+EXPORT_FALLBACK_NAME = "conversation"  # for a title with nothing usable in a file name
+# characters no file name may hold on Windows (and "/" nowhere), read as a space
+_FORBIDDEN = re.compile(r'[/\\:*?"<>|]')
+# names Windows keeps for devices, whatever the extension ("con.md" opens the console)
+_RESERVED = frozenset({"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)),
+                       *(f"lpt{i}" for i in range(10))})
+
+
+def safe_file_name(title: str | None) -> str:
+    """``title`` as a file name (without suffix) every file system takes: no slashes, reserved
+    characters or control characters, no leading or trailing dots or spaces, no device name, at most
+    EXPORT_NAME_MAX_CHARS characters and EXPORT_NAME_MAX_BYTES bytes."""
+    text = "".join(" " if _unsafe(c) else c for c in title or "")
+    text = " ".join(_FORBIDDEN.sub(" ", text).split())[:EXPORT_NAME_MAX_CHARS]
+    while len(text.encode("utf-8")) > EXPORT_NAME_MAX_BYTES:
+        text = text[:-1]
+    text = text.strip(" .")
+    if not text:
+        return EXPORT_FALLBACK_NAME
+    if text.split(".", 1)[0].strip().lower() in _RESERVED:
+        text = f"_{text}"  # the device name is whatever comes before the first dot
+    return text
+
+
+def _unsafe(c: str) -> bool:
+    """A control, format (a bidirectional override: a name that reads backwards), surrogate or
+    separator character; the joiners that some scripts and emoji need stay."""
+    kind = unicodedata.category(c)
+    return kind in ("Cc", "Cs", "Zl", "Zp", "Zs") or (kind == "Cf" and c not in "\u200c\u200d")
+
+
+def export_folder() -> Path:
+    """The user's documents folder, or the home folder where it does not exist."""
+    docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+    return Path(docs) if docs and Path(docs).is_dir() else Path.home()
+
 
 class ConversationFiles:
     """The export and import part of ``Conversations`` (mixed into it: it uses its dialogs' parent and
@@ -25,10 +69,15 @@ class ConversationFiles:
 
     def export(self, conv_id: int, fmt: ExportFormat) -> None:
         path, _ = QFileDialog.getSaveFileName(
-            self._dialogs, "Export conversation", f"conversation{fmt.suffix}", fmt.file_filter
+            self._dialogs, "Export conversation", str(self.export_suggestion(conv_id, fmt)), fmt.file_filter
         )
         if path:
             self.export_to(conv_id, fmt, Path(path))
+
+    def export_suggestion(self, conv_id: int, fmt: ExportFormat) -> Path:
+        """Where Export offers to write: the documents folder, the chat's title as the name."""
+        name = safe_file_name(self.host.conversations_panel.title(conv_id))
+        return export_folder() / f"{name}{fmt.suffix}"
 
     def export_to(self, conv_id: int, fmt: ExportFormat, path: Path) -> None:
         def job(store: Store) -> Path:

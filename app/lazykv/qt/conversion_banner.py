@@ -4,11 +4,11 @@ after), or re-reading a conversation, which can be stopped."""
 from __future__ import annotations
 
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
 
-from lazykv.core.engine.engine import ConversionEvent, KvStatus
+from lazykv.core.engine.types import ConversionEvent, KvStatus
 from lazykv.core.kinds import ConversionStage
-from lazykv.qt.notice_banner import banner_style
+from lazykv.qt.notice_banner import Banner
 
 SHOW_DONE_MS = 2500  # the finished note stays this long (a conversion itself often takes < 100 ms)
 
@@ -35,15 +35,14 @@ def marker_label(event: ConversionEvent, during_reply: bool = False, before: KvS
     return f"Context compacted to {event.target.words} {where} (at token {event.n_cells})"
 
 
-class ConversionBanner(QFrame):
+class ConversionBanner(Banner):
     """Progress of a long engine task; ``stop_requested`` when its Stop button is pressed (only shown
     for tasks that can stop: re-reading a conversation)."""
 
     stop_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        banner_style(self, "conversion-banner")
+        super().__init__("conversion-banner", parent)
         self.label = QLabel()
         self.bar = QProgressBar()
         self.bar.setRange(0, 100)

@@ -3,8 +3,10 @@
 markdown-it-py parses, Pygments highlights fenced code (inline styles: Qt has no style sheets for
 classes). Raw HTML in the source is never passed through (``html=False``): a model, an import or a
 title that writes ``<b>`` or ``<img>`` shows those characters. Each code block gets a "Copy" link
-``lazykv-copy:<message>/<block>``; the code itself is returned next to the HTML. Markers (e.g. "8-bit
-KV from here") are given apart from the text, as offsets: nothing a text holds is read as a marker.
+``lazykv-copy:<message>/<block>``; the code itself is returned next to the HTML. A code line wider
+than the message wraps, its continuation indented: the transcript never scrolls sideways. Markers
+(e.g. "8-bit KV from here") are given apart from the text, as offsets: nothing a text holds is read
+as a marker.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ _preloaded = threading.Event()
 # those only the ones the text being rendered does not contain (see _free_slots)
 _SLOT_RANGES = (range(0xE000, 0xF900), range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE))
 _TAG = re.compile(r"<[^>]*>")  # a tag of the rendered HTML (the text's own "<" is escaped)
+# a code block is never wider than the message: a line longer than the view wraps (spaces kept,
+# anywhere in a long word), its continuation indented under the line's own indentation plus this many
+# columns, so that it is not taken for a line of its own. The text is unchanged: a copy or a
+# selection gives the line whole.
+CODE_WRAP_INDENT_COLUMNS = 4
+TAB_COLUMNS = 4  # a tab in code: the transcript's tab stops are this many columns apart
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class Palette:
     marker_background: str
     pygments_style: str
     mono_family: str = "monospace"
+    mono_column_px: float = 8.0  # the width of one column of code (the transcript measures its font's)
 
 
 LIGHT = Palette("#1f2328", "#6b7280", "#0969da", "#f6f8fa", "#d0d7de", "#9a6700", "#fff8c5", "default")
@@ -164,6 +173,10 @@ class MarkdownRenderer:
             lexer = TextLexer()
         lexer.stripnl = False
         highlighted = highlight(code, lexer, self._formatter).rstrip("\n")
+        lines = highlighted.split("\n")  # Pygments closes its spans at each line's end
+        sources = code.split("\n")
+        if len(lines) != len(sources):  # a lexer that changed the lines: one block, no indentation read
+            lines, sources = [highlighted], [""]
         label = html.escape(language) if language else "code"
         marks = "".join(found)  # the placeholders, after the block: render() makes them markers
         return (
@@ -172,9 +185,34 @@ class MarkdownRenderer:
             f'<tr><td><span style="color:{p.muted}; font-size: small">{label}</span></td>'
             f'<td align="right"><a href="{COPY_SCHEME}:{env["message"]}/{block}" '
             f'style="color:{p.link}; text-decoration: none">Copy</a></td></tr>'
-            f'<tr><td colspan="2"><pre style="font-family: \'{p.mono_family}\'; margin: 0; color:{p.text}">'
-            f"{highlighted}</pre></td></tr></table>{marks}\n"
+            f'<tr><td colspan="2">{self._code_lines(lines, sources)}</td></tr></table>{marks}\n'
         )
+
+    def _code_lines(self, lines: list[str], sources: list[str]) -> str:
+        """A code block's lines (HTML, and as written), each a paragraph of its own where it wraps
+        with its continuation indented under it; a blank line goes with the line before it (Qt
+        leaves out an empty paragraph), those at the start with the first line."""
+        chunks: list[tuple[list[str], str]] = []  # (its lines' HTML, the line its indentation is read from)
+        first_blank: list[str] = []  # blank lines before the first that is not
+        for line_html, source in zip(lines, sources, strict=True):
+            if source.strip():
+                chunks.append(([*first_blank, line_html], source))
+                first_blank = []
+            else:
+                (chunks[-1][0] if chunks else first_blank).append(line_html)
+        if first_blank:  # nothing but blank lines
+            chunks.append((first_blank, ""))
+        return "".join(self._code_chunk("\n".join(part), source) for part, source in chunks)
+
+    def _code_chunk(self, part_html: str, source: str) -> str:
+        """Lines of code as one paragraph, indented as ``source``; continuations of a wrapped line
+        CODE_WRAP_INDENT_COLUMNS more. (Qt drops a newline at the start and the end of a <pre>.)"""
+        p = self.palette
+        lead = source[:len(source) - len(source.lstrip(" \t"))]
+        columns = lead.count(" ") + TAB_COLUMNS * lead.count("\t") + CODE_WRAP_INDENT_COLUMNS
+        indent = round(columns * p.mono_column_px)
+        return (f'<pre style="font-family: \'{p.mono_family}\'; margin: 0; white-space: pre-wrap; '
+                f'margin-left: {indent}px; text-indent: -{indent}px; color:{p.text}">\n{part_html}\n</pre>')
 
     def _code_inline(self, tokens, idx, options, env) -> str:  # noqa: ANN001
         p = self.palette

@@ -1,20 +1,52 @@
 """A non-modal notice: a plain sentence with choices as buttons instead of a modal question (the
-chat goes on meanwhile), and the look the window's banners share."""
+chat goes on meanwhile), and the look the window's banners share: colours from the theme
+(``theme.banner_colours``), followed when it changes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtCore import QEvent, Qt
+from PySide6.QtWidgets import (
+    QApplication,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
+
+from lazykv.qt.theme import BannerColours, banner_colours
 
 
-def banner_style(frame: QFrame, name: str) -> None:
-    frame.setObjectName(name)
-    frame.setStyleSheet(
-        f"#{name} {{ background: #fff8c5; border: 1px solid #d4a72c; border-radius: 4px; }}"
-        f"#{name} QLabel {{ color: #1f2328; }}"  # readable on the yellow in a dark theme too
-    )
+class Banner(QFrame):
+    """A strip across the chat in the theme's banner colours (light or dark, as the window is)."""
+
+    def __init__(self, name: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName(name)
+        self._colours: BannerColours | None = None
+        self._restyle()
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._restyle()
+
+    def _restyle(self) -> None:
+        # the application's palette: the theme's (the frame's own is coloured by its style sheet)
+        colours = banner_colours(QApplication.palette())
+        if colours == self._colours:
+            return
+        self._colours = colours
+        name = self.objectName()
+        self.setStyleSheet(
+            f"#{name} {{ background: {colours.background}; border: 1px solid {colours.border}; "
+            f"border-radius: 4px; }}"
+            f"#{name} QLabel {{ color: {colours.text}; }}"
+        )
 
 
 def wrap_without_widening(label: QLabel) -> None:
@@ -27,15 +59,14 @@ def wrap_without_widening(label: QLabel) -> None:
 Choice = tuple[str, Callable[[], None]]  # a button's text, what it does
 
 
-class NoticeBanner(QFrame):
+class NoticeBanner(Banner):
     """A plain sentence with choices as buttons, instead of a modal question: nothing waits for it.
 
     A choice hides the banner, then runs; "Details" shows the technical text under the sentence;
     "Dismiss" hides it and chooses nothing."""
 
     def __init__(self, name: str, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        banner_style(self, name)
+        super().__init__(name, parent)
         self.label = QLabel()
         self.label.setTextFormat(Qt.TextFormat.PlainText)
         self.details = QLabel()

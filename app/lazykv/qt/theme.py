@@ -2,10 +2,13 @@
 
 "system" keeps the palette Qt got from the platform (GNOME/KDE colour scheme, Windows and macOS
 dark mode). "light" and "dark" switch to the Fusion style with a palette of their own, the same on
-every desktop. Widgets that draw their own colours (the transcript) follow palette changes.
+every desktop. Widgets that draw their own colours (the transcript, the banners) follow palette
+changes.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication, QStyleFactory
@@ -28,6 +31,20 @@ DARK_SHEET = (
     "QCheckBox::indicator:checked { background: #3d6fb6; border-color: #8ab4f8; }"
     "QCheckBox::indicator:disabled { border-color: #5f6368; }"
 )
+
+
+@dataclass(frozen=True)
+class BannerColours:
+    """A banner's (notice_banner.py) colours: a pale yellow in a light theme, a dark amber in a dark one
+    (a bright yellow strip glares in a dark window); text on it at a contrast of at least 4.5:1."""
+
+    background: str
+    border: str
+    text: str
+
+
+LIGHT_BANNER = BannerColours("#fff8c5", "#d4a72c", "#1f2328")
+DARK_BANNER = BannerColours("#3a3120", "#8a6d1f", "#f2e8cf")
 _DISABLED_DARK = {QPalette.ColorRole.Text: "#6b6f76", QPalette.ColorRole.ButtonText: "#6b6f76",
                   QPalette.ColorRole.WindowText: "#6b6f76"}
 
@@ -66,3 +83,8 @@ def dark_palette() -> QPalette:
 
 def is_dark(palette: QPalette) -> bool:
     return palette.color(QPalette.ColorRole.Base).lightness() < 128
+
+
+def banner_colours(palette: QPalette) -> BannerColours:
+    """The banners' colours for a window with ``palette``."""
+    return DARK_BANNER if is_dark(palette) else LIGHT_BANNER

@@ -22,16 +22,27 @@ from PySide6.QtGui import (
     QColor,
     QContextMenuEvent,
     QDesktopServices,
+    QFont,
     QFontDatabase,
+    QFontMetricsF,
     QGuiApplication,
     QTextCursor,
     QTextFrame,
     QTextFrameFormat,
+    QTextOption,
 )
 from PySide6.QtWidgets import QMenu, QTextBrowser, QWidget
 
 from lazykv.core.chat.conversation import Marker, ReplyStats
-from lazykv.qt.markdown import COPY_SCHEME, DARK, LIGHT, MarkdownRenderer, Palette, preload_lexers
+from lazykv.qt.markdown import (
+    COPY_SCHEME,
+    DARK,
+    LIGHT,
+    TAB_COLUMNS,
+    MarkdownRenderer,
+    Palette,
+    preload_lexers,
+)
 from lazykv.qt.theme import is_dark
 
 ROLE_LABELS = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -42,6 +53,7 @@ _BACKGROUNDS = {
 RENDER_INTERVAL_MS = 80  # a streaming reply is re-rendered at most this often
 STEP_BUDGET_S = 0.006  # rendering work per event-loop turn when filling the view or loading older ones
 STEP_PAUSE_MS = 1  # between two steps: the events that came meanwhile run first
+MIN_HEIGHT = 200  # px: the smallest window (its banners shown) still shows a few lines of the chat
 PLAIN_OVER_CHARS = 60_000  # longer messages are shown as typed: parsing them would stall the GUI
 _LINK_SCHEMES = {"http", "https", "mailto"}
 
@@ -75,6 +87,9 @@ class TranscriptView(QTextBrowser):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.document().setDocumentMargin(10)
+        self.setMinimumHeight(MIN_HEIGHT)  # the window's minimum size grows to keep it
+        # a long word or code line wraps (markdown.py): every message is the view's width
+        self.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
         self.setOpenLinks(False)
         self.anchorClicked.connect(self._on_link)
         self._messages: list[_Message | Mapping[str, str]] = []
@@ -298,7 +313,7 @@ class TranscriptView(QTextBrowser):
 
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
-        if event.type() == QEvent.Type.PaletteChange:
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.FontChange):  # colours, code's columns
             self._apply_palette()
             self._reset_document()
             self._render_older_step(fill_only=True)
@@ -306,7 +321,11 @@ class TranscriptView(QTextBrowser):
     def _apply_palette(self) -> None:
         base = DARK if is_dark(self.palette()) else LIGHT
         mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont).family()
-        self._colours = Palette(**{**base.__dict__, "mono_family": mono})
+        code_font = QFont(self.font())  # the size code is shown at: the document's, in the mono family
+        code_font.setFamily(mono)
+        column = QFontMetricsF(code_font).horizontalAdvance(" ")
+        self.setTabStopDistance(TAB_COLUMNS * column)
+        self._colours = Palette(**{**base.__dict__, "mono_family": mono, "mono_column_px": column})
         self._backgrounds = _BACKGROUNDS[base]
         self._renderer = MarkdownRenderer(self._colours)
 

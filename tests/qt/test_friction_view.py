@@ -1,0 +1,102 @@
+"""The friction a new user hit (issue 45), in the window's look: a wide code block scrolled the whole
+transcript sideways, the dark theme kept glaring yellow banners, the smallest window left a sliver of
+transcript."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QApplication
+from pytestqt.qtbot import QtBot
+
+from lazykv.qt import theme
+from lazykv.qt.conversion_banner import ConversionBanner
+from lazykv.qt.notice_banner import NoticeBanner
+from lazykv.qt.transcript import TranscriptView
+from tests.qt.conftest import FakeWindow
+
+CODE_LINE = ("values = [" + ", ".join(f"{i:03d}" for i in range(100)))[:399] + "]"  # 400 characters
+CODE_WORD = "x" * 400  # no space to wrap at
+TRANSCRIPT_MIN = 200  # px: the transcript's height at the window's smallest
+
+
+def test_a_wide_code_block_wraps_inside_its_message_and_stays_whole(qtbot: QtBot) -> None:
+    assert len(CODE_LINE) == 400
+    view = TranscriptView()
+    qtbot.addWidget(view)
+    view.resize(700, 500)
+    view.show()
+    qtbot.waitExposed(view)
+    text = f"Two:\n\n```python\n{CODE_LINE}\n    done()\n```\n\n```\n{CODE_WORD}\n```\n"
+    view.add_message("assistant", text)
+    QApplication.processEvents()
+
+    width = view.viewport().width()
+    assert view.horizontalScrollBar().maximum() == 0  # the transcript does not scroll sideways
+    assert view.document().size().width() <= width
+    layout = view.document().documentLayout()
+    messages = view.document().rootFrame().childFrames()
+    assert messages and all(layout.frameBoundingRect(f).right() <= width for f in messages)
+    # the code is all there: wrapped on screen, whole in the text, a copy and the Copy link
+    assert view.code_blocks(0) == [f"{CODE_LINE}\n    done()", CODE_WORD]
+    text = view.toPlainText()
+    assert CODE_LINE in text and CODE_WORD in text and "\n    done()" in text
+    for code in (CODE_LINE, CODE_WORD):  # wrapped in lines, each continuation indented under the first
+        block = view.document().find(code[:40]).block()
+        assert block.text() == code
+        lines = [block.layout().lineAt(i) for i in range(block.layout().lineCount())]
+        assert len(lines) > 1 and all(line.x() > lines[0].x() for line in lines[1:])
+        assert sum(line.textLength() for line in lines) == len(code)
+
+
+def _luminance(colour: QColor) -> float:
+    def linear(c: float) -> float:
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    return 0.2126 * linear(colour.redF()) + 0.7152 * linear(colour.greenF()) + 0.0722 * linear(colour.blueF())
+
+
+def contrast(a: QColor, b: QColor) -> float:
+    """WCAG 2 contrast ratio."""
+    light, dark = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+@pytest.mark.parametrize("name", ["light", "dark"])
+def test_banners_take_their_colours_from_the_theme(qtbot: QtBot, name: str) -> None:
+    app = QApplication.instance()
+    notice, conversion = NoticeBanner("test-banner"), ConversionBanner()
+    notice.show_choices("The history could not be opened.", [("Retry", lambda: None)])
+    conversion.show_progress("Reading the conversation again… 40%", 0.4)
+    try:
+        # made before the switch: a banner follows the theme while it is shown
+        theme.apply(app, "dark" if name == "light" else "light")
+        theme.apply(app, name)
+        for banner in (notice, conversion):
+            qtbot.addWidget(banner)
+            banner.resize(500, banner.sizeHint().height())
+            image = banner.grab().toImage()
+            background = image.pixelColor(3, banner.height() // 2)  # inside the border, before the text
+            text = banner.label.palette().color(banner.label.foregroundRole())
+            window = app.palette().color(app.palette().ColorRole.Window)
+            assert (background.lightness() < 128) == (window.lightness() < 128) == (name == "dark"), (
+                background.name(), window.name())
+            assert contrast(text, background) >= 4.5, (text.name(), background.name())
+    finally:
+        theme.apply(app, "system")
+
+
+def test_the_smallest_window_keeps_room_for_the_transcript(qtbot: QtBot, fake_window: FakeWindow) -> None:
+    w = fake_window()
+    w.history_notice.show_choices("The history is locked.", [("Unlock…", lambda: None)], details="why")
+    w.demo_notice.show_choices("This is the small demo model.", [])
+    w.banner.show_progress("Reading the conversation again… 40%", 0.4, can_stop=True)
+    for shown in (True, False):
+        for banner in (w.history_notice, w.demo_notice, w.banner):
+            banner.setVisible(shown)
+        # the window's minimum follows the banners shown (a layout request a level at a time)
+        qtbot.waitUntil(lambda: w.minimumSize() == w.minimumSizeHint())
+        w.resize(1, 1)
+        QApplication.processEvents()
+        assert w.size() == w.minimumSize(), (w.size(), w.minimumSize())  # as small as it goes
+        assert w.transcript.height() >= TRANSCRIPT_MIN, (shown, w.transcript.height(), w.size())
