@@ -192,6 +192,8 @@ class FakeSession:
         with self.cancellable(cancel):
             try:
                 self._step()
+                if self.reply_error is not None:
+                    raise self.reply_error
                 self._kv.tokens = tokens
                 for piece in self.reply:
                     self._step()

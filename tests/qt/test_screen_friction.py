@@ -169,7 +169,7 @@ def test_a_reply_cut_off_can_be_continued_where_it_stopped(
     settle(qtbot, w)
     assert fake.calls.count("continue") == 1
     assert w.conversation.turns()[-1]["content"] == "Red is warm and bright."
-    assert w.conversation.versions(1) == ["Red is", "Red is warm and bright."]  # the cut one is kept
+    assert w.conversation.versions(1) == ["Red is warm and bright."]  # in place: no second version
     assert "Red is warm and bright." in w.transcript.toPlainText()
     assert not w.continue_action.isEnabled()  # it ended by itself
     assert stored(w)[0][1][-1]["content"] == "Red is warm and bright."

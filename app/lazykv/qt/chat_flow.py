@@ -14,6 +14,8 @@ from PySide6.QtWidgets import (
     QPushButton,
 )
 
+from lazykv.core.chat import turns
+from lazykv.core.chat.turns import PendingReply
 from lazykv.core.engine.engine import (
     ConversionEvent,
     KvStatus,
@@ -97,19 +99,16 @@ class ChatFlow:
         """Replace the last reply with a new one (the cache keeps the prompt up to it)."""
         if self._state is not UiState.READY or not self._ends_with_reply():
             return
-        self.conversation.take_back_reply()  # the new reply joins it as one more version
+        pending = turns.begin_regenerate(self.conversation)  # the new reply joins it as one more version
         self._rerender()
-        self._request_reply()
+        self._request_reply(pending)
 
     def show_version(self, step: int) -> None:
         """Page the last reply ``step`` versions back or on (1/3 ‹ ›): the chat continues from the
         version shown, which is saved as the reply."""
-        if self._state is not UiState.READY or not self._ends_with_reply():
+        if self._state is not UiState.READY:
             return
-        index = len(self.conversation) - 1
-        number = self.conversation.version_shown(index) + step
-        if 0 <= number < len(self.conversation.versions(index)):
-            self.conversation.choose_version(number)
+        if turns.page_version(self.conversation, step):
             self._rerender()
             self.conversations.persist(snapshot=False)
             # the cache, and so the context indicator, follow the version shown (its snapshot too)
@@ -158,23 +157,25 @@ class ChatFlow:
         self.versions_bar.hide()
 
     def _update_versions_bar(self) -> None:
-        index = len(self.conversation) - 1
-        versions = self.conversation.versions(index) if self._ends_with_reply() else []
-        self.versions_bar.setVisible(len(versions) > 1)
-        if len(versions) > 1:
-            number = self.conversation.version_shown(index)
-            self.versions_label.setText(f"Reply {number + 1}/{len(versions)}")
+        number, count = turns.versions_shown(self.conversation)
+        self.versions_bar.setVisible(count > 1)
+        if count > 1:
+            self.versions_label.setText(f"Reply {number + 1}/{count}")
             ready = self._state is UiState.READY
             self.previous_version.setEnabled(ready and number > 0)
-            self.next_version.setEnabled(ready and number < len(versions) - 1)
+            self.next_version.setEnabled(ready and number < count - 1)
 
     def _ends_with_reply(self) -> bool:
-        n = len(self.conversation)
-        return n > 0 and self.conversation.last_index("assistant") == n - 1
+        return turns.ends_with_reply(self.conversation)
 
-    def _rerender(self) -> None:
-        self.transcript.show_messages(self.conversation.shown(), self.conversation.markers(),
-                                      self.conversation.stats(), self.conversation.first_sent)
+    def _rerender(self, but_last: bool = False) -> None:
+        """The transcript shown again from the conversation (``but_last``: without its last turn, a reply
+        that is streamed again to go on with it)."""
+        shown, markers = self.conversation.shown(), self.conversation.markers()
+        if but_last:
+            shown = shown[:-1]
+            markers = [m for m in markers if m.message_index < len(shown)]
+        self.transcript.show_messages(shown, markers, self.conversation.stats(), self.conversation.first_sent)
         self._update_versions_bar()
 
     def _system_prompt_edited(self) -> None:
@@ -198,37 +199,31 @@ class ChatFlow:
         self.transcript.follow_end()  # scrolled up: the new turn and its reply come into sight
         self.transcript.add_message("user", text)
         self.conversations.persist(snapshot=False)
-        self._request_reply()
+        self._request_reply(PendingReply())
 
     def can_continue(self) -> bool:
         """The last reply was cut off (a length limit, Stop, the app closed) and can go on."""
-        if not self._ends_with_reply():
-            return False
-        stats = self.conversation.stats().get(len(self.conversation) - 1)
-        return stats is not None and stats.note.startswith("Reply stopped")
+        return turns.can_continue(self.conversation)
 
     def continue_reply(self) -> None:
-        """Go on with a reply that was cut off: what follows is added to it (the cut one stays as the
-        reply's previous version)."""
+        """Go on with a reply that was cut off: what follows is added to it, in place (the same
+        version, its figures both parts'); it is streamed again from its start while it goes on."""
         if self._state is not UiState.READY or not self.can_continue():
             return
-        cut = self.conversation.turns()[-1]["content"]
-        self.conversation.take_back_reply()
-        self._rerender()
-        self._request_reply(continue_from=cut)
+        pending = turns.begin_continue(self.conversation)
+        self._rerender(but_last=True)
+        self._request_reply(pending)
 
-    def _request_reply(self, continue_from: str = "") -> None:
-        self._reply_markers, self._reply_text = [], continue_from
-        self._continued = continue_from
+    def _request_reply(self, pending: PendingReply) -> None:
+        self._replying = pending
         self.reply_clock = ReplyClock()
         self.transcript.begin_reply()
-        self.transcript.append_to_reply(continue_from)
+        self.transcript.append_to_reply(pending.continued)
         self._set_state(UiState.REPLYING)
         self.input.setFocus()  # a clicked Send button is disabled now: Qt would move focus elsewhere
         self.statusBar().showMessage("Generating…")
         messages, options = self.conversation.messages(), self.reply_options()
-        if continue_from:
-            messages.append({"role": "assistant", "content": continue_from})
+        if pending.continuing:  # the conversation sent ends with the reply cut off
             options = replace(options, continue_last=True)
         self._reply = request = Reply(messages, self.sampling(), options)
         self._drop_oldest_once = False
@@ -244,7 +239,7 @@ class ChatFlow:
 
     def _reply_abandoned(self) -> None:
         """The reply's chat was replaced meanwhile (e.g. deleted): its answer goes nowhere."""
-        self._reply = None
+        self._reply, self._replying = None, PendingReply()
         self.transcript.end_reply()
         self._set_state(self._idle_state())
 
@@ -263,41 +258,29 @@ class ChatFlow:
             self.statusBar().showMessage("Stopping…")
 
     def _on_token(self, piece: str) -> None:
-        self._reply_text += piece
+        self._replying.add(piece)
         self.reply_clock.token()
         self.transcript.append_to_reply(piece)
 
     def _on_reply_finished(self, result: ReplyResult) -> None:
         self._reply = None
-        continued, self._continued = self._continued, ""
-        if not result.text and self.conversation.regenerating:
-            why = ("stopped before it began" if result.cancelled
-                   else _how_it_ended(result, self.reply_options().max_tokens) or "the model wrote nothing")
+        pending, self._replying = self._replying, PendingReply()
+        end = turns.finish_reply(self.conversation, pending, result.text, result.finish_reason,
+                                 result.dropped, self.reply_clock.stats(), self.reply_options().max_tokens)
+        if end.kept:  # a regenerate, or a continue, that wrote nothing: the reply is as it was
             self._keep_the_earlier_reply()
             self._set_state(UiState.READY)
-            self.statusBar().showMessage(f"No new reply ({why}): the earlier reply is kept", 10_000)
+            if pending.continuing:
+                self.statusBar().showMessage(f"Nothing was added ({end.kept}): the reply is kept", 10_000)
+            else:
+                self.statusBar().showMessage(f"No new reply ({end.kept}): the earlier reply is kept", 10_000)
             self._maybe_schedule_idle_conversion()
             self.reply_finished.emit(result)
             return
-        if continued:  # the reply so far, and what followed it
-            result = replace(result, text=continued + result.text)
-        notes = []
-        if result.dropped:
-            n = sum(1 for m in result.dropped if m["role"] != "system")
-            self.conversation.forget_oldest(n)
-            notes.append(f"context full: the {n} oldest messages were dropped to make room")
-        if ended := _how_it_ended(result, self.reply_options().max_tokens):
-            notes.append(ended)
-        note = "; ".join(notes)
-        stats = self.reply_clock.stats()
-        stats = replace(stats, note=note) if stats is not None else None
-        if result.text:
-            self.conversation.add("assistant", result.text)
-            if stats is not None:
-                self.conversation.set_stats(len(self.conversation) - 1, stats)
-        for label in self._reply_markers:  # under the reply (under the user's message if it has none)
-            self._add_marker(label)
+        notes, note, stats = list(end.notes), end.note, end.stats
         self.transcript.end_reply(note or None, stats.summary() if stats else None)
+        if pending.continuing:  # the whole reply again, with its own lines from before it was cut
+            self._rerender()
         self.transcript.set_left_out(self.conversation.first_sent)  # the turns dropped: greyed
         self._set_state(UiState.READY)
         self.conversations.persist(snapshot=True)
@@ -317,23 +300,27 @@ class ChatFlow:
         self._drop_oldest_once = False  # not sent (e.g. the box was empty): the setting applies again
 
     def _on_reply_failed(self, failure: Failure) -> None:
-        """Stopped before anything was read: a reply with no text. A regenerate that failed: the earlier
-        reply stays. Refused: take the turn back (drop the user's message from the transcript and the
-        database, return it to the input)."""
+        """Stopped before anything was read: a reply with no text. A regenerate or a continue that
+        failed: the reply stays as it was. Refused: take the turn back (drop the user's message from the
+        transcript and the database, return it to the input)."""
         if failure.cancelled:
             self._on_reply_finished(ReplyResult("", FinishReason.CANCELLED, 0, 0))
             return
         self._reply = None
-        self._continued = ""
-        if self.conversation.regenerating:
+        pending, self._replying = self._replying, PendingReply()
+        failed = turns.undo_reply(self.conversation, pending)
+        if pending.regenerate or pending.continuing:
             self._keep_the_earlier_reply()
             self._set_state(self._idle_state())
-            self.show_error("No new reply was written", f"{failure.message} The earlier reply is kept; "
-                            "Regenerate tries again.", failure.details)
+            if pending.continuing:
+                self.show_error("The reply was not continued", f"{failure.message} The reply is kept as it "
+                                "was; Continue tries again.", failure.details)
+            else:
+                self.show_error("No new reply was written", f"{failure.message} The earlier reply is kept; "
+                                "Regenerate tries again.", failure.details)
             self.reply_failed.emit(failure)
             return
-        if len(self.conversation) > 0 and self.conversation.last_index("user") == len(self.conversation) - 1:
-            failed = self.conversation.pop()["content"]
+        if failed is not None:
             typed_since = self.input.toPlainText()
             self.input.setPlainText(f"{failed}\n{typed_since}" if typed_since else failed)
             self.conversations.forget_turn()
@@ -347,10 +334,9 @@ class ChatFlow:
         self.reply_failed.emit(failure)
 
     def _keep_the_earlier_reply(self) -> None:
-        """A regenerate gave no reply (stopped before its first word, or failed): the conversation is
-        as it was, every earlier reply with it (and saved as such: a save made meanwhile, e.g. once the
-        history opened, did not have the reply)."""
-        self.conversation.put_back_reply()
+        """A regenerate or a continue gave nothing (stopped before its first word, or failed): the
+        conversation is as it was, every earlier reply with it (and saved as such: a save made meanwhile,
+        e.g. once the history opened, did not have a regenerated reply)."""
         self.transcript.end_reply()
         self._rerender()
         self.conversations.persist(snapshot=False)
@@ -358,22 +344,18 @@ class ChatFlow:
     def _keep_cut_reply(self) -> None:
         """Quitting while a reply streams: what it had written is kept and saved, with a line saying
         that closing the app stopped it (its answer will never come)."""
-        if self._reply is None or not self._reply_text:
+        if self._reply is None:
             return
-        self._reply = None
-        stats = self.reply_clock.stats()
-        note = "Reply stopped: the app was closed"
-        self.conversation.add("assistant", self._reply_text)
-        if stats is not None:
-            self.conversation.set_stats(len(self.conversation) - 1, replace(stats, note=note))
-        self.transcript.end_reply(note, stats.summary() if stats else None)
+        end = turns.keep_cut(self.conversation, self._replying, self.reply_clock.stats())
+        if not end.added:
+            return
+        self._reply, self._replying = None, PendingReply()
+        self.transcript.end_reply(end.note, end.stats.summary() if end.stats else None)
         self.conversations.persist(snapshot=False)
 
     def _add_marker(self, label: str) -> None:
         """A line under the last message (a marker at its end)."""
-        if len(self.conversation):
-            index = len(self.conversation) - 1
-            self.conversation.add_marker(index, len(self.conversation.shown()[index]["content"]), label)
+        turns.mark_end(self.conversation, label)
 
     def convert_now(self) -> None:
         if self.model_info is not None and self.model_info.kv_mode.is_lazy:
@@ -445,12 +427,12 @@ class ChatFlow:
             self._resume_steps = (*self._resume_steps, (event, self._conversion_from))
             self.statusBar().showMessage(compacted_text(event), 10_000)
         elif event.stage is ConversionStage.END:
-            in_reply = self._state is UiState.REPLYING and bool(self._reply_text)
+            in_reply = self._state is UiState.REPLYING and bool(self._replying.text)
             reading = self._state is not UiState.READY and not in_reply  # a prompt or a transcript
             label = marker_label(event, during_reply=in_reply,
                                  before=self._conversion_from if reading else None)
             if in_reply:
-                self._reply_markers.append(label)
+                self._replying.markers.append(label)
             else:  # idle, or while the prompt was read: a line under the last message
                 self._add_marker(label)
             self.transcript.mark_here(label, before_reply=self._state is UiState.REPLYING and not in_reply)
@@ -514,14 +496,3 @@ class ChatFlow:
         for label in labels:
             self._add_marker(label)
             self.transcript.mark_here(label)
-
-
-def _how_it_ended(result: ReplyResult, max_tokens: int | None) -> str:
-    """The line under a reply that did not end by itself ("" when it did)."""
-    if result.cancelled:
-        return "Reply stopped"
-    if result.finish_reason is FinishReason.LENGTH:
-        if max_tokens:  # the prompt was fitted to leave room for them: the limit was reached
-            return f"Reply stopped at the length limit ({max_tokens} tokens; Settings > Max reply tokens)"
-        return "Reply stopped: the context is full"
-    return ""

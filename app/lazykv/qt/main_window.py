@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from lazykv.core.chat.conversation import Conversation
+from lazykv.core.chat.turns import PendingReply
 from lazykv.core.engine import memory
 from lazykv.core.engine.engine import (
     ConversionEvent,
@@ -121,15 +122,13 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         self._state = UiState.NO_MODEL
         self._editing: int | None = None  # index of the user turn being edited
         self._reply: Reply | None = None  # the reply streaming now
-        self._reply_markers: list[str] = []  # lines to put under the reply streaming, once it is added
-        self._reply_text = ""
+        self._replying = PendingReply()  # the reply streaming: its text so far, the lines to put under it
         self.reply_clock = ReplyClock()
         self.resume_note = ""
         self._shut_down: bool | None = None  # after shutdown_engine: whether everything ended in time
         self._losing_unsaved_ok = False  # the user chose to quit although turns are not saved
         self._resuming = False  # the chat on screen is being resumed (its snapshot, or re-read)
         self._drop_oldest_once = False  # the next reply drops the oldest turns to fit (a retry)
-        self._continued = ""  # the reply streaming goes on with this cut-off one
         self._conversion_from: KvStatus | None = None  # the cache's status when a conversion started
         self._models_dialog: ModelsDialog | None = None  # File > Models…, made when first opened
         self.about_dialog: AboutDialog | None = None  # Help > About, made when first opened
