@@ -25,6 +25,7 @@ import llama_cpp
 from bench.device import start_server
 from lazykv.core.engine.devices import local_gpus, rpc_devices
 from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.engine.planner import Bytes, Device, plan
 from lazykv.core.kinds import KvMode
@@ -94,10 +95,10 @@ def measure(case: Case, endpoint: str | None) -> list[Row]:
     gpus = local_gpus()[:1] if gpu else []
     if gpu and not gpus:
         raise ValueError(f"{case.placement} needs a GPU the engine can offload to")
-    info = session.load(path, n_ctx=case.n_ctx, kv_mode=case.kv_mode, n_threads=2,
-                        n_gpu_layers=ngl if gpu else 0,
+    info = session.load(LoadSpec(path, n_ctx=case.n_ctx, kv_mode=case.kv_mode, n_threads=2,
+                        gpu_layers=ngl if gpu else 0,
                         rpc_servers=[endpoint] if remote and endpoint else (),
-                        rpc_layers=ngl if ngl <= meta.n_layer else 0)
+                        rpc_layers=ngl if ngl <= meta.n_layer else 0, kv_recent=0))
     try:
         measured = {
             "host": Bytes(*(sum(getattr(m, k) for m in info.memory if m.host) for k in KINDS)),

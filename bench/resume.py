@@ -16,7 +16,9 @@ import threading
 import time
 from pathlib import Path
 
-from lazykv.core.engine.engine import EngineSession, SamplingSettings
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.engine.types import SamplingSettings
 from lazykv.core.history.persistence import Crypto, Persistence
 from lazykv.core.history.records import new_uid
 from lazykv.core.history.snapshot import ENCRYPTION_KEYRING
@@ -45,7 +47,7 @@ def conversation(n_tokens: int, session: EngineSession) -> list[dict[str, str]]:
 def measure(model: Path, kv_mode: str, n_tokens: int, data: Path) -> dict[str, float]:
     db = Database(data / "db.sqlite3", data / "snapshots")
     session = EngineSession()
-    session.load(model, n_ctx=N_CTX, kv_mode=kv_mode)
+    session.load(LoadSpec(model, n_ctx=N_CTX, kv_mode=kv_mode, kv_recent=0))
     persistence = Persistence(db, session, data / "fp.json", Crypto(ENCRYPTION_KEYRING, KEY))
     turns = conversation(n_tokens, session)
     conv = db.call(lambda store: store.sync_transcript(new_uid(), turns, 0, title="bench", create=True)).id

@@ -28,6 +28,7 @@ import openai
 
 from bench.machine import describe, load_average
 from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.models import model_fetch
 from lazykv.server.service import free_port
 
@@ -45,7 +46,7 @@ NEXT_TURN = "Thank you. Now sum that up in one sentence."
 def conversation(model: Path, n_tokens: int) -> list[dict[str, str]]:
     """Turns from the bench corpus, ending with a user turn, of about ``n_tokens`` chat tokens."""
     session = EngineSession()
-    session.load(model, n_ctx=N_CTX, kv_mode="f16")
+    session.load(LoadSpec(model, n_ctx=N_CTX, kv_mode="f16"))
     words = iter(CORPUS.read_text(encoding="utf-8").split() * 20)
     turns: list[dict[str, str]] = [{"role": "system", "content": "You are a patient reading companion."}]
     while session.count_tokens(turns) < n_tokens:

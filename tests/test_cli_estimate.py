@@ -13,6 +13,7 @@ from lazykv.core.engine.memory import MiB, window_bytes
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.engine.planner import max_ctx_per_mode, plan
 from lazykv.core.kinds import DEFAULT_KV_RECENT
+from lazykv.core.settings import Settings
 from tests.support.rpc_server import rpc_server
 
 KEYS = {"n_gpu_layers", "fit", "host", "devices", "max_ctx"}
@@ -68,11 +69,13 @@ def test_text_says_the_layers_the_places_and_the_longest_contexts(
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["--gpu-layers", "most"], "neither auto nor a number"),
-    (["--gpu-layers", "-1"], "cannot be negative"),
-    (["--gpu-memory", "0"], "more than 0 MiB"),
-    (["--ctx", "0"], "positive number of tokens"),
-    (["--kv-recent", "-1"], "0 or more tokens"),
+    (["--gpu-layers", "most"], "“most” is neither auto nor a number"),
+    (["--gpu-layers", "-1"], "-1 is below the minimum 0"),
+    (["--gpu-memory", "-5"], "-5 is below the minimum 0"),
+    (["--ctx", "0"], "0 is below the minimum 256"),
+    (["--kv-recent", "-1"], "-1 is below the minimum 0"),
+    (["--kv", "q4"], "'q4' is not one of lazy, ladder, q8_0, f16"),
+    (["--rpc", "[::1]:50052"], "argument --rpc: “[::1]:50052”: llama.cpp's RPC client takes no IPv6"),
 ])
 def test_bad_options_say_why(tiny_gguf: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                              says: str) -> None:
@@ -81,18 +84,16 @@ def test_bad_options_say_why(tiny_gguf: Path, capsys: pytest.CaptureFixture[str]
     assert exit_.value.code == 2 and says in capsys.readouterr().err
 
 
-def test_a_file_that_is_not_a_model_and_a_bad_endpoint_are_one_sentence(
+def test_a_file_that_is_not_a_model_is_one_sentence(
     tiny_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     text = tmp_path / "notes.gguf"
     text.write_text("hello")
     code, out, err = run(capsys, str(text))
     assert code == 1 and out == "" and err.startswith("estimate: ") and err.count("\n") == 1
-    code, out, err = run(capsys, str(tiny_gguf), "--rpc", "[::1]:50052")
-    assert code == 1 and "takes no IPv6" in err
 
 
-def test_over_rpc_auto_offloads_within_the_gpu_memory_limit(
+def test_over_rpc_the_servers_take_the_rpc_layers_as_the_app_loads_them(
     smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """llama.cpp's RPC server on 127.0.0.1 is the device: its free/total come from the engine."""
@@ -105,15 +106,41 @@ def test_over_rpc_auto_offloads_within_the_gpu_memory_limit(
         assert device["name"].startswith("RPC") and 0 < device["free"] <= device["total"]
         assert everything["n_gpu_layers"] == meta.n_layer + 1  # the server has the machine's RAM
         assert everything["host"]["kv"] == 0 and device["kv"] > 0
+        # as the app loads it: the servers take --rpc-layers (0: all), so a memory limit they exceed is
+        # a plan that does not fit, named
         code, out, _ = run(capsys, str(smollm2_path), "--ctx", "4096", "--rpc", endpoint, "--json",
                            "--gpu-memory", "150")
         capped = json.loads(out)
         (device,) = capped["devices"]
-        assert 0 < capped["n_gpu_layers"] < meta.n_layer + 1
-        assert device["weights"] + device["kv"] + device["compute"] <= 150 * MiB
+        assert capped["n_gpu_layers"] == meta.n_layer + 1 and capped["fit"] == "red"
+        assert device["weights"] + device["kv"] + device["compute"] > 150 * MiB
         code, out, _ = run(capsys, str(smollm2_path), "--ctx", "4096", "--rpc", endpoint,
-                           "--gpu-layers", "11")
+                           "--rpc-layers", "11")
         assert "n_gpu_layers 11 of 31: 11 of 31 layers on the GPU, as set" in out
         assert re.search(rf"^RPC\d+ \({re.escape(endpoint)}\): weights ", out, re.M)  # numbered per process
     longest = max_ctx_per_mode(meta, available=1 << 50)
     assert all(n > 0 for n in longest.values())
+
+
+def test_the_app_settings_are_the_defaults(tiny_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No option given: what the app would load (its saved settings); an option given wins."""
+    settings = Settings.load()
+    settings.set("kv_mode", "ladder")
+    settings.set("kv_recent", 0)
+    settings.set("n_ctx", 1024)
+    settings.save()
+    code, out, _ = run(capsys, str(tiny_gguf), "--json")
+    meta = read_model_meta(tiny_gguf)
+    assert code == 0 and json.loads(out)["host"]["kv"] == plan(meta, 1024, "ladder").host.kv
+    code, out, _ = run(capsys, str(tiny_gguf), "--json", "--kv-recent", "64")
+    assert json.loads(out)["host"]["kv"] == plan(meta, 1024, "ladder", recent=64).host.kv
+
+
+def test_help_has_every_load_option_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        estimate.main(["--help"])
+    out = capsys.readouterr().out
+    for flag in ("--ctx", "--context-budget", "--kv", "--kv-recent", "--gpu-layers", "--gpu-memory", "--rpc",
+                 "--rpc-layers", "--threads", "--flash-attn"):
+        assert flag in out
+    assert "(default auto)" in out and f"(default {DEFAULT_KV_RECENT})" in out

@@ -126,5 +126,7 @@ def test_missing_engine_is_reported_with_what_to_run(
 
 
 def test_ctx_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
-    assert entry.main(["--ctx", "0"]) == 2
-    assert "--ctx must be at least 256 tokens" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        entry.main(["--ctx", "0"])
+    assert exit_.value.code == 2
+    assert "argument --ctx: 0 is below the minimum 256" in capsys.readouterr().err

@@ -16,16 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lazykv import __version__, cli, console
+from lazykv.cli import _options
 from lazykv.core.engine.engine_check import EngineMissingError, check_engine
-from lazykv.core.kinds import KV_MODE_WORDS, KvMode
 from lazykv.core.models.defaults import default_model_path
-from lazykv.core.settings import SETTINGS_BY_NAME, Settings
+from lazykv.core.settings import Settings
 
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QApplication, QWidget
 
 APP_NAME = "LazyKV Chat"
-MIN_CTX = int(SETTINGS_BY_NAME["n_ctx"].minimum or 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,18 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", type=Path, metavar="PATH", help="GGUF model to load (default: SmolLM2-135M-Instruct)"
     )
     parser.add_argument(
-        "--ctx", type=int, metavar="N", help="context size in tokens (default: the setting, 4096)"
-    )
-    parser.add_argument(
-        "--kv", choices=tuple(KvMode),
-        help="KV cache (default: the setting): "
-             + "; ".join(f"{mode}: {mode.choice}" for mode in KV_MODE_WORDS),
-    )
-    parser.add_argument(
         "--self-test", action="store_true",
         help="check this installation offscreen (engine, Qt, model, lazy cache, snapshots), report, exit",
     )
     parser.add_argument("--version", action="version", version=f"{APP_NAME} {__version__}")
+    _options.add_setting_options(parser)  # for this session: the settings saved are not changed
     return parser
 
 
@@ -60,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.self_test:
         from lazykv import selftest
 
-        return selftest.run(args.model or default_model_path(), args.ctx or selftest.N_CTX)
+        return selftest.run(args.model or default_model_path(), args.n_ctx or selftest.N_CTX)
     try:
         check_engine()
     except EngineMissingError as err:
@@ -69,18 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     # imported only now: both import llama_cpp, which check_engine has vouched for
     from lazykv.core.engine.model_load import check_model_file
     from lazykv.core.engine.types import ModelFileError
-    from lazykv.core.history.connection import data_dir
+    from lazykv.core.paths import data_dir
     from lazykv.qt.main_window import MainWindow
     from lazykv.qt.single_instance import SingleInstance
 
-    overrides: dict[str, object] = {}
-    if args.ctx is not None:
-        if args.ctx < MIN_CTX:
-            return _fail(f"--ctx must be at least {MIN_CTX} tokens, not {args.ctx}", code=2)
-        overrides["n_ctx"] = args.ctx
-        overrides["context_budget_mb"] = 0  # the length asked for, not the memory budget of the settings
-    if args.kv is not None:
-        overrides["kv_mode"] = args.kv
+    overrides: dict[str, object] = _options.given(args)
     settings = Settings.load()
     if args.model is not None:
         overrides["model_path"] = str(args.model)

@@ -162,17 +162,21 @@ def _wait(pump: Callable[[], None], done: Callable[[], bool], timeout: float, wh
 
 def _check_engine_session(model: Path, n_ctx: int, tmp: Path, origin: float) -> float:
     """Lazy cache: reply, force the conversion, reply, save and restore the snapshot, reply from it."""
-    from lazykv.core.engine.engine import EngineError, EngineSession
+    from lazykv.core.engine.engine import EngineSession
+    from lazykv.core.engine.load_spec import LoadSpec
+    from lazykv.core.errors import EngineError
     from lazykv.core.history.persistence import Crypto, Persistence
     from lazykv.core.history.records import new_uid
     from lazykv.core.history.snapshot import ENCRYPTION_NONE
     from lazykv.core.history.store import Database
+    from lazykv.core.kinds import KvMode
+    from lazykv.core.paths import FINGERPRINTS_FILE
 
     session = EngineSession()
     database = Database(tmp / "data" / "conversations.sqlite3", tmp / "data" / "snapshots")
     try:
         t0 = time.perf_counter()
-        session.load(model, n_ctx=n_ctx, kv_mode="lazy")
+        session.load(LoadSpec(model, n_ctx=n_ctx, kv_mode=KvMode.LAZY))
         _report("model load", f"{time.perf_counter() - t0:.2f} s (n_ctx {n_ctx}, lazy KV cache)")
 
         messages = [{"role": "user", "content": "Say hello in five words."}]
@@ -199,7 +203,7 @@ def _check_engine_session(model: Path, n_ctx: int, tmp: Path, origin: float) -> 
 
         messages = [*messages, {"role": "assistant", "content": reply}]
         conv = database.call(lambda s: s.sync_transcript(new_uid(), messages, 0, create=True)).id
-        fingerprints = tmp / "data" / "fingerprints.json"
+        fingerprints = tmp / "data" / FINGERPRINTS_FILE
         persistence = Persistence(database, session, fingerprints, Crypto(ENCRYPTION_NONE))
         saved = persistence.save(conv, messages)
         session.clear_kv()
@@ -222,7 +226,7 @@ def _check_engine_session(model: Path, n_ctx: int, tmp: Path, origin: float) -> 
 
 def _reply(session: EngineSession, messages: Sequence[dict[str, str]]) -> tuple[str, float, int]:
     """(reply text, time.time() of its first piece, tokens reused from the cache) at temperature 0."""
-    from lazykv.core.engine.engine import SamplingSettings
+    from lazykv.core.engine.types import SamplingSettings
 
     stream = session.stream_reply(
         messages, SamplingSettings(temperature=0.0), threading.Event(), max_tokens=MAX_TOKENS

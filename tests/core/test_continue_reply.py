@@ -6,7 +6,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from lazykv.core.engine.engine import EngineSession, SamplingSettings
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.engine.types import SamplingSettings
 from lazykv.core.kinds import FinishReason, KvMode
 
 GREEDY = SamplingSettings(temperature=0.0, seed=1)
@@ -24,7 +26,7 @@ def _run(stream):  # noqa: ANN001, ANN202 - a reply generator
 def test_a_cut_reply_goes_on_as_if_it_had_not_been_cut(smollm2_path: Path) -> None:
     s = EngineSession()
     try:
-        s.load(smollm2_path, n_ctx=512, kv_mode=KvMode.LAZY)
+        s.load(LoadSpec(smollm2_path, n_ctx=512, kv_mode=KvMode.LAZY, kv_recent=0))
         user = [{"role": "user", "content": "Count from one to twenty in words, separated by commas."}]
         whole, _ = _run(s.stream_reply(user, GREEDY, threading.Event(), max_tokens=24))
         cut, result = _run(s.stream_reply(user, GREEDY, threading.Event(), max_tokens=8))

@@ -35,12 +35,13 @@ MAX_CHILD_RSS = 600 << 20  # a child's peak RSS: interpreter, numpy, engine, and
 CHILD = """
 import json, sys
 from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.types import ModelFileError
 from lazykv.core.errors import EngineError
 for path in sys.argv[1:]:
     out = {"path": path}
     try:
-        info = EngineSession().load(path, n_ctx=256)
+        info = EngineSession().load(LoadSpec(path, n_ctx=256, kv_recent=0))
         out.update(outcome="loaded", architecture=info.architecture)
     except EngineError as err:
         out.update(outcome="refused", type=type(err).__name__, message=str(err),

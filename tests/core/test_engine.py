@@ -8,19 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine.engine import (
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.engine.model_load import check_model_file
+from lazykv.core.engine.types import (
     CancelledError,
     ConversionEvent,
-    EngineError,
-    EngineSession,
     KvModeError,
+    ModelNotFoundError,
     NoModelError,
+    NotGGUFError,
     ReplyResult,
     SamplingSettings,
 )
-from lazykv.core.engine.model_load import check_model_file
-from lazykv.core.engine.types import ModelNotFoundError, NotGGUFError
-from lazykv.core.errors import ContextFullError
+from lazykv.core.errors import ContextFullError, EngineError
 from lazykv.core.kinds import KvMode
 
 N_CTX = 1024
@@ -32,7 +33,7 @@ LONG_ASK = [{"role": "user", "content": "Write a very long story about a dragon 
 @pytest.fixture(scope="module")
 def session(smollm2_path: Path) -> Iterator[EngineSession]:
     s = EngineSession()
-    s.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.F16)
+    s.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.F16))
     yield s
     s.close()
 
@@ -92,7 +93,7 @@ def test_session_still_replies_after_a_cancel(session: EngineSession) -> None:
 def test_q8_0_kv_cache_replies(smollm2_path: Path) -> None:
     s = EngineSession()
     try:
-        assert s.load(smollm2_path, n_ctx=N_CTX, kv_mode="q8_0").kv_mode == "q8_0"
+        assert s.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode="q8_0")).kv_mode == "q8_0"
         assert "".join(s.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=24)).strip()
     finally:
         s.close()
@@ -100,13 +101,13 @@ def test_q8_0_kv_cache_replies(smollm2_path: Path) -> None:
 
 def test_not_gguf_file_is_rejected(not_gguf: Path) -> None:
     with pytest.raises(NotGGUFError, match="not a GGUF model file") as refused:
-        EngineSession().load(not_gguf)
+        EngineSession().load(LoadSpec(not_gguf))
     assert "magic" not in str(refused.value) and "magic" in refused.value.details
 
 
 def test_missing_file_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="model file not found"):
-        EngineSession().load(tmp_path / "absent.gguf")
+        EngineSession().load(LoadSpec(tmp_path / "absent.gguf"))
     with pytest.raises(ModelNotFoundError):
         check_model_file(tmp_path)  # a directory is not a model file either
 
@@ -114,19 +115,19 @@ def test_missing_file_is_rejected(tmp_path: Path) -> None:
 def test_failed_load_keeps_the_previous_model(session: EngineSession, not_gguf: Path) -> None:
     before = session.model_info()
     with pytest.raises(NotGGUFError):
-        session.load(not_gguf)
+        session.load(LoadSpec(not_gguf))
     assert session.model_info() == before
     assert "".join(session.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=8)).strip()
 
 
 def test_unknown_kv_mode_is_rejected(smollm2_path: Path) -> None:
     with pytest.raises(EngineError, match="unknown KV cache mode 'q4'"):
-        EngineSession().load(smollm2_path, kv_mode="q4")
+        EngineSession().load(LoadSpec(smollm2_path, kv_mode="q4"))
 
 
 def test_lazy_kv_mode_loads_a_lazy_q8_0_cache(smollm2_path: Path) -> None:
     session = EngineSession()
-    info = session.load(smollm2_path, n_ctx=1024, kv_mode="lazy")
+    info = session.load(LoadSpec(smollm2_path, n_ctx=1024, kv_mode="lazy", kv_recent=0))
     assert info.kv_mode == "lazy"
     assert "".join(session.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=8)).strip()
 
@@ -176,7 +177,7 @@ def test_cancelled_reply_says_so(session: EngineSession) -> None:
 def test_drop_oldest_policy_drops_turns_and_says_which(smollm2_path: Path) -> None:
     s = EngineSession()
     try:
-        s.load(smollm2_path, n_ctx=256, kv_mode=KvMode.F16)
+        s.load(LoadSpec(smollm2_path, n_ctx=256, kv_mode=KvMode.F16))
         long_turns = []
         for i in range(6):
             long_turns += [{"role": "user", "content": f"Question {i}: " + "tell me more " * 12},
@@ -197,7 +198,7 @@ def test_drop_oldest_policy_drops_turns_and_says_which(smollm2_path: Path) -> No
 def test_kv_status_of_a_plain_cache(smollm2_path: Path, kv_mode: str) -> None:
     s = EngineSession()
     try:
-        s.load(smollm2_path, n_ctx=512, kv_mode=kv_mode)
+        s.load(LoadSpec(smollm2_path, n_ctx=512, kv_mode=kv_mode, kv_recent=0))
         empty = s.kv_status()
         assert (empty.phase, empty.n_cells_used, empty.n_cells_total) == (kv_mode, 0, 512)
         assert not s.convert_kv_now()
@@ -214,7 +215,7 @@ def test_lazy_cache_status_and_idle_conversion_with_progress(smollm2_path: Path)
     events: list[tuple[ConversionEvent, str]] = []
     s.set_conversion_listener(lambda e: events.append((e, threading.current_thread().name)))
     try:
-        s.load(smollm2_path, n_ctx=1024, kv_mode="lazy")
+        s.load(LoadSpec(smollm2_path, n_ctx=1024, kv_mode="lazy", kv_recent=0))
         run(s.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=4))
         before = s.kv_status()
         assert (before.phase, before.n_cells_capacity, before.n_cells_total) == ("f16", 512, 1024)
@@ -236,7 +237,7 @@ def test_lazy_cache_status_and_idle_conversion_with_progress(smollm2_path: Path)
 
 def test_q8_0_without_flash_attention_is_refused_with_the_reason(smollm2_path: Path) -> None:
     with pytest.raises(KvModeError, match="needs flash attention"):
-        EngineSession().load(smollm2_path, n_ctx=256, kv_mode="lazy", flash_attn=False)
+        EngineSession().load(LoadSpec(smollm2_path, n_ctx=256, kv_mode="lazy", flash_attn=False))
 
 
 class CancelAfterPolls(threading.Event):

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine.engine import budget_n_ctx
 from lazykv.core.engine.memory import (
     BYTES_PER_VALUE,
     MAX_CTX,
@@ -17,6 +16,7 @@ from lazykv.core.engine.memory import (
     kv_bytes,
     plan_context,
 )
+from lazykv.core.engine.model_load import budget_n_ctx
 from lazykv.core.engine.model_meta import ModelMeta
 from lazykv.core.engine.planner import estimate
 from lazykv.core.engine.types import ContextBudgetError

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine.engine import ConversionEvent, EngineSession, KvRestoreError, SamplingSettings
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.memory import MiB, context_for_budget, kv_bytes
-from lazykv.core.engine.types import ContextBudgetError
+from lazykv.core.engine.types import ContextBudgetError, ConversionEvent, KvRestoreError, SamplingSettings
 from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
 from tests.core.test_engine_snapshot import LONG, MEDIUM, SHORT, first_turn, reply
 
@@ -29,7 +30,7 @@ def test_a_ladder_conversation_fills_each_step_and_keeps_answering(model_path: P
     events: list[ConversionEvent] = []
     s.set_conversion_listener(events.append)
     try:
-        s.load(model_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+        s.load(LoadSpec(model_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER, kv_recent=0))
         empty = s.kv_status()
         assert (empty.rungs, empty.phase, empty.next_rung) == (LADDER, KvPhase.F16, KvPhase.Q8_0)
         assert (empty.n_cells_capacity, empty.n_cells_next, empty.n_cells_total) == (256, 512, 1024)
@@ -67,7 +68,7 @@ def _two_turns(model: Path, second: str, compact_between: bool) -> tuple[str, Kv
     step); the last reply and the step it ended on."""
     s = EngineSession()
     try:
-        s.load(model, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+        s.load(LoadSpec(model, n_ctx=N_CTX, kv_mode=KvMode.LADDER, kv_recent=0))
         conversation = [{"role": "user", "content": _items(70)}]
         text, _ = reply(s, conversation)
         conversation += [{"role": "assistant", "content": text}, {"role": "user", "content": second}]
@@ -100,7 +101,7 @@ def test_compact_now_goes_one_step_at_a_time(smollm2_path: Path) -> None:
     events: list[ConversionEvent] = []
     s.set_conversion_listener(events.append)
     try:
-        s.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+        s.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER, kv_recent=0))
         conversation = first_turn(s, SHORT)
         assert s.kv_status().phase is KvPhase.F16
         assert s.convert_kv_now()
@@ -124,7 +125,8 @@ def test_a_memory_budget_gives_the_context_it_holds(
 ) -> None:
     s = EngineSession()
     try:
-        info = s.load(smollm2_path, n_ctx=N_CTX, kv_mode=kv_mode, context_budget=budget_mb * MiB)
+        info = s.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=kv_mode, context_budget=budget_mb * MiB,
+                               kv_recent=0))
         assert info.n_ctx == context_for_budget(info.meta, budget_mb * MiB, kv_mode) == n_ctx
         allocated = s.kv_status().kv_bytes
         assert allocated == kv_bytes(info.meta, n_ctx, kv_mode) <= budget_mb * MiB  # the estimate is exact
@@ -140,7 +142,7 @@ def test_the_kv_bytes_a_budget_is_measured_in_are_what_the_engine_allocates(mode
         for recent in (0, 128):
             s = EngineSession()
             try:
-                info = s.load(model_path, n_ctx=N_CTX, kv_mode=kv_mode, kv_recent=recent)
+                info = s.load(LoadSpec(model_path, n_ctx=N_CTX, kv_mode=kv_mode, kv_recent=recent))
                 assert s.kv_status().kv_bytes == kv_bytes(info.meta, N_CTX, kv_mode, recent), (
                     kv_mode, recent)
                 assert info.plan.recent == (recent if kv_mode.is_lazy else 0)
@@ -151,9 +153,9 @@ def test_the_kv_bytes_a_budget_is_measured_in_are_what_the_engine_allocates(mode
 def test_a_budget_below_the_smallest_context_is_refused_and_the_model_stays(smollm2_path: Path) -> None:
     s = EngineSession()
     try:
-        s.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+        s.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER, kv_recent=0))
         with pytest.raises(ContextBudgetError, match="256 tokens need 5.6 MiB"):
-            s.load(smollm2_path, kv_mode=KvMode.F16, context_budget=4 * MiB)
+            s.load(LoadSpec(smollm2_path, kv_mode=KvMode.F16, context_budget=4 * MiB))
         assert s.model_info().n_ctx == N_CTX and reply(s, [{"role": "user", "content": SHORT}])[0].strip()
     finally:
         s.close()
@@ -174,16 +176,16 @@ def test_each_saved_step_restores_where_the_app_says_it_does(smollm2_path: Path,
     """The engine's check (EngineSession.kv_refusal, which changes nothing) and its restore agree, per KV
     mode, with the matrix the app documents."""
     a = EngineSession()
-    a.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+    a.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER, kv_recent=0))
     conversation = first_turn(a, SAVED_AT[step])
     saved = a.capture_kv()
     expected, _ = reply(a, conversation)
     a.close()
-    assert saved.layout["lazy_phase"] == step and saved.layout["type_k"] == step
+    assert saved.layout.lazy_phase == step and saved.layout.type_k == step
     for kv_mode in KvMode:
         b = EngineSession()
         try:
-            b.load(smollm2_path, n_ctx=N_CTX, kv_mode=kv_mode)
+            b.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=kv_mode, kv_recent=0))
             refusal = b.kv_refusal(saved.tokens, saved.state)
             assert (refusal is None) == (kv_mode in RESTORES[step]), (kv_mode, refusal)
             if refusal is not None:
@@ -207,13 +209,13 @@ def test_a_compact_snapshot_resumes_on_the_4bit_step(smollm2_path: Path, step: K
     as the same ladder compacted to 4-bit just before saving would."""
     a = EngineSession()
     try:
-        a.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+        a.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER, kv_recent=0))
         conversation = first_turn(a, SAVED_AT[step])
         assert a.kv_status().phase is step
         full, compact = a.capture_kv(), a.capture_kv(compact=True)
         assert a.kv_status().phase is step
-        assert (compact.layout["type_k"], compact.layout["lazy_phase"]) == ("q4_0", "q4_0")
-        assert (full.layout["type_k"], full.layout["lazy_phase"]) == (step, step)
+        assert (compact.layout.type_k, compact.layout.lazy_phase) == ("q4_0", "q4_0")
+        assert (full.layout.type_k, full.layout.lazy_phase) == (step, step)
         assert len(compact.state) < len(full.state) * (0.35 if step is KvPhase.F16 else 0.6)
         llama, _ = a._require()
         assert llama.kv_lazy_convert("q4_0")  # the one step the compact snapshot's cells took
@@ -223,7 +225,7 @@ def test_a_compact_snapshot_resumes_on_the_4bit_step(smollm2_path: Path, step: K
 
     b = EngineSession()
     try:
-        b.load(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER)
+        b.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER, kv_recent=0))
         assert b.kv_refusal(compact.tokens, compact.state) is None
         b.restore_kv(compact.tokens, compact.state)
         assert b.kv_status().phase is KvPhase.Q4_0

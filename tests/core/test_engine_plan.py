@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from lazykv.core.engine import devices, memory
-from lazykv.core.engine.engine import EngineSession, ModelLoadError
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.memory import MiB
 from lazykv.core.engine.planner import AUTO, Device
+from lazykv.core.engine.types import ModelLoadError
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.slow
 def test_auto_on_a_cpu_build_plans_for_the_cpu(smollm2_path: Path) -> None:
     session = EngineSession()
     try:
-        info = session.load(smollm2_path, n_ctx=1024, kv_mode="lazy", n_gpu_layers=AUTO)
+        info = session.load(LoadSpec(smollm2_path, n_ctx=1024, kv_mode="lazy", gpu_layers=AUTO, kv_recent=0))
         assert info.plan is not None and info.plan.n_gpu_layers == 0 and info.devices == ()
         assert "runs on the CPU" in info.plan.reason and info.plan_note == ""  # a CPU build says nothing more
         host = sum(m.weights + m.kv + m.compute for m in info.memory if m.host)
@@ -32,17 +34,17 @@ def test_a_model_that_does_not_fit_is_refused_with_the_context_that_does(
 ) -> None:
     session = EngineSession()
     try:
-        first = session.load(smollm2_path, n_ctx=512, kv_mode="f16")
+        first = session.load(LoadSpec(smollm2_path, n_ctx=512, kv_mode="f16"))
         monkeypatch.setattr(memory, "available_ram", lambda: 400 * MiB)
         with pytest.raises(ModelLoadError) as refused:
-            session.load(smollm2_path, n_ctx=131072, kv_mode="f16", n_gpu_layers=AUTO)
+            session.load(LoadSpec(smollm2_path, n_ctx=131072, kv_mode="f16", gpu_layers=AUTO))
         said = str(refused.value)
         assert said.startswith(f"{smollm2_path.name} with 131072 tokens of f16 KV cache needs about ")
         assert "of RAM, and 400.0 MiB is available: at most " in said and "Lower the context length." in said
         assert session.model_info() is first  # the model loaded before stays
         monkeypatch.setattr(memory, "available_ram", lambda: 100 * MiB)
         with pytest.raises(ModelLoadError, match="does not fit in this machine's memory at any context"):
-            session.load(smollm2_path, n_ctx=4096, kv_mode="ladder")
+            session.load(LoadSpec(smollm2_path, n_ctx=4096, kv_mode="ladder", kv_recent=0))
     finally:
         session.close()
 

@@ -17,10 +17,12 @@ from pathlib import Path
 CHILD = textwrap.dedent(
     """
     import sys
-    from lazykv.core.engine.engine import EngineSession, KvRestoreError
+    from lazykv.core.engine.engine import EngineSession
+    from lazykv.core.engine.types import KvRestoreError
+    from lazykv.core.engine.load_spec import LoadSpec
 
     session = EngineSession()
-    session.load(sys.argv[1], n_ctx=1024, kv_mode="lazy", n_threads=2)
+    session.load(LoadSpec(sys.argv[1], n_ctx=1024, kv_mode="lazy", n_threads=2, kv_recent=0))
     text = "The keeper wrote one line in his log every night, and the sea kept its own time. " * 40
     messages = [{"role": "user", "content": text}]
     session.rebuild_kv(messages, lambda done, total: None)

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine.engine import EngineSession, KvRestoreError, SamplingSettings
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.engine.types import KvRestoreError, SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0, seed=1)
 N_CTX = 1024
@@ -57,16 +59,16 @@ def test_restored_cache_continues_exactly_like_the_uninterrupted_session(
     model_path = smollm2_path if model == "smollm2" else gemma3_path
     kv_mode, message = CASES[case]
     a = EngineSession()
-    a.load(model_path, n_ctx=N_CTX, kv_mode=kv_mode)
+    a.load(LoadSpec(model_path, n_ctx=N_CTX, kv_mode=kv_mode, kv_recent=0))
     conversation = first_turn(a, message)
     saved = a.capture_kv()
     expected, _ = reply(a, conversation)
     a.close()
-    assert saved.layout["lazy_phase"] == PHASES.get(case, "disabled")
+    assert saved.layout.lazy_phase == PHASES.get(case, "disabled")
 
     b = EngineSession()
     try:
-        b.load(model_path, n_ctx=N_CTX, kv_mode=kv_mode)
+        b.load(LoadSpec(model_path, n_ctx=N_CTX, kv_mode=kv_mode, kv_recent=0))
         b.restore_kv(saved.tokens, saved.state)
         got, reused = reply(b, conversation)
         assert got == expected
@@ -77,7 +79,7 @@ def test_restored_cache_continues_exactly_like_the_uninterrupted_session(
 
 def test_refused_restore_leaves_an_empty_cache_and_rebuild_reads_the_transcript(smollm2_path: Path) -> None:
     a = EngineSession()
-    a.load(smollm2_path, n_ctx=N_CTX, kv_mode="lazy")
+    a.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode="lazy", kv_recent=0))
     conversation = first_turn(a, LONG)  # converted: q8_0 cells cannot go into an f16 cache
     saved = a.capture_kv()
     expected, _ = reply(a, conversation)
@@ -85,7 +87,7 @@ def test_refused_restore_leaves_an_empty_cache_and_rebuild_reads_the_transcript(
 
     b = EngineSession()
     try:
-        b.load(smollm2_path, n_ctx=N_CTX, kv_mode="f16")
+        b.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode="f16"))
         with pytest.raises(KvRestoreError, match="K/V type mismatch: the state stores K/V as q8_0"):
             b.restore_kv(saved.tokens, saved.state)
         assert b.kv_status().n_cells_used == 0
@@ -102,7 +104,7 @@ def test_refused_restore_leaves_an_empty_cache_and_rebuild_reads_the_transcript(
 def test_damaged_state_bytes_are_refused(smollm2_path: Path) -> None:
     s = EngineSession()
     try:
-        s.load(smollm2_path, n_ctx=N_CTX)
+        s.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_recent=0))
         first_turn(s, SHORT)
         saved = s.capture_kv()
         with pytest.raises(KvRestoreError, match="damaged"):

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-from lazykv.core.engine.engine import EngineSession, SamplingSettings
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.engine.types import SamplingSettings
 from lazykv.core.history import snapshot
 from lazykv.core.history.keys import Kdf, PassphraseLock
 from lazykv.core.history.persistence import Crypto, OpenResult, Persistence
@@ -69,7 +71,7 @@ class App:
         self.db = Database(data / "db.sqlite3", data / "snapshots")
         self.store = StoreCalls(self.db)
         self.engine = EngineSession()
-        self.engine.load(model, n_ctx=n_ctx, kv_mode=kv_mode)
+        self.engine.load(LoadSpec(model, n_ctx=n_ctx, kv_mode=kv_mode, kv_recent=0))
         self.persistence = Persistence(self.db, self.engine, data / "fingerprints.json",
                                        crypto or Crypto(ENCRYPTION_KEYRING, KEY))
 
@@ -393,7 +395,7 @@ def test_a_transcript_changed_after_the_save_is_re_read(app: App) -> None:
 def test_a_refused_restore_says_one_plain_line_and_keeps_the_engines_words_as_details(
     data: tuple[Path, int], smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lazykv.core.engine.engine import KvRestoreError
+    from lazykv.core.engine.types import KvRestoreError
 
     engine_text = ("state_read_meta: not enough cells in the KV cache\n"
                    "llama_state_seq_set_data: error loading sequence state")  # fmt: skip

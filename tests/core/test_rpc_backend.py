@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 import lazykv
-from lazykv.core.engine.engine import EngineSession, SamplingSettings
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.planner import HOST_CPU
 from lazykv.core.engine.remote import (
     RPC_CONN_CAPS_SIZE,
@@ -28,6 +29,7 @@ from lazykv.core.engine.remote import (
     probe,
     unreachable_text,
 )
+from lazykv.core.engine.types import SamplingSettings
 from tests.support.rpc_server import free_port, rpc_server
 
 CHILD_TIMEOUT_S = 300
@@ -39,7 +41,9 @@ REFUSED = "nothing is listening on that port (connection refused)"
 CHILD = r"""
 import json, sys, threading
 from PySide6.QtWidgets import QApplication
-from lazykv.core.engine.engine import EngineSession, SamplingSettings
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.types import SamplingSettings
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.qt.memory_panel import MemoryPanel
 
 def report(session, info):
@@ -57,10 +61,11 @@ def report(session, info):
 app = QApplication([])
 model, endpoint, kv_mode, then = sys.argv[1:5]
 session = EngineSession()
-report(session, session.load(model, n_ctx=1024, kv_mode=kv_mode, rpc_servers=[endpoint]))
+spec = LoadSpec(model, n_ctx=1024, kv_mode=kv_mode, rpc_servers=[endpoint], kv_recent=0)
+report(session, session.load(spec))
 if then == "then-gone":
     sys.stdin.readline()
-    report(session, session.load(model, n_ctx=1024, kv_mode=kv_mode, rpc_servers=[endpoint]))
+    report(session, session.load(spec))
 session.close()
 """
 
@@ -135,7 +140,7 @@ def test_an_unreachable_server_is_left_out_and_the_model_runs_here(smollm2_path:
     closed = f"127.0.0.1:{free_port()}"
     session = EngineSession()
     try:
-        info = session.load(smollm2_path, n_ctx=512, rpc_servers=[closed])
+        info = session.load(LoadSpec(smollm2_path, n_ctx=512, rpc_servers=[closed], kv_recent=0))
         assert info.remote == () and info.unreachable == (Unreachable(closed, REFUSED),)
         assert closed in unreachable_text(info.unreachable)
         assert info.memory and all(p.host for p in info.memory) and sum(p.kv for p in info.memory) > 0

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.memory import plan_context, rung_cells
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.kinds import KvMode, KvPhase
@@ -32,7 +33,7 @@ def test_the_planner_s_steps_are_the_ones_the_loaded_cache_reports(
     plan = plan_context(read_model_meta(smollm2_path), n_ctx, kv_mode)
     s = EngineSession()
     try:
-        s.load(smollm2_path, n_ctx=n_ctx, kv_mode=kv_mode)
+        s.load(LoadSpec(smollm2_path, n_ctx=n_ctx, kv_mode=kv_mode, kv_recent=0))
         status = s.kv_status()
     finally:
         s.close()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from lazykv.core.chat.conversation import ReplyStats
 from lazykv.core.history import connection
-from lazykv.core.history.connection import SCHEMA_VERSION, data_dir
+from lazykv.core.history.connection import SCHEMA_VERSION
 from lazykv.core.history.records import (
     ConversationNotFound,
     ConversationRecord,
@@ -26,6 +26,7 @@ from lazykv.core.history.records import (
     new_uid,
 )
 from lazykv.core.history.store import Store
+from lazykv.core.paths import data_dir
 from tests.support.history import (
     append_message,
     create_conversation,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.kinds import KvMode
 from tests.core.test_engine_snapshot import reply
 
@@ -15,7 +16,7 @@ def test_sync_keeps_the_common_prefix_reads_the_version_shown_and_the_next_reply
 ) -> None:
     s = EngineSession()
     try:
-        s.load(smollm2_path, n_ctx=512, kv_mode=KvMode.LAZY)
+        s.load(LoadSpec(smollm2_path, n_ctx=512, kv_mode=KvMode.LAZY, kv_recent=0))
         user = [{"role": "user", "content": "Name a colour."}]
         text, _ = reply(s, user)
         before = s.cached_tokens()

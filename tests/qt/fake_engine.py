@@ -12,23 +12,23 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from lazykv.core.chat.context_policy import fit_messages
 from lazykv.core.chat.conversation import common_prefix
-from lazykv.core.engine.engine import (
+from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.engine.model_load import budget_n_ctx, read_checked_meta
+from lazykv.core.engine.remote import probe_all
+from lazykv.core.engine.types import (
     CancelledError,
     ConversionEvent,
+    KvLayout,
     KvSnapshot,
     KvStatus,
     ModelInfo,
     NoModelError,
     ReplyResult,
     SamplingSettings,
-    budget_n_ctx,
-    read_checked_meta,
 )
-from lazykv.core.engine.remote import normalize_endpoints, probe_all
 from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
 
 HOLD_LIMIT_S = 10.0  # a test that forgets to release fails instead of hanging
@@ -108,23 +108,22 @@ class FakeSession:
         finally:
             self._cancel = previous
 
-    def load(self, model_path: Path | str, n_ctx: int = N_CTX, kv_mode: str = KvMode.LAZY,
-             n_threads: int | None = None, *, flash_attn: bool = True, n_gpu_layers: int | str = 0,
-             rpc_servers: Sequence[str] = (), rpc_layers: int = 0, context_budget: int = 0,
-             gpu_memory: int = 0, kv_recent: int = 0) -> ModelInfo:
+    def load(self, spec: LoadSpec) -> ModelInfo:
         """Remote backends are probed as the real session does; those that answer are reported as used.
         A context memory budget sets n_ctx as the real session's does (with the recent window)."""
         self.calls.append("load")
-        self.kv_recent = kv_recent
-        path = Path(model_path)
+        self.spec = spec
+        self.kv_recent = spec.kv_recent
+        path = spec.model
         meta = read_checked_meta(path)
         self._step(cancellable=not self.uncancellable_load)
         size = path.stat().st_size
-        mode = KvMode(kv_mode)
-        if context_budget > 0:
-            n_ctx = budget_n_ctx(meta, context_budget, mode, kv_recent if mode.is_lazy else 0)
-        remote, unreachable = probe_all(normalize_endpoints(rpc_servers))
-        self._info = ModelInfo(path, meta.architecture, 1000, 4096, size, n_ctx, mode, n_threads or 1, meta,
+        mode = spec.kv_mode
+        n_ctx = budget_n_ctx(meta, spec.context_budget, mode, spec.recent) if spec.context_budget > 0 \
+            else spec.n_ctx
+        remote, unreachable = probe_all(list(spec.rpc_servers))
+        self._info = ModelInfo(path, meta.architecture, 1000, 4096, size, n_ctx, mode, spec.n_threads or 1,
+                               meta,
                                remote=tuple(remote), unreachable=tuple(unreachable))
         self._kv = self._empty_kv()
         return self._info
@@ -237,12 +236,12 @@ class FakeSession:
             on_progress(min(start + chunk, len(tokens)), len(tokens))
         return len(tokens)
 
-    def layout(self) -> dict[str, object]:
+    def layout(self) -> KvLayout:
         info = self._require()
-        rungs = [str(rung) for rung, _, _ in RUNGS.get(info.kv_mode, ())]
-        return {"engine_version": "fake", "n_ctx": info.n_ctx, "kv_mode": info.kv_mode, "type_k": "f16",
-                "type_v": "f16", "lazy_phase": "f16", "lazy_rungs": rungs, "lazy_rot_k": 0, "lazy_rot_v": 0,
-                "n_rot_k": 0, "n_rot_v": 0, "n_rot_k_swa": 0, "n_rot_v_swa": 0, "state_version": 1}
+        rungs = tuple(str(rung) for rung, _, _ in RUNGS.get(info.kv_mode, ()))
+        return KvLayout(engine_version="fake", n_ctx=info.n_ctx, kv_mode=info.kv_mode, type_k="f16",
+                        type_v="f16", lazy_phase="f16", lazy_rungs=rungs, lazy_rot_k=0, lazy_rot_v=0,
+                        n_rot_k=0, n_rot_v=0, n_rot_k_swa=0, n_rot_v_swa=0, state_version=1)
 
     def capture_kv(self, compact: bool = False) -> KvSnapshot:
         self.calls.append("capture-compact" if compact else "capture")

@@ -12,9 +12,9 @@ from keyring.backends import fail
 from PySide6.QtWidgets import QApplication, QInputDialog, QMessageBox
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.history.connection import SNAPSHOTS_DIR, data_dir
 from lazykv.core.history.records import new_uid
 from lazykv.core.kinds import ExportFormat
+from lazykv.core.paths import SNAPSHOTS_DIR, data_dir
 from lazykv.core.settings import Settings
 from lazykv.qt.main_window import MainWindow, UiState
 from lazykv.qt.notice_banner import NoticeBanner

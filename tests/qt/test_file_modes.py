@@ -12,10 +12,9 @@ import pytest
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.history.connection import data_dir
 from lazykv.core.history.persistence import Crypto
 from lazykv.core.history.snapshot import ENCRYPTION_NONE
-from lazykv.core.settings import config_dir
+from lazykv.core.paths import config_dir, data_dir
 from lazykv.qt.single_instance import SingleInstance
 from lazykv.server.prefix_cache import Binding, PrefixCache
 from tests.qt.conftest import FakeWindow

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.history.connection import DB_FILE, data_dir
+from lazykv.core.paths import DB_FILE, data_dir
 from tests.qt.conftest import FakeWindow
 from tests.qt.helpers import WAIT_MS, chat, settle
 

@@ -15,9 +15,9 @@ from keyring.backends import fail
 from PySide6.QtWidgets import QInputDialog
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.history.connection import data_dir
 from lazykv.core.history.persistence import Persistence
-from lazykv.core.settings import Settings, config_dir
+from lazykv.core.paths import config_dir, data_dir
+from lazykv.core.settings import Settings
 from lazykv.qt.main_window import MainWindow
 from tests.qt.conftest import FakeWindow
 from tests.qt.helpers import FAST, WAIT_MS, chat, error_box, settle, stored

@@ -10,9 +10,9 @@ from pathlib import Path
 from PySide6.QtWidgets import QComboBox, QLabel
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine.engine import ConversionEvent, KvStatus
 from lazykv.core.engine.memory import MiB, context_for_budget, kv_bytes
 from lazykv.core.engine.model_meta import read_model_meta
+from lazykv.core.engine.types import ConversionEvent, KvStatus
 from lazykv.core.idle import wants_idle_conversion
 from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
 from lazykv.core.settings import Settings

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine.engine import ConversionEvent
+from lazykv.core.engine.types import ConversionEvent
 from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
 from lazykv.core.settings import SETTINGS, Settings
 from lazykv.qt.main_window import MainWindow, UiState

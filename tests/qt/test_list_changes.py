@@ -13,9 +13,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence, QShortcut
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.history.connection import data_dir
 from lazykv.core.history.records import new_uid
 from lazykv.core.history.store import Store
+from lazykv.core.paths import data_dir
 from lazykv.qt.main_window import MainWindow
 from lazykv.qt.worker import Convert, SaveSnapshot
 from tests.qt.conftest import FakeWindow

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.history import keys
-from lazykv.core.history.connection import data_dir
+from lazykv.core.paths import data_dir
 from lazykv.qt import protection_prompts
 from lazykv.qt.main_window import MainWindow
 from tests.qt.conftest import FakeWindow

@@ -14,7 +14,7 @@ from lazykv.core.kinds import KvMode
 from lazykv.core.models.fit import fit_report
 from lazykv.core.models.hub import Hub, read_header, repo_models
 from lazykv.core.models.scan import Places
-from lazykv.core.settings import Settings
+from lazykv.core.settings import Settings, load_spec
 from lazykv.qt.main_window import MainWindow
 from lazykv.qt.models_dialog import DISK_FIT, DISK_FOUND, HUB_FIT, ModelsDialog
 from lazykv.qt.stall_meter import StallMeter
@@ -79,7 +79,8 @@ def test_search_download_and_the_model_loads(qtbot: QtBot, fake_window: FakeWind
     # the fit shown is the planner's, from the header read over the network
     hub = Hub.from_env(hub_env)
     model = next(m for m in repo_models("acme/Tiny-GGUF", hub) if m.name == "tiny-Q8_0.gguf")
-    report = fit_report(read_header(model, hub), d.ctx_box.value(), str(d.kv_box.currentData()))
+    spec = load_spec(w.settings, model.name, n_ctx=d.ctx_box.value(), kv_mode=str(d.kv_box.currentData()))
+    report = fit_report(read_header(model, hub), spec)
     row = _hub_row(d, "tiny-Q8_0.gguf")
     assert _cell(d, "hub_table", row, HUB_FIT) == report.word
     longest = [_cell(d, "hub_table", row, HUB_FIT + 1 + i) for i in range(4)]

@@ -8,10 +8,10 @@ from pathlib import Path
 from PySide6.QtWidgets import QLabel
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine.engine import ModelInfo
 from lazykv.core.engine.memory import DeviceMemory, GiB, MiB, fmt_bytes
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.engine.planner import AUTO, Device, plan
+from lazykv.core.engine.types import ModelInfo
 from lazykv.core.kinds import KvMode
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.model_info_dialog import ModelInfoDialog

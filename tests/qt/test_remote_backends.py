@@ -10,11 +10,11 @@ import pytest
 from PySide6.QtWidgets import QLabel, QPlainTextEdit
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine.engine import KvStatus, ModelInfo
 from lazykv.core.engine.memory import DeviceMemory, MiB
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.engine.planner import HOST_CPU
 from lazykv.core.engine.remote import RPC_PROTO_VERSION
+from lazykv.core.engine.types import KvStatus, ModelInfo
 from lazykv.core.kinds import KvMode, KvPhase
 from lazykv.core.settings import REMOTE_GROUP, Settings
 from lazykv.qt.memory_panel import MemoryPanel

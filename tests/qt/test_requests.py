@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
+from pathlib import Path
 
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine.engine import EngineError, EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.errors import EngineError
 from lazykv.core.kinds import DEFAULT_KV_MODE
-from lazykv.core.settings import SETTINGS_BY_NAME
+from lazykv.core.settings import SETTINGS_BY_NAME, Settings, load_spec
 from lazykv.qt.main_window import MainWindow, Timings, UiState
-from lazykv.qt.worker import Convert, EngineConfig
+from lazykv.qt.worker import Convert
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import FAST, WAIT_MS, chat, error_box, held, settle, stored
@@ -181,9 +182,11 @@ def test_idle_conversion_runs_after_the_injected_delay(
     assert marker.message_index == 1
 
 
-def test_the_default_kv_mode_is_declared_once() -> None:
-    load_default = inspect.signature(EngineSession.load).parameters["kv_mode"].default
-    assert load_default == EngineConfig("m").kv_mode == SETTINGS_BY_NAME["kv_mode"].default == DEFAULT_KV_MODE
+def test_the_load_defaults_are_declared_once() -> None:
+    """LoadSpec's defaults are the settings' declared defaults: one value each, in core.kinds."""
+    spec = load_spec(Settings(), "m")
+    assert spec == LoadSpec(Path("m"))
+    assert spec.kv_mode == SETTINGS_BY_NAME["kv_mode"].default == DEFAULT_KV_MODE
 
 
 def test_engine_reloading_actions_wait_for_the_engine_requests_in_flight(

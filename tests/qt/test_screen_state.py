@@ -10,10 +10,10 @@ from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QInputDialog, QLabel
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine.engine import ConversionEvent
 from lazykv.core.engine.memory import plan_context
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.engine.planner import estimate
+from lazykv.core.engine.types import ConversionEvent
 from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
 from lazykv.core.settings import Settings
 from lazykv.qt.memory_panel import MemoryPanel
@@ -21,7 +21,7 @@ from lazykv.qt.settings_dialog import SettingsDialog
 from lazykv.qt.ui_state import UiState
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
-from tests.qt.helpers import FAST, WAIT_MS, chat, held, saved_then_new_chat, settle, stored
+from tests.qt.helpers import FAST, WAIT_MS, chat, end_private, held, saved_then_new_chat, settle, stored
 
 
 def test_settings_and_the_memory_panel_give_the_ladder_s_steps_from_one_plan(
@@ -61,6 +61,7 @@ def test_new_private_chat_is_an_empty_chat_that_saves_nothing_until_it_ends(
     chat(qtbot, w, "A private question")
     assert [title for title, _ in stored()] == ["A saved question"]
     w.conversations_panel.private_box.click()
+    end_private(qtbot, w, "discard")  # asked first (issue 45.6)
     settle(qtbot, w)
     assert not w.conversations.private and len(w.conversation) == 0
     assert "not saved" in w.statusBar().currentMessage()

@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.history.persistence import Crypto
 from lazykv.core.history.snapshot import Encryption
 from lazykv.server.service import Service
@@ -23,7 +24,7 @@ API_KEY = "test-key-0123456789"
 def session(smollm2_path: Path) -> Iterator[EngineSession]:
     """One loaded engine per test module (a server's thread owns it while the server runs)."""
     s = EngineSession()
-    s.load(smollm2_path, n_ctx=N_CTX, kv_mode="f16", n_threads=engine_threads())
+    s.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode="f16", n_threads=engine_threads()))
     yield s
     s.close()
 

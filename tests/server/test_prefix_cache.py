@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine.engine import KvSnapshot
+from lazykv.core.engine.types import KvSnapshot
 from lazykv.core.history.persistence import Crypto
 from lazykv.core.history.snapshot import Encryption
 from lazykv.server.prefix_cache import BLOCK, INDEX, SUFFIX, Binding, PrefixCache

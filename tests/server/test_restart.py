@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.history.keys import load_or_create_key
 from lazykv.core.history.persistence import Crypto
 from lazykv.core.history.snapshot import Encryption, read_header
@@ -35,7 +36,7 @@ def run(smollm2_path: Path, tmp_path: Path) -> Iterator:
             session.close()
         running.clear()
         session = EngineSession()
-        session.load(smollm2_path, n_ctx=n_ctx, kv_mode=kv, n_threads=engine_threads())
+        session.load(LoadSpec(smollm2_path, n_ctx=n_ctx, kv_mode=kv, n_threads=engine_threads(), kv_recent=0))
         settings = ServerSettings(port=0, cache_dir=tmp_path / "api-cache", cache_budget_bytes=budget)
         service = Service(settings, session, crypto, log_level="warning")
         service.start()

@@ -12,9 +12,13 @@ from keyring.backends import fail
 from pydantic import ValidationError
 
 from lazykv.cli import serve
-from lazykv.core.engine.engine import EngineSession, SamplingSettings
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.engine.memory import MiB
+from lazykv.core.engine.types import SamplingSettings
 from lazykv.core.history.snapshot import Encryption
-from lazykv.core.kinds import FinishReason
+from lazykv.core.kinds import DEFAULT_KV_MODE, DEFAULT_KV_RECENT, DEFAULT_N_CTX, FinishReason
+from lazykv.core.settings import Settings, load_spec
 from lazykv.server.engine_access import Generation, Outcome, Piece, run_generation
 from lazykv.server.settings import ServerSettings, is_loopback
 from tests.native.rawctx import engine_threads
@@ -70,7 +74,7 @@ def test_snapshot_protection_keyring_then_passphrase_then_none_only_when_asked(
 
 def test_a_cancelled_generation_stops_within_one_token(smollm2_path: Path) -> None:
     session = EngineSession()
-    session.load(smollm2_path, n_ctx=512, kv_mode="f16", n_threads=engine_threads())
+    session.load(LoadSpec(smollm2_path, n_ctx=512, kv_mode="f16", n_threads=engine_threads()))
     pieces: list[str] = []
     cancel = threading.Event()
 
@@ -98,3 +102,34 @@ def test_serve_says_when_its_port_is_taken(smollm2_path: Path, capsys: pytest.Ca
     assert code == 2
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
+    # it said what it loaded first: the app's defaults (Auto offload: the CPU here, the recent window)
+    assert f"context 512 tokens, lazy KV cache, recent window {DEFAULT_KV_RECENT} tokens; CPU only" in err
+
+
+def test_serve_help_has_the_app_s_load_options_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        serve.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for flag in ("--ctx", "--context-budget", "--kv", "--kv-recent", "--gpu-layers", "--gpu-memory", "--rpc",
+                 "--rpc-layers", "--threads", "--flash-attn"):
+        assert f"{flag} " in out
+    assert "(default auto)" in out and f"(default {DEFAULT_KV_RECENT})" in out
+    assert f"(default {DEFAULT_N_CTX})" in out and f"(default {DEFAULT_KV_MODE})" in out
+
+
+def test_serve_loads_what_the_app_would(tmp_path: Path) -> None:
+    """The user's settings are serve's defaults (one LoadSpec, built in one place); options win."""
+    settings = Settings.load()
+    for name, value in (("kv_mode", "ladder"), ("kv_recent", 64), ("n_ctx", 1024), ("gpu_memory_mb", 512),
+                        ("rpc_servers", ["127.0.0.1:50052"]), ("context_budget_mb", 32)):
+        settings.set(name, value)
+    settings.set("model_path", str(tmp_path / "m.gguf"))
+    settings.save()
+    app = load_spec(Settings.load(), tmp_path / "m.gguf")
+    assert serve.served_spec(serve.build_parser().parse_args([]), Settings.load()) == app
+    assert app.gpu_memory == 512 * MiB and app.context_budget == 32 * MiB and app.kv_recent == 64
+    given = serve.served_spec(serve.build_parser().parse_args(["--ctx", "2048", "--gpu-layers", "7"]),
+                              Settings.load())
+    assert given == app.with_(n_ctx=2048, context_budget=0, gpu_layers=7)  # a length asked is not a budget
+    with pytest.raises(SystemExit):
+        serve.build_parser().parse_args(["--gpu-layers", "-1"])  # -1 is not "all": Auto is the word auto

@@ -7,79 +7,51 @@ import json
 import sys
 from pathlib import Path
 
-from lazykv.core.engine.memory import MiB, fmt_bytes
-from lazykv.core.engine.planner import AUTO, HOST_CPU, GpuLayers, Plan, max_ctx_per_mode, plan
+from lazykv.cli import _options
+from lazykv.core.engine.load_spec import LoadSpecError
+from lazykv.core.engine.memory import fmt_bytes
+from lazykv.core.engine.planner import HOST_CPU, Plan
 from lazykv.core.errors import EngineError
-from lazykv.core.kinds import DEFAULT_KV_RECENT, KvMode
-
-DEFAULT_CTX = 4096
-
-
-def _gpu_layers(text: str) -> GpuLayers:
-    if text.strip().lower() == AUTO:
-        return AUTO
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"“{text}” is neither auto nor a number of layers") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError("the number of GPU layers cannot be negative")
-    return n
+from lazykv.core.kinds import KvMode
+from lazykv.core.settings import Settings
 
 
-def _mib(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"“{text}” is not a whole number of MiB") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError("the GPU memory limit must be more than 0 MiB")
-    return n
-
-
-def main(argv: list[str]) -> int:
+def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m lazykv estimate", description=__doc__,
         epilog="Sizes are llama.cpp's own buffers (weights, KV cache, compute) as the engine would "
-               "allocate them; nothing is loaded. --json prints one object: n_gpu_layers, fit, host, "
-               "devices, max_ctx.")
+               "allocate them with the app's settings (the options below change them); nothing is loaded. "
+               "--json prints one object: n_gpu_layers, fit, host, devices, max_ctx.")
     parser.add_argument("model", type=Path, help="a GGUF model file")
-    parser.add_argument("--ctx", type=int, default=DEFAULT_CTX,
-                        help=f"context length (default {DEFAULT_CTX})")
-    parser.add_argument("--kv", choices=[m.value for m in KvMode], default=KvMode.LAZY.value,
-                        help="KV cache mode (default lazy)")
-    parser.add_argument("--gpu-layers", type=_gpu_layers, default=AUTO, metavar="auto|N",
-                        help="layers on the GPU: auto (as many as fit, the default) or n_gpu_layers")
-    parser.add_argument("--gpu-memory", type=_mib, default=None, metavar="MiB",
-                        help="use at most this much memory of each device")
-    parser.add_argument("--kv-recent", type=int, default=DEFAULT_KV_RECENT, metavar="N",
-                        help="lazy and ladder: the recent f16 window, in tokens, counted with the KV cache "
-                             f"(default {DEFAULT_KV_RECENT}, as the app; 0: none)")
-    parser.add_argument("--rpc", default="", metavar="HOST:PORT[,...]",
-                        help="llama.cpp RPC servers to offload to")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    _options.add_setting_options(parser, current=settings)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    settings = Settings.load()
+    parser = build_parser(settings)
     args = parser.parse_args(argv)
-    if args.ctx <= 0:
-        parser.error("--ctx must be a positive number of tokens")
-    if args.kv_recent < 0:
-        parser.error("--kv-recent must be 0 or more tokens")
+    try:
+        spec = _options.spec(args, settings, args.model)
+    except LoadSpecError as err:
+        parser.error(str(err))
 
     from lazykv.core.engine.devices import discover  # loads the engine: after the arguments are checked
-    from lazykv.core.engine.engine import read_checked_meta
+    from lazykv.core.engine.model_load import read_checked_meta
 
     try:
-        meta = read_checked_meta(args.model)
+        meta = read_checked_meta(spec.model)
     except EngineError as err:
         print(f"estimate: {err}", file=sys.stderr)
         return 1
-    support = meta.kv_support()
-    if not support.allows(args.kv):
-        print(f"estimate: a {args.kv} KV cache cannot run {args.model.name}: {support.reason}",
+    support = meta.kv_support(spec.flash_attn)
+    if not support.allows(spec.kv_mode):
+        print(f"estimate: a {spec.kv_mode} KV cache cannot run {spec.model.name}: {support.reason}",
               file=sys.stderr)
         return 1
-    endpoints = [e.strip() for e in args.rpc.split(",") if e.strip()]
     try:
-        found = discover(endpoints)
+        found = discover(list(spec.rpc_servers))
     except ValueError as err:
         print(f"estimate: {err}", file=sys.stderr)
         return 1
@@ -87,13 +59,12 @@ def main(argv: list[str]) -> int:
         print(f"estimate: left out {gone.endpoint}: {gone.reason}", file=sys.stderr)
     if found.note():
         print(f"estimate: {found.note()}", file=sys.stderr)
-    gpu_memory = args.gpu_memory * MiB if args.gpu_memory else None
-    p = plan(meta, args.ctx, args.kv, found.devices, args.gpu_layers, gpu_memory, recent=args.kv_recent)
-    longest = max_ctx_per_mode(meta, found.devices, args.gpu_layers, gpu_memory, p.available, args.kv_recent)
+    p = spec.plan(meta, found.devices)
+    longest = spec.max_ctx_per_mode(meta, found.devices, p.available)
     if args.json:
         print(json.dumps({**p.as_dict(), "max_ctx": {str(mode): n for mode, n in longest.items()}}))
     else:
-        print(_text(args.model, p, longest))
+        print(_text(spec.model, p, longest))
     return 0
 
 

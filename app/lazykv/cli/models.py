@@ -8,9 +8,10 @@ import sys
 import time
 from typing import Any
 
+from lazykv.cli import _options
+from lazykv.core.engine.load_spec import LoadSpec, LoadSpecError
 from lazykv.core.engine.memory import fmt_bytes
 from lazykv.core.engine.planner import Device
-from lazykv.core.kinds import KvMode
 from lazykv.core.models import download as downloads
 from lazykv.core.models.fit import FitReport, fit_report, local_devices
 from lazykv.core.models.hub import Hub, HubError, HubModel, read_header, repo_models, search
@@ -18,10 +19,9 @@ from lazykv.core.models.record import human_params
 from lazykv.core.models.scan import Places, scan
 from lazykv.core.settings import Settings
 
-DEFAULT_CTX = 4096
-
 
 def main(argv: list[str]) -> int:
+    settings = Settings.load()
     parser = argparse.ArgumentParser(prog="python -m lazykv models", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="the GGUF models other tools left on disk (nothing is copied)")
@@ -36,10 +36,15 @@ def main(argv: list[str]) -> int:
     getting.add_argument("--file", help="the model file to download (a split model: its first shard)")
     for sub in (listing, finding, getting):
         sub.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    for sub in (listing, getting):
-        sub.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="the context the fit is for")
-        sub.add_argument("--kv", choices=[m.value for m in KvMode], default=KvMode.LAZY.value)
+    for sub in (listing, getting):  # what fits is planned as the app would load it
+        _options.add_setting_options(sub, current=settings)
     args = parser.parse_args(argv)
+    try:
+        spec = _options.spec(args, settings, settings["model_path"] or ".") if args.command != "search" \
+            else None
+    except LoadSpecError as err:
+        parser.error(str(err))
+    args.spec = spec
     try:
         return {"list": _list, "search": _search, "get": _get}[args.command](args)
     except HubError as err:
@@ -60,10 +65,11 @@ def _fit_text(report: FitReport | None) -> str:
 
 def _list(args: argparse.Namespace) -> int:
     result = scan(Places.current([*Settings.load()["model_folders"], *args.folder]))
+    spec: LoadSpec = args.spec
     rows = []
     devices = local_devices()
     for r in result.records:
-        report = fit_report(r.meta, args.ctx, args.kv, devices=devices) if r.meta is not None and r.usable \
+        report = fit_report(r.meta, spec, devices=devices) if r.meta is not None and r.usable \
             else None
         rows.append((r, report))
     if args.json:
@@ -129,7 +135,7 @@ def _get(args: argparse.Namespace) -> int:
 
 def _hub_fit(model: HubModel, hub: Hub, args: argparse.Namespace, devices: list[Device]) -> FitReport | None:
     try:
-        return fit_report(read_header(model, hub), args.ctx, args.kv, devices=devices)
+        return fit_report(read_header(model, hub), args.spec, devices=devices)
     except (HubError, ValueError):
         return None
 

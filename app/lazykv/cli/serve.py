@@ -11,38 +11,36 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from lazykv.cli import _options
 from lazykv.core.engine.engine_check import EngineMissingError, check_engine
-from lazykv.core.kinds import DEFAULT_KV_MODE, KvMode
-from lazykv.core.models import model_fetch
+from lazykv.core.engine.load_spec import LoadSpec, LoadSpecError
+from lazykv.core.engine.types import ModelInfo
+from lazykv.core.models.defaults import default_model_path
+from lazykv.core.settings import Settings
 
 API_KEY_ENV = "LAZYKV_API_KEY"
 PASSPHRASE_ENV = "LAZYKV_PASSPHRASE"
-DEFAULT_CTX = 4096
 
 
 class SetupError(Exception):
     """Said on stderr; the command exits with 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
+    """``settings``: the user's, whose values the load options default to (--help says them)."""
     parser = argparse.ArgumentParser(
         prog="lazykv serve", description=__doc__,
         epilog=f"The API key may also come from ${API_KEY_ENV}; the snapshot passphrase (when the OS "
                f"keyring is not available) from ${PASSPHRASE_ENV} or a prompt.",
     )
     parser.add_argument("--model", type=Path, metavar="PATH",
-                        help="GGUF model (default: SmolLM2-135M-Instruct)")
+                        help="GGUF model (default: the app's model, else SmolLM2-135M-Instruct)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1; any other needs --api-key)")
     parser.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     parser.add_argument("--api-key", metavar="KEY",
                         help=f"require 'Authorization: Bearer KEY' on /v1 (other users can read a command "
                              f"line in the process list; ${API_KEY_ENV} they cannot)")
-    parser.add_argument("--ctx", type=int, default=DEFAULT_CTX, metavar="N",
-                        help=f"context size in tokens (default {DEFAULT_CTX})")
-    parser.add_argument("--kv", choices=tuple(KvMode), default=str(DEFAULT_KV_MODE),
-                        help=f"KV cache mode (default {DEFAULT_KV_MODE})")
-    parser.add_argument("--threads", type=int, default=0, metavar="N", help="engine threads (default: all)")
     parser.add_argument("--no-encryption", action="store_true",
                         help="keep API cache snapshots unencrypted (checksummed only)")
     parser.add_argument("--no-api-cache", action="store_true",
@@ -59,20 +57,45 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--queue-size", type=int, default=8, metavar="N",
                         help="requests running or waiting; one more is answered 429 (default 8)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    _options.add_setting_options(parser, current=settings)
     return parser
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    settings = Settings.load()
+    args = build_parser(settings).parse_args(argv)
     try:
-        return _serve(args)
+        return _serve(args, served_spec(args, settings))
     except SetupError as err:
         print(f"lazykv serve: {err}", file=sys.stderr)
         return 2
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from lazykv.core.history.connection import data_dir
+def served_spec(args: argparse.Namespace, settings: Settings) -> LoadSpec:
+    """What the server loads: what the app would (its settings and model), the options given on top."""
+    model = args.model or settings["model_path"] or default_model_path()
+    try:
+        return _options.spec(args, settings, model)
+    except LoadSpecError as err:
+        raise SetupError(str(err)) from None
+
+
+def loaded_line(info: ModelInfo, spec: LoadSpec) -> str:
+    """What was loaded, in one line: the model, its context and KV cache, where its layers are."""
+    plan = info.plan
+    most = plan.n_layer + 1 if plan.n_layer else 0
+    places = ", ".join(d.device.name for d in plan.devices) if plan.devices else ""
+    backend = (f"{plan.n_gpu_layers} of {most} layers on {places}" if plan.n_gpu_layers and places
+               else "CPU only")
+    window = (f", recent window {spec.kv_recent} tokens" if info.kv_mode.is_lazy and spec.kv_recent
+              else ", no recent window" if info.kv_mode.is_lazy else "")
+    note = f" ({info.plan_note})" if info.plan_note else ""
+    return (f"{info.name}: context {info.n_ctx} tokens, {info.kv_mode} KV cache{window}; "
+            f"{backend}{note}")
+
+
+def _serve(args: argparse.Namespace, spec: LoadSpec) -> int:
+    from lazykv.core.paths import api_cache_dir
     from lazykv.server.settings import ServerSettings
 
     try:
@@ -80,7 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
             host=args.host, port=args.port, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
             cors_origins=tuple(args.cors_origin), max_tokens_cap=args.max_tokens_cap,
             queue_size=args.queue_size,
-            cache_dir=None if args.no_api_cache else (args.api_cache_dir or data_dir() / "api-cache"),
+            cache_dir=None if args.no_api_cache else (args.api_cache_dir or api_cache_dir()),
             cache_budget_bytes=int(args.api_cache_gib * 1024**3),
         )
     except ValidationError as err:
@@ -90,21 +113,20 @@ def _serve(args: argparse.Namespace) -> int:
     except EngineMissingError as err:
         raise SetupError(str(err)) from None
     crypto = None if settings.cache_dir is None else snapshot_crypto(args.no_encryption)
-    model = args.model or model_fetch.models_dir() / model_fetch.MODELS["smollm2"].filename
 
-    from lazykv.core.engine.engine import EngineError, EngineSession
+    from lazykv.core.engine.engine import EngineSession
+    from lazykv.core.errors import EngineError
     from lazykv.server.service import Service
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
     session = EngineSession()
     try:
-        info = session.load(model, n_ctx=args.ctx, kv_mode=args.kv, n_threads=args.threads or None)
+        info = session.load(spec)
     except EngineError as err:
         raise SetupError(str(err)) from None
     try:
         service = Service(settings, session, crypto, log_level=args.log_level)
-        print(f"LazyKV API: {info.name}, context {info.n_ctx} tokens, {info.kv_mode} KV cache, at "
-              f"{settings.base_url}", file=sys.stderr)
+        print(f"LazyKV API at {settings.base_url}: {loaded_line(info, spec)}", file=sys.stderr)
         if service.cache is not None:
             print(f"API cache: {service.cache.folder} ({crypto.scheme if crypto else 'none'}, budget "
                   f"{args.api_cache_gib:g} GiB)", file=sys.stderr)

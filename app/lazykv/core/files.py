@@ -6,6 +6,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from lazykv.core.paths import private_dir
+
 
 def fsync_dir(directory: Path) -> None:
     """Make a rename or a new file in ``directory`` durable (a no-op where directories cannot be synced)."""
@@ -16,37 +18,6 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-PRIVATE_DIR = 0o700
-PRIVATE_FILE = 0o600
-
-
-def private_dir(path: Path, own: bool = False) -> Path:
-    """``path``, made if need be with each missing folder above it owner-only (0700, whatever the
-    umask); ``own``: the folder is the app's own, so an existing one is made owner-only too (a
-    shared folder, e.g. the one an export goes to, is left as it is)."""
-    missing = []
-    folder = Path(path)
-    while not folder.exists() and folder.parent != folder:
-        missing.append(folder)
-        folder = folder.parent
-    for made in reversed(missing):
-        made.mkdir(mode=PRIVATE_DIR, exist_ok=True)
-        restrict(made, PRIVATE_DIR)
-    if own:
-        restrict(Path(path), PRIVATE_DIR)
-    return Path(path)
-
-
-def restrict(path: Path, mode: int = PRIVATE_FILE) -> None:
-    """Owner-only permissions on one of the app's own files or folders (best effort: e.g. not on
-    Windows, where the folder's ACL decides)."""
-    try:
-        if path.stat().st_mode & 0o777 != mode:
-            path.chmod(mode)
-    except OSError:
-        pass
 
 
 def write_text_atomic(path: Path, text: str) -> None:

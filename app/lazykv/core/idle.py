@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # engine imports llama_cpp; settings import this module before the engine is checked
-    from lazykv.core.engine.engine import KvStatus
+    from lazykv.core.engine.types import KvStatus
 
 IDLE_FILL = 0.9  # the rung in use (the f16 view, a ladder's 8-bit rung) is at least this full
 IDLE_DELAY_S = 2.0  # and the engine has been idle this long

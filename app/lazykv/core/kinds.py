@@ -9,6 +9,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
+class StorageType(StrEnum):
+    """How K or V values are stored: ggml's type names (a cache's cells, a rung, a snapshot's header)."""
+
+    F32 = "f32"
+    F16 = "f16"
+    Q8_0 = "q8_0"
+    Q4_0 = "q4_0"
+    Q5_0 = "q5_0"
+
+
 class KvMode(StrEnum):
     """How the KV cache is stored: f16, q8_0, lazy q8_0 (f16 until the f16 view is full), or the ladder
     (allocated as q4_0: f16, then 8-bit, then 4-bit, each rung used when the one before is full)."""
@@ -24,9 +34,10 @@ class KvMode(StrEnum):
         return self in (KvMode.LAZY, KvMode.LADDER)
 
     @property
-    def storage(self) -> str:
-        """The ggml type the cache is allocated as (a lazy cache's last rung)."""
-        return {KvMode.F16: "f16", KvMode.Q8_0: "q8_0", KvMode.LAZY: "q8_0", KvMode.LADDER: "q4_0"}[self]
+    def storage(self) -> StorageType:
+        """The type the cache is allocated as (a lazy cache's last rung)."""
+        return {KvMode.F16: StorageType.F16, KvMode.Q8_0: StorageType.Q8_0, KvMode.LAZY: StorageType.Q8_0,
+                KvMode.LADDER: StorageType.Q4_0}[self]
 
     @property
     def choice(self) -> str:
@@ -44,9 +55,12 @@ class KvMode(StrEnum):
         return KV_MODE_WORDS[self].note
 
 
-DEFAULT_KV_MODE = KvMode.LAZY  # the settings' default, EngineSession.load's and EngineConfig's
-# the lazy modes' recent f16 window (tokens; native kv_lazy_recent): the settings' default, EngineConfig's and
-# `python -m lazykv estimate`'s, the W that measured best (bench/results/ladder.md, "Recent window")
+# the defaults of what a model is loaded with: the settings declare them with these, LoadSpec's fields
+# default to them, and every entry point (the app, serve, estimate, models) takes a LoadSpec
+DEFAULT_KV_MODE = KvMode.LAZY
+DEFAULT_N_CTX = 4096
+# the lazy modes' recent f16 window (tokens; native kv_lazy_recent): the W that measured best
+# (bench/results/ladder.md, "Recent window")
 DEFAULT_KV_RECENT = 128
 
 

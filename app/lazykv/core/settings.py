@@ -6,15 +6,13 @@ The settings dialog, validation and the defaults are all derived from ``SETTINGS
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
-from lazykv.core.engine.memory import MAX_CTX
+from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.engine.memory import MAX_CTX, MiB
 from lazykv.core.engine.planner import AUTO, GpuLayers
 from lazykv.core.engine.remote import normalize_endpoints
 from lazykv.core.files import write_text_atomic
@@ -22,15 +20,15 @@ from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL
 from lazykv.core.kinds import (
     DEFAULT_KV_MODE,
     DEFAULT_KV_RECENT,
+    DEFAULT_N_CTX,
     KV_MODE_WORDS,
     ContextFullPolicy,
     SettingKind,
 )
+from lazykv.core.paths import SETTINGS_FILE, config_dir
 
-APP_DIR_NAME = "lazykv"
 SCHEMA_VERSION = 3
 GPU_LAYERS_AUTO = -1  # n_gpu_layers: as many layers as the memory plan fits on the GPU
-SETTINGS_FILE = "settings.json"
 MAX_RECENT_MODELS = 8
 
 
@@ -52,6 +50,8 @@ class Setting:
     reloads_engine: bool = False  # changing it reloads the model off the GUI thread
     in_dialog: bool = True
     special: str = ""  # what the minimum means, shown in its place (e.g. "0 = automatic")
+    flag: str = ""  # its command-line option (lazykv.cli.options), e.g. "--ctx"; "": none
+    words: tuple[tuple[str, Any], ...] = ()  # words a command line may give for a value, e.g. ("auto", -1)
 
     def validate(self, value: Any) -> Any:
         """Return ``value`` as this setting's type, or raise ValueError saying why not."""
@@ -153,41 +153,43 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kv_mode", SettingKind.CHOICE, DEFAULT_KV_MODE, "KV cache", "How the context memory is stored: "
             "lazy q8_0 keeps full f16 precision until the f16 view is full, then compacts to 8-bit in place; "
             "the ladder goes on to 4-bit.", "Engine", choices=KV_MODE_CHOICES, choice_notes=KV_MODE_NOTES,
-            reloads_engine=True),
+            reloads_engine=True, flag="--kv"),
     Setting("kv_recent", SettingKind.INT, DEFAULT_KV_RECENT, "Recent window", "Lazy q8_0 and ladder: the "
             "last tokens also stay in full 16-bit precision once the cache has compacted, where attention "
             "looks most. They take 16-bit memory beside the cache (the line under the context says how "
             "much). 0: none.", "Engine", minimum=0, maximum=4096, step=32, reloads_engine=True,
-            special="0 = none"),
-    Setting("n_ctx", SettingKind.INT, 4096, "Context length", "Tokens the model can see at once.", "Engine",
-            minimum=256, maximum=MAX_CTX, step=256, reloads_engine=True),
+            special="0 = none", flag="--kv-recent"),
+    Setting("n_ctx", SettingKind.INT, DEFAULT_N_CTX, "Context length", "Tokens the model can see at once.",
+            "Engine", minimum=256, maximum=MAX_CTX, step=256, reloads_engine=True, flag="--ctx"),
     Setting("context_budget_mb", SettingKind.INT, 0, "Context memory (MiB)", "Choose the context by memory "
             "instead of by tokens: the longest context whose KV cache fits in this many MiB with the KV "
             "cache chosen (at most the model's own limit); 0: use the context length.", "Engine", minimum=0,
-            maximum=1_000_000, step=256, reloads_engine=True, special="0 = use the context length"),
+            maximum=1_000_000, step=256, reloads_engine=True, special="0 = use the context length",
+            flag="--context-budget"),
     Setting("n_threads", SettingKind.INT, 0, "Threads", "CPU threads for the engine; 0: one per core.",
-            "Engine", minimum=0, maximum=256, reloads_engine=True, special="0 = automatic (one per core)"),
+            "Engine", minimum=0, maximum=256, reloads_engine=True, special="0 = automatic (one per core)",
+            flag="--threads"),
     Setting("n_gpu_layers", SettingKind.INT, GPU_LAYERS_AUTO, "GPU layers", "Layers on the GPU. Auto: as "
             "many as fit in the GPU's memory with their part of the KV cache and the buffers, leaving 1 GiB "
             "free (or within the GPU memory limit); without a usable GPU the model runs on the CPU. 0: none.",
             "Engine", minimum=GPU_LAYERS_AUTO, maximum=1000, reloads_engine=True,
-            special="Auto (as many as fit)"),
+            special="Auto (as many as fit)", flag="--gpu-layers", words=((AUTO, GPU_LAYERS_AUTO),)),
     Setting("gpu_memory_mb", SettingKind.INT, 0, "GPU memory limit (MiB)", "Use at most this much of each "
             "GPU's memory, so there is room left for the rest of the desktop; 0: its free memory less "
             "1 GiB.", "Engine", minimum=0, maximum=1_000_000, step=256, reloads_engine=True,
-            special="0 = free memory less 1 GiB"),
+            special="0 = free memory less 1 GiB", flag="--gpu-memory"),
     Setting("flash_attn", SettingKind.BOOL, True, "Flash attention", "Needed by the q8_0, lazy and ladder "
-            "KV caches.", "Engine", reloads_engine=True),
+            "KV caches.", "Engine", reloads_engine=True, flag="--flash-attn"),
     Setting("idle_conversion", SettingKind.BOOL, True, "Compact while idle", "Lazy cache and ladder: when "
             f"the level in use (16-bit, then the ladder's 8-bit) is at least {IDLE_FILL:.0%} full and the "
             f"engine has been idle for {IDLE_DELAY_S:g} s, compact it one step then, so the pause does not "
             "land inside a reply.", "Engine"),
     Setting("rpc_servers", SettingKind.ENDPOINT_LIST, [], "Servers", "llama.cpp's own way to offload "
             "layers and the KV cache\nto another machine: run ggml-rpc-server there and list it\nhere "
-            "as host:port, one per line.", REMOTE_GROUP, reloads_engine=True),
+            "as host:port, one per line.", REMOTE_GROUP, reloads_engine=True, flag="--rpc"),
     Setting("rpc_layers", SettingKind.INT, 0, "Layers to offload", "Layers (with their part of the KV "
             "cache) placed on the remote backends when servers are listed; 0: all of them.", REMOTE_GROUP,
-            minimum=0, maximum=1000, reloads_engine=True, special="0 = all layers"),
+            minimum=0, maximum=1000, reloads_engine=True, special="0 = all layers", flag="--rpc-layers"),
     Setting("theme", SettingKind.CHOICE, "system", "Theme", "Light or dark colours; by default those of "
             "the desktop.", "Chat", choices=THEME_CHOICES),
     # conversation
@@ -259,6 +261,23 @@ def gpu_layers(value: int) -> GpuLayers:
     return AUTO if value == GPU_LAYERS_AUTO else value
 
 
+# the settings a model is loaded with (load_spec), in a command line's --help order
+LOAD_SETTINGS = ("n_ctx", "context_budget_mb", "kv_mode", "kv_recent", "n_gpu_layers", "gpu_memory_mb",
+                 "rpc_servers", "rpc_layers", "n_threads", "flash_attn")
+
+
+def load_spec(values: Mapping[str, Any], model: Path | str, **overrides: Any) -> LoadSpec:
+    """What ``model`` is loaded with under these setting ``values`` (a Settings, or its ``values()``), with
+    LoadSpec fields in ``overrides`` on top: the one place a setting becomes what the engine takes."""
+    spec = LoadSpec(
+        Path(model), n_ctx=values["n_ctx"], kv_mode=values["kv_mode"], kv_recent=values["kv_recent"],
+        context_budget=values["context_budget_mb"] * MiB, gpu_layers=gpu_layers(values["n_gpu_layers"]),
+        gpu_memory=values["gpu_memory_mb"] * MiB, rpc_servers=tuple(values["rpc_servers"]),
+        rpc_layers=values["rpc_layers"], n_threads=values["n_threads"], flash_attn=values["flash_attn"],
+    )
+    return spec.with_(**overrides) if overrides else spec
+
+
 def _migrate_2_to_3(values: dict[str, Any]) -> dict[str, Any]:
     """Version 2 had no Auto for the GPU layers: its 0 (the default, and the only choice of a CPU build)
     becomes Auto; a number of layers chosen stays."""
@@ -269,12 +288,6 @@ def _migrate_2_to_3(values: dict[str, Any]) -> dict[str, Any]:
 
 
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _migrate_1_to_2, 2: _migrate_2_to_3}
-
-
-def config_dir() -> Path:
-    """The platform's per-user config dir (``LAZYKV_CONFIG_DIR`` overrides it, e.g. for tests)."""
-    override = os.environ.get("LAZYKV_CONFIG_DIR")
-    return Path(override) if override else Path(platformdirs.user_config_dir(APP_DIR_NAME, appauthor=False))
 
 
 class Settings:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QWidget
 
-from lazykv.core.engine.engine import KvStatus
+from lazykv.core.engine.types import KvStatus
 from lazykv.qt.kv_words import meter_line, rungs_sentence
 
 FULL_WARNING = 0.9  # from this fill on the bar turns red

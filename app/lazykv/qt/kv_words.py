@@ -5,7 +5,7 @@ q8_0's last), then 4-bit (the ladder's). docs/glossary.md has the words."""
 
 from __future__ import annotations
 
-from lazykv.core.engine.engine import KvStatus
+from lazykv.core.engine.types import KvStatus
 from lazykv.core.kinds import KvPhase
 
 

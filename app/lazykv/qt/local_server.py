@@ -10,15 +10,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
 from PySide6.QtWidgets import QLabel
 
 from lazykv.core.engine.engine import EngineSession
-from lazykv.core.history.connection import data_dir
 from lazykv.core.history.persistence import Crypto
+from lazykv.core.paths import api_cache_dir
 from lazykv.qt.worker import Borrow, EngineWorker, Failure, Request
 from lazykv.server.app import create_app
 from lazykv.server.engine_access import Generation, QueueFullError, RequestFailed, answer
@@ -118,7 +117,7 @@ class LocalServer(QObject):
         """Serve on 127.0.0.1:``port`` (in the background; ``status`` says when it listens)."""
         if self._http is not None:
             return
-        settings = ServerSettings(port=port, queue_size=QUEUE_SIZE, cache_dir=Path(data_dir()) / "api-cache",
+        settings = ServerSettings(port=port, queue_size=QUEUE_SIZE, cache_dir=api_cache_dir(),
                                   cache_budget_bytes=budget_mb * 1024**2)
         access = WorkerAccess(self._worker, settings, self._pending.emit)
         app = create_app(settings, access, model_name, int(time.time()))

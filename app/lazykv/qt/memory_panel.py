@@ -11,9 +11,9 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPaintEvent, QPalette, QPen
 from PySide6.QtWidgets import QFormLayout, QLabel, QProgressBar, QSizePolicy, QVBoxLayout, QWidget
 
-from lazykv.core.engine.engine import KvStatus, ModelInfo
 from lazykv.core.engine.memory import CTX_PADDING, ContextPlan, DeviceMemory, Fit, fmt_bytes, placed
 from lazykv.core.engine.planner import Estimate
+from lazykv.core.engine.types import KvStatus, ModelInfo
 from lazykv.core.kinds import KvPhase
 from lazykv.qt.kv_words import rung_line
 

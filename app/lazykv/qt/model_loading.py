@@ -12,19 +12,17 @@ from PySide6.QtWidgets import (
     QFileDialog,
 )
 
-from lazykv.core.engine import devices, memory, planner
-from lazykv.core.engine.engine import (
-    ModelInfo,
-    read_checked_meta,
-)
+from lazykv.core.engine import devices, planner
+from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.engine.model_load import read_checked_meta
 from lazykv.core.engine.remote import UNREACHABLE_DETAILS, unreachable_text
+from lazykv.core.engine.types import ModelInfo
 from lazykv.core.models.defaults import models_folder
-from lazykv.core.settings import gpu_layers
+from lazykv.core.settings import load_spec
 from lazykv.qt.model_info_dialog import ModelInfoDialog
 from lazykv.qt.models_dialog import ModelsDialog
 from lazykv.qt.ui_state import UiState
 from lazykv.qt.worker import (
-    EngineConfig,
     Failure,
     LoadModel,
 )
@@ -38,21 +36,9 @@ class ModelLoading:
         """Load ``path`` in the background; the current model, if any, stays until it has loaded."""
         self._set_state(UiState.LOADING)
         self.statusBar().showMessage(f"Loading {path.name}…")
-        config = EngineConfig(
-            model_path=str(path),
-            n_ctx=self.setting("n_ctx"),
-            kv_mode=self.setting("kv_mode"),
-            n_threads=self.setting("n_threads"),
-            n_gpu_layers=gpu_layers(self.setting("n_gpu_layers")),
-            gpu_memory_mb=self.setting("gpu_memory_mb"),
-            flash_attn=self.setting("flash_attn"),
-            rpc_servers=tuple(self.setting("rpc_servers")),
-            rpc_layers=self.setting("rpc_layers"),
-            context_budget_mb=self.setting("context_budget_mb"),
-            kv_recent=self.setting("kv_recent"),
-        )
-        self._show_estimate(path, config)
-        self.engine.submit(LoadModel(config), self._on_model_loaded, self._on_load_failed)
+        spec = load_spec({**self.settings.values(), **self._overrides}, path)
+        self._show_estimate(spec)
+        self.engine.submit(LoadModel(spec), self._on_model_loaded, self._on_load_failed)
 
     def open_configured_model(self) -> None:
         """The model of the settings, else the default one."""
@@ -90,24 +76,20 @@ class ModelLoading:
     def _show_model_info(self) -> None:
         if self.model_info is not None:
             info = self.model_info
-            dialog = ModelInfoDialog(info.meta, self, info.plan, info.plan_note)
+            dialog = ModelInfoDialog(info.meta, self, info.plan, info.plan_note, info.chat_template)
             dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
             dialog.open()
 
-    def _show_estimate(self, path: Path, config: EngineConfig) -> None:
+    def _show_estimate(self, spec: LoadSpec) -> None:
         """The memory estimate of a model about to load (its header is read off the GUI thread)."""
-        title = f"{path.name}, KV {config.kv_mode}"
+        path = spec.model
+        title = f"{path.name}, KV {spec.kv_mode}"
 
         def done(found: tuple[Any, tuple[planner.Device, ...]]) -> None:
             meta, gpus = found
-            budget = config.context_budget_mb * memory.MiB
-            plan = memory.plan_context(meta, config.n_ctx, config.kv_mode, budget, config.kv_recent)
-            offload = planner.Offload.of(config.rpc_servers, config.rpc_layers)
-            est = planner.estimate(meta, plan.n_ctx, config.kv_mode, offload=offload, gpus=gpus,
-                                  gpu_layers=config.n_gpu_layers,
-                                  gpu_memory=config.gpu_memory_mb * memory.MiB, recent=config.kv_recent)
-            self.memory_panel.set_estimate(f"{path.name}, ctx {plan.n_ctx}, KV {config.kv_mode}", est,
-                                           plan=plan)
+            plan = spec.context(meta)
+            self.memory_panel.set_estimate(f"{path.name}, ctx {plan.n_ctx}, KV {spec.kv_mode}",
+                                           spec.estimate(meta, gpus), plan=plan)
 
         def read() -> tuple[Any, tuple[planner.Device, ...]]:
             return read_checked_meta(path), tuple(devices.local_gpus())
@@ -218,11 +200,13 @@ def _dropped_model(event: QDragEnterEvent | QDropEvent) -> Path | None:
 
 
 def model_summary(info: ModelInfo) -> str:
-    """One status-bar line, e.g. 'SmolLM2-135M-Instruct.Q4_1 · llama · 135M params · ctx 4096 · KV lazy'."""
+    """One status-bar line, e.g. 'SmolLM2-135M-Instruct.Q4_1 · llama · 135M params · ctx 4096 · KV lazy';
+    a chat format not from the model file is named at the end."""
+    template = info.chat_template
     return (
         f"{info.name} · {info.architecture} · {_human_count(info.n_params)} params · "
         f"ctx {info.n_ctx} · KV {info.kv_mode} · {info.n_threads} threads"
-    )
+    ) + (f" · {template.short}" if template is not None and not template.from_file else "")
 
 
 def _human_count(n: int) -> str:

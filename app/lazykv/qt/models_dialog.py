@@ -46,7 +46,7 @@ from lazykv.core.models.hub import Hub, HubError, HubModel, HubRepo, read_header
 from lazykv.core.models.record import ModelRecord, human_params
 from lazykv.core.models.scan import Places, ScanResult, scan
 from lazykv.core.models.starter import starter_list
-from lazykv.core.settings import Settings
+from lazykv.core.settings import Settings, load_spec
 from lazykv.qt.background import Background
 
 POLL_MS = 100
@@ -257,14 +257,15 @@ class ModelsDialog(QDialog):
         GPUs takes milliseconds per model); the tables show the answer when it comes."""
         self._fit_generation += 1
         generation = self._fit_generation
-        n_ctx, kv_mode = self.ctx_box.value(), str(self.kv_box.currentData())
-        flash_attn, devices = bool(self._settings["flash_attn"]), list(self._devices)
+        devices = list(self._devices)
+        spec = load_spec(self._settings, self._settings["model_path"] or ".", n_ctx=self.ctx_box.value(),
+                         kv_mode=str(self.kv_box.currentData()), context_budget=0)
         metas = {("disk", str(r.path)): r.meta for r in self._records if r.usable and r.meta is not None}
         metas.update({("hub", name): meta for name, meta in self._hub_metas.items()})
 
         def plan_all() -> dict[tuple[str, str], FitReport]:
             available = memory.available_ram()
-            return {key: fit_report(meta, n_ctx, kv_mode, available, flash_attn, devices)
+            return {key: fit_report(meta, spec, available, devices)
                     for key, meta in metas.items()}
 
         self._fitter.run(plan_all, lambda reports: self._planned(generation, reports),

@@ -26,12 +26,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from lazykv.core.engine.memory import ContextPlan, Fit, MiB, fmt_bytes, kv_bytes, plan_context, window_bytes
+from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.engine.memory import ContextPlan, Fit, MiB, fmt_bytes, kv_bytes, window_bytes
 from lazykv.core.engine.model_meta import CTX_PADDING, ModelMeta
-from lazykv.core.engine.planner import Device, Offload, estimate
+from lazykv.core.engine.planner import Device
 from lazykv.core.engine.remote import parse_endpoint_text
 from lazykv.core.kinds import KvMode, SettingKind
-from lazykv.core.settings import SETTINGS, SETTINGS_BY_NAME, Setting, Settings, gpu_layers
+from lazykv.core.settings import LOAD_SETTINGS, SETTINGS, SETTINGS_BY_NAME, Setting, Settings, load_spec
 from lazykv.qt.markdown import plain_rich_text
 from lazykv.qt.memory_panel import FIT_COLORS, tokens_per_mode
 
@@ -184,8 +185,12 @@ class SettingsDialog(QDialog):
         """The context the values would load (None: no model to measure it on)."""
         if self._meta is None:
             return None
-        return plan_context(self._meta, self.value("n_ctx"), self.value("kv_mode"),
-                            self.value("context_budget_mb") * MiB, self.value("kv_recent"))
+        return self._spec().context(self._meta)
+
+    def _spec(self) -> LoadSpec:
+        """What the values would load (the model measured)."""
+        assert self._meta is not None
+        return load_spec({name: self.value(name) for name in LOAD_SETTINGS}, self._meta.path)
 
     def _update_budget(self, plan: ContextPlan | None) -> None:
         """The context length is unused while a budget is set; under the budget, what it (or the context
@@ -222,10 +227,8 @@ class SettingsDialog(QDialog):
         if plan is None or self._meta is None:
             self.estimate_label.setText("")
             return
-        est = estimate(self._meta, max(plan.n_ctx, CTX_PADDING), self.value("kv_mode"),
-                       offload=Offload.of(self.value("rpc_servers"), self.value("rpc_layers")),
-                       gpus=self._gpus, gpu_layers=gpu_layers(self.value("n_gpu_layers")),
-                       gpu_memory=self.value("gpu_memory_mb") * MiB, recent=self.value("kv_recent"))
+        spec = self._spec().with_(n_ctx=max(plan.n_ctx, CTX_PADDING), context_budget=0)
+        est = spec.estimate(self._meta, self._gpus)
         color = FIT_COLORS[est.fit]
         self.estimate_label.setText(
             f"<b>{html.escape(self._meta.path.name)}</b> with these settings ({plan.n_ctx:,} tokens)<br>"

@@ -16,7 +16,7 @@ from pathlib import Path
 from PySide6.QtCore import QLockFile, QObject, Signal
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
 
-from lazykv.core.files import private_dir, restrict
+from lazykv.core.paths import private_dir, restrict
 
 LOCK_NAME = "lazykv.lock"
 RAISE = b"raise\n"

@@ -14,8 +14,7 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, QRect, QSettings
 from PySide6.QtWidgets import QMainWindow
 
-from lazykv.core.files import PRIVATE_FILE, private_dir, restrict
-from lazykv.core.settings import config_dir
+from lazykv.core.paths import PRIVATE_FILE, config_dir, private_dir, restrict
 
 FILE_NAME = "window.ini"
 STATE_VERSION = 1  # bump when docks or toolbars change in a way an old state must not be applied to

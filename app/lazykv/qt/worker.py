@@ -19,42 +19,21 @@ from typing import Any, ClassVar
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from lazykv.core.engine.engine import (
-    CancelledError,
-    ConversionEvent,
-    EngineError,
-    EngineSession,
-    ReplyResult,
-    SamplingSettings,
-)
-from lazykv.core.engine.memory import MiB
-from lazykv.core.errors import ContextFullError
-from lazykv.core.history.connection import data_dir
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.engine.types import CancelledError, ConversionEvent, ReplyResult, SamplingSettings
+from lazykv.core.errors import ContextFullError, EngineError
 from lazykv.core.history.keys import KeyringUnavailableError, PassphraseError
 from lazykv.core.history.persistence import Crypto, Persistence
 from lazykv.core.history.records import StoreError
 from lazykv.core.history.snapshot import SnapshotError
 from lazykv.core.history.store import Database
-from lazykv.core.kinds import DEFAULT_KV_MODE, DEFAULT_KV_RECENT, ContextFullPolicy, ConversionStage, KvMode
+from lazykv.core.kinds import ContextFullPolicy, ConversionStage
+from lazykv.core.paths import fingerprints_file
 
 STATUS_INTERVAL_S = 0.1  # kv_status while streaming, at most this often
 
 _request_ids = itertools.count(1)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    model_path: str
-    n_ctx: int = 4096
-    kv_mode: KvMode = DEFAULT_KV_MODE
-    n_threads: int = 0  # 0: one per core
-    n_gpu_layers: int | str = 0  # llama.cpp's count, or "auto" (the memory plan's)
-    gpu_memory_mb: int = 0  # at most this much of each GPU (0: its free memory less the headroom)
-    flash_attn: bool = True
-    rpc_servers: tuple[str, ...] = ()  # remote backends, host:port
-    rpc_layers: int = 0  # layers on them; 0: all
-    context_budget_mb: int = 0  # > 0: the context is the longest whose KV cache fits in this (n_ctx unused)
-    kv_recent: int = DEFAULT_KV_RECENT  # the lazy modes' recent f16 window (tokens)
 
 
 @dataclass(frozen=True)
@@ -76,7 +55,7 @@ class Request:
 @dataclass(eq=False)
 class LoadModel(Request):
     what: ClassVar[str] = "Loading the model"
-    config: EngineConfig
+    spec: LoadSpec
 
 
 @dataclass(eq=False)
@@ -190,7 +169,7 @@ class EngineWorker(QObject):
         self._session.set_conversion_listener(self._on_conversion)
         # owns the snapshot crypto (None: snapshots are not saved, no key kept); the database is the
         # process's one (the window's)
-        self._persistence = Persistence(database, self._session, data_dir() / "fingerprints.json")
+        self._persistence = Persistence(database, self._session, fingerprints_file())
         self._closing = threading.Event()
         self._running: Request | None = None
         self._handlers: dict[type[Request], Callable[[Any], Any]] = {
@@ -237,20 +216,7 @@ class EngineWorker(QObject):
             self._emit_status()
 
     def _load(self, request: LoadModel) -> Any:
-        config = request.config
-        return self._session.load(
-            config.model_path,
-            n_ctx=config.n_ctx,
-            kv_mode=config.kv_mode,
-            n_threads=config.n_threads or None,
-            flash_attn=config.flash_attn,
-            n_gpu_layers=config.n_gpu_layers,
-            rpc_servers=config.rpc_servers,
-            rpc_layers=config.rpc_layers,
-            context_budget=config.context_budget_mb * MiB,
-            gpu_memory=config.gpu_memory_mb * MiB,
-            kv_recent=config.kv_recent,
-        )
+        return self._session.load(request.spec)
 
     def _reply(self, request: Reply) -> ReplyResult:
         last_status = 0.0

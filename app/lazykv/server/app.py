@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lazykv.core.engine.engine import SamplingSettings
+from lazykv.core.engine.types import SamplingSettings
 from lazykv.server import types
 from lazykv.server.engine_access import (
     Access,

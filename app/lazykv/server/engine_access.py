@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from lazykv.core.chat.conversation import common_prefix
-from lazykv.core.engine.engine import EngineSession, PromptError, SamplingSettings
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.types import PromptError, SamplingSettings
 from lazykv.core.errors import EngineError
 from lazykv.core.kinds import FinishReason
 from lazykv.server.prefix_cache import PrefixCache

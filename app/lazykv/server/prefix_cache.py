@@ -35,8 +35,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from lazykv.core.chat.conversation import common_prefix
-from lazykv.core.engine.engine import EngineSession, KvRestoreError
-from lazykv.core.files import private_dir, write_text_atomic
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.types import KvRestoreError
+from lazykv.core.files import write_text_atomic
 from lazykv.core.history.persistence import Crypto
 from lazykv.core.history.snapshot import Binding as SnapshotBinding
 from lazykv.core.history.snapshot import (
@@ -46,6 +47,7 @@ from lazykv.core.history.snapshot import (
     read_snapshot,
     write_snapshot,
 )
+from lazykv.core.paths import private_dir
 
 log = logging.getLogger(__name__)
 

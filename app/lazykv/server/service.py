@@ -14,8 +14,8 @@ from starlette.types import ASGIApp
 
 from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.fingerprint import model_sha256
-from lazykv.core.history.connection import data_dir
 from lazykv.core.history.persistence import Crypto
+from lazykv.core.paths import fingerprints_file
 from lazykv.server.app import create_app
 from lazykv.server.engine_access import EngineAccess
 from lazykv.server.prefix_cache import Binding, PrefixCache
@@ -30,9 +30,9 @@ def open_cache(settings: ServerSettings, session: EngineSession, crypto: Crypto 
         return None
     info = session.model_info()
     layout = session.layout()
-    binding = Binding(model_sha256=model_sha256(info.path, data_dir() / "fingerprints.json"),
+    binding = Binding(model_sha256=model_sha256(info.path, fingerprints_file()),
                       n_ctx=info.n_ctx, kv_mode=str(info.kv_mode),
-                      engine_version=str(layout["engine_version"]))
+                      engine_version=layout.engine_version)
     return PrefixCache(settings.cache_dir, binding, crypto, settings.cache_budget_bytes,
                        settings.cache_min_tokens)
 

@@ -9,6 +9,7 @@ import pytest
 
 from lazykv.cli import models as cli
 from lazykv.core.engine import memory
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.memory import Fit
 from lazykv.core.models.fit import fit_report
 from lazykv.core.models.scan import Places, scan
@@ -35,7 +36,8 @@ def test_list_json_is_the_scan_with_the_planner_s_fit(home_env: FakeHome, capsys
     for shown, record in zip(out["models"], records, strict=True):
         if record.usable:
             assert record.meta is not None
-            assert shown["fit"] == fit_report(record.meta, 2048, "ladder").to_json()
+            spec = LoadSpec(record.path, n_ctx=2048, kv_mode="ladder")
+            assert shown["fit"] == fit_report(record.meta, spec).to_json()
             assert shown["fit"]["fit"] in {f.value for f in Fit}
         else:
             assert shown["fit"] is None and shown["problem"] == record.problem

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from lazykv.core.engine.model_meta import CTX_PADDING, ModelMeta, padded_ctx
-from lazykv.core.kinds import KvMode, KvPhase
+from lazykv.core.kinds import KvMode, KvPhase, StorageType
 
 KiB = 1024
 MiB = 1024 * 1024
@@ -28,8 +28,10 @@ MAX_BYTES = 1 << 60  # no figure goes above this (1 EiB): more than any machine 
 MAX_CTX = 131072  # the longest context the settings offer
 # bytes per K or V value of each storage type (numerator, denominator): a block of 32 values is 32
 # 8-bit (q8_0), 16 4-bit (q4_0) or 16 4-bit + 4 bytes of high bits (q5_0), plus its f16 scale
-BYTES_PER_VALUE: dict[str, tuple[int, int]] = {"f16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32),
-                                               "q5_0": (22, 32)}
+BYTES_PER_VALUE: dict[str, tuple[int, int]] = {
+    StorageType.F32: (4, 1), StorageType.F16: (2, 1), StorageType.Q8_0: (34, 32), StorageType.Q4_0: (18, 32),
+    StorageType.Q5_0: (22, 32),
+}
 LAZY_RUNGS = {KvMode.LAZY: (KvPhase.F16, KvPhase.Q8_0),  # a lazy cache's rungs, in order
               KvMode.LADDER: (KvPhase.F16, KvPhase.Q8_0, KvPhase.Q4_0)}
 
@@ -53,7 +55,7 @@ def window_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int) -> in
     patch 0047): ``recent`` tokens' worth (at most the cells), one sequence; 0 for a plain cache."""
     if not KvMode(kv_mode).is_lazy or recent <= 0:
         return 0
-    numerator, denominator = BYTES_PER_VALUE["f16"]
+    numerator, denominator = BYTES_PER_VALUE[StorageType.F16]
     return capped(min(whole(recent), whole(n_cells)) * _values_per_cell(meta) * numerator // denominator)
 
 

@@ -23,16 +23,15 @@ from lazykv.core.engine.types import (
     NotGGUFError,
 )
 from lazykv.core.errors import EngineError
-from lazykv.core.kinds import (
-    KvMode,
-)
+from lazykv.core.kinds import KvMode, StorageType
 
 GGUF_MAGIC = b"GGUF"
 
 
 TYPE_NAMES = {
-    llama_cpp.GGML_TYPE_F16: "f16", llama_cpp.GGML_TYPE_Q8_0: "q8_0", llama_cpp.GGML_TYPE_F32: "f32",
-    llama_cpp.GGML_TYPE_Q4_0: "q4_0", llama_cpp.GGML_TYPE_Q5_0: "q5_0",
+    llama_cpp.GGML_TYPE_F16: StorageType.F16, llama_cpp.GGML_TYPE_Q8_0: StorageType.Q8_0,
+    llama_cpp.GGML_TYPE_F32: StorageType.F32, llama_cpp.GGML_TYPE_Q4_0: StorageType.Q4_0,
+    llama_cpp.GGML_TYPE_Q5_0: StorageType.Q5_0,
 }
 
 

@@ -19,9 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
-from lazykv.core.files import fsync_dir, private_dir
+from lazykv.core.files import fsync_dir
 from lazykv.core.history.records import (
     MAX_TIME,
     ConversationNotFound,
@@ -30,23 +28,11 @@ from lazykv.core.history.records import (
     StoreLockedError,
     StoreReadOnlyError,
 )
+from lazykv.core.paths import DB_FILE, PRIVATE_FILE, SNAPSHOTS_DIR, data_dir, private_dir, restrict
 
 SCHEMA_VERSION = 5
-APP_DIR_NAME = "lazykv"
-DB_FILE = "conversations.sqlite3"
-SNAPSHOTS_DIR = "snapshots"
 DB_KEY_BYTES = 32
 _PLAIN_HEADER = b"SQLite format 3\x00"
-DIR_MODE = 0o700
-FILE_MODE = 0o600
-
-
-def data_dir() -> Path:
-    """The platform's per-user data dir (``LAZYKV_DATA_DIR`` overrides it, e.g. for tests)."""
-    override = os.environ.get("LAZYKV_DATA_DIR")
-    if override:
-        return Path(override)
-    return Path(platformdirs.user_data_dir(APP_DIR_NAME, appauthor=False))
 
 
 
@@ -257,15 +243,6 @@ def _private_dir(path: Path) -> None:
     private_dir(path, own=True)  # and each folder made above it
 
 
-def _restrict(path: Path, mode: int) -> None:
-    """Owner-only permissions on our own file or dir (best effort: e.g. not on Windows)."""
-    try:
-        if path.stat().st_mode & 0o777 != mode:
-            path.chmod(mode)
-    except OSError:
-        pass
-
-
 # carries a snapshot's wrapped key (its row's conversation id given) over to a new master key; None
 # drops the snapshot's row (its key cannot follow: to or from no encryption)
 Rewrap = Callable[[bytes, int], "bytes | None"]
@@ -290,7 +267,7 @@ def reencrypt(path: Path, old_key: bytes | None, new_key: bytes | None, rewrap: 
             db.execute("PRAGMA busy_timeout = 2000")
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             version = int(db.execute("PRAGMA user_version").fetchone()[0])
-            os.close(os.open(side, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, FILE_MODE))
+            os.close(os.open(side, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, PRIVATE_FILE))
             target = "" if new_key is None else f"x'{new_key.hex()}'"
             db.execute("ATTACH DATABASE ? AS target KEY ?", (str(side), target))
             db.execute("SELECT sqlcipher_export('target')").fetchone()
@@ -404,10 +381,10 @@ class Connection:
         try:
             if not self.read_only:
                 if not self.path.exists():  # created owner-only; SQLite gives -wal/-shm the same mode
-                    os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, FILE_MODE))
+                    os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, PRIVATE_FILE))
                 elif self._key is not None and self.path.stat().st_size and _is_plain(self.path):
                     reencrypt(self.path, None, self._key)
-                _restrict(self.path, FILE_MODE)
+                restrict(self.path, PRIVATE_FILE)
                 return self._unlocked(self._driver.connect(self.path, isolation_level=None,
                                                            check_same_thread=False))  # fmt: skip
             if not self.path.exists():  # nothing saved yet and nothing can be: an empty history

@@ -29,8 +29,9 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from lazykv.core.engine.engine import EngineSession, KvRestoreError
+from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.fingerprint import model_sha256
+from lazykv.core.engine.types import KvRestoreError
 from lazykv.core.history.keys import KEY_BYTES, UnlockedPassphrase, database_key, wrapping_key
 from lazykv.core.history.records import Change, OpChanges, SnapshotRef
 from lazykv.core.history.snapshot import (
@@ -292,15 +293,15 @@ class Persistence:
         layout = self.engine.layout()
         if header.model_sha256 != self.model_sha():
             return _Refused("it was saved with another model")
-        if header.state_version != layout["state_version"]:
+        if header.state_version != layout.state_version:
             return _Refused(
                 "it was saved by another version of the engine",
-                f"state format {header.state_version}; this engine uses {layout['state_version']}",
+                f"state format {header.state_version}; this engine uses {layout.state_version}",
             )
-        if header.n_tokens > int(layout["n_ctx"]):  # type: ignore[call-overload]
+        if header.n_tokens > layout.n_ctx:
             return _Refused(
                 "it is longer than the context size set now",
-                f"it holds {header.n_tokens} tokens, more than this context of {layout['n_ctx']}",
+                f"it holds {header.n_tokens} tokens, more than this context of {layout.n_ctx}",
             )
         return None
 
@@ -308,14 +309,14 @@ class Persistence:
         """The note for a state the engine refuses (``EngineSession.kv_refusal``): how the cache stores its
         cells differs (the engine judges that, from the state itself), in the user's words."""
         layout = self.engine.layout()
-        then, now = _memory_words(header.type_k), _memory_words(str(layout["type_k"]))
+        then, now = _memory_words(header.type_k), _memory_words(layout.type_k)
         return _Refused(
             "it was saved with other context-memory settings" + (f" ({then} then, {now} now)"
                                                                  if then != now else ""),
             f"the engine refuses its KV state ({refusal}); "
             f"it was saved as K/V {header.type_k}/{header.type_v}, "
-            f"rotation {header.n_rot_k}/{header.n_rot_v}; this {layout['kv_mode']} cache stores "
-            f"{layout['type_k']}/{layout['type_v']}, rotation {layout['n_rot_k']}/{layout['n_rot_v']}",
+            f"rotation {header.n_rot_k}/{header.n_rot_v}; this {layout.kv_mode} cache stores "
+            f"{layout.type_k}/{layout.type_v}, rotation {layout.n_rot_k}/{layout.n_rot_v}",
         )
 
     def _restore(self, ref: SnapshotRef, conv_id: int, messages: Sequence[dict[str, str]]) -> int:

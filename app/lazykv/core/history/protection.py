@@ -15,7 +15,6 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lazykv.core.history.connection import data_dir
 from lazykv.core.history.keys import (
     PASSPHRASE_FILE,
     KeyringUnavailableError,
@@ -24,6 +23,7 @@ from lazykv.core.history.keys import (
 )
 from lazykv.core.history.persistence import Crypto
 from lazykv.core.history.snapshot import ENCRYPTION_KEYRING, ENCRYPTION_NONE, ENCRYPTION_PASSPHRASE
+from lazykv.core.paths import data_dir
 
 # the snapshot_encryption setting's values (settings.SNAPSHOT_CHOICES)
 KEYRING, PASSPHRASE, NO_ENCRYPTION = "keyring", "passphrase", "none"

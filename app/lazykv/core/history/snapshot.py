@@ -47,8 +47,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from lazykv import __version__
+from lazykv.core.engine.types import KvLayout
 from lazykv.core.files import fsync_dir
-from lazykv.core.kinds import KvMode, KvPhase
+from lazykv.core.kinds import KvMode, KvPhase, StorageType
 
 MAGIC = b"LKVSNAP\x00"
 # 2: the header binds the snapshot to its conversation and the transcript it holds
@@ -90,7 +91,7 @@ _MAX_TEXT = 256
 _INT32_MAX = 2**31 - 1
 _UINT32_MAX = 2**32 - 1
 
-CACHE_TYPES = ("f16", "q8_0", "q4_0", "q5_0")  # the header's storage types (a header field, not a KV mode)
+CACHE_TYPES = tuple(t for t in StorageType if t is not StorageType.F32)  # a header's type_k/type_v
 KV_MODES = tuple(KvMode)
 LAZY_PHASES = ("disabled", *(p.value for p in KvPhase if p is not KvPhase.CONVERTING))  # never mid-conversion
 
@@ -161,13 +162,14 @@ class SnapshotHeader:
 
     @classmethod
     def for_layout(
-        cls, layout: dict[str, Any], *, model_sha256: str, n_tokens: int, encryption: str,
+        cls, layout: KvLayout, *, model_sha256: str, n_tokens: int, encryption: str,
         conversation_id: int, n_messages: int, transcript_sha256: str,
     ) -> SnapshotHeader:  # fmt: skip
         """The header of a cache saved now: the engine's layout of it (``EngineSession.capture_kv``) and what
         the file is bound to (a conversation, or the local API's token prefix)."""
-        texts = {k: str(layout[k]) for k in ("engine_version", "type_k", "type_v", "kv_mode", "lazy_phase")}
-        counts = {k: int(layout[k]) for k in ("n_ctx", "n_rot_k", "n_rot_v", "state_version")}
+        texts = {k: str(getattr(layout, k)) for k in ("engine_version", "type_k", "type_v", "kv_mode",
+                                                       "lazy_phase")}
+        counts = {k: int(getattr(layout, k)) for k in ("n_ctx", "n_rot_k", "n_rot_v", "state_version")}
         return cls(app_version=__version__, model_sha256=model_sha256, n_tokens=n_tokens,
                    encryption=encryption, conversation_id=conversation_id, n_messages=n_messages,
                    transcript_sha256=transcript_sha256, created=time.time(), **texts, **counts)

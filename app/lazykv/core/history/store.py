@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from lazykv.core.chat.conversation import ReplyStats, common_prefix
 from lazykv.core.history import exchange
-from lazykv.core.history.connection import DB_FILE, SNAPSHOTS_DIR, Rewrap, data_dir, reencrypt
+from lazykv.core.history.connection import Rewrap, reencrypt
 from lazykv.core.history.records import (
     DEFAULT_TITLE,
     Change,
@@ -57,6 +57,7 @@ from lazykv.core.history.records import (
 )
 from lazykv.core.history.search import Listing
 from lazykv.core.history.snapshot_budget import SnapshotBudget
+from lazykv.core.paths import DB_FILE, SNAPSHOTS_DIR, data_dir
 
 _UID = re.compile(r"[0-9a-f]{32}")
 T = TypeVar("T")

@@ -1,8 +1,8 @@
 """What fits this machine: a model at a context in a KV mode, and the longest context in each KV mode.
 
-No planner of its own: every figure is the engine's memory plan (``core.engine.planner.plan`` and
-``max_ctx``), the one ``python -m lazykv estimate`` shows, with this machine's GPUs (``devices``: none on a
-CPU build) and as many layers on them as fit (Auto).
+No planner of its own: every figure is the engine's memory plan of a ``LoadSpec`` (the app's settings:
+context, KV mode, recent window, GPU layers and memory limit), the one ``python -m lazykv estimate``
+shows, with this machine's GPUs (``devices``: none on a CPU build).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from lazykv.core.engine import memory, planner
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.memory import Fit
 from lazykv.core.engine.model_meta import ModelMeta
-from lazykv.core.engine.planner import AUTO, Device
+from lazykv.core.engine.planner import Device
 from lazykv.core.kinds import KvMode
 
 WORDS = {Fit.GREEN: "fits", Fit.YELLOW: "tight", Fit.RED: "does not fit"}
@@ -49,15 +50,15 @@ class FitReport:
                 "max_ctx": {str(mode): n for mode, n in self.max_ctx.items()}}
 
 
-def fit_report(meta: ModelMeta, n_ctx: int, kv_mode: str, available: int | None = None,
-               flash_attn: bool = True, devices: Sequence[Device] = ()) -> FitReport:
-    """``meta`` at ``n_ctx`` in ``kv_mode`` against the RAM ``available`` (now, when None) and ``devices``."""
+def fit_report(meta: ModelMeta, spec: LoadSpec, available: int | None = None,
+               devices: Sequence[Device] = ()) -> FitReport:
+    """``meta`` loaded as ``spec`` says (its context, KV mode, window, GPU layers and memory limit; its model
+    is not used) against the RAM ``available`` (now, when None) and ``devices``."""
     available = memory.available_ram() if available is None else available
-    planned = planner.plan(meta, n_ctx, kv_mode, devices, AUTO, available=available)
-    support = meta.kv_support(flash_attn)
-    longest = {mode: planner.max_ctx(meta, mode, devices, AUTO, available=available) if support.allows(mode)
-               else 0 for mode in KvMode}
-    return FitReport(planned, longest)
+    support = meta.kv_support(spec.flash_attn)
+    longest = spec.max_ctx_per_mode(meta, devices, available)
+    return FitReport(spec.plan(meta, devices, available),
+                     {mode: n if support.allows(mode) else 0 for mode, n in longest.items()})
 
 
 def local_devices() -> list[Device]:
