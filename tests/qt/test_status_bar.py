@@ -1,11 +1,12 @@
 """The status bar and the lines about the context memory say what is true and stay readable (issue 45,
 defect 8): the reply's prompt figure is not replaced by the snapshot's notice, a long message is
 shortened with "…", "Compacted" counts the chat on screen's own steps, and a chat resumed from its
-snapshot gets no line saying that it did not fit. On the fake engine."""
+snapshot gets no line saying that it did not fit. On the fake engine; the last test on the real one."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from pytestqt.qtbot import QtBot
 
@@ -14,6 +15,7 @@ from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import WAIT_MS, chat, saved_then_new_chat, settle
+from tests.qt.test_main_window import LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS, open_window
 
 
 def test_the_prompt_figure_stays_while_the_snapshot_notice_shows_beside_it(
@@ -134,3 +136,39 @@ def test_a_chat_re_read_says_what_did_not_fit(
     assert opened.args[1].how == "rebuilt"
     [label] = [m.label for m in w.conversation.markers()]
     assert label.startswith("Context memory went to 8-bit before the conversation was read"), label
+
+
+LONG = "Here is a list: " + ", ".join(f"item {i}" for i in range(120)) + ". Which item comes first?"
+
+
+def test_with_the_real_engine_a_relaunch_resumes_with_true_lines_and_compacted_per_chat(
+    qtbot: QtBot, smollm2_path: Path
+) -> None:
+    """The real engine: its count of conversions goes on over a new chat's empty cache (the panel's does
+    not), and a chat saved at 8-bit, opened after a relaunch, is restored from its snapshot with the
+    cache stepping down before the state is read: one true line, none saying it did not fit."""
+    first = open_window(qtbot, smollm2_path, kv_mode="lazy", snapshot_encryption="none")
+    with qtbot.waitSignal(first.conversations.snapshot_saved, timeout=REPLY_TIMEOUT_MS):
+        first.send_text(LONG)  # does not fit the 16-bit level: converts while it is read
+    settle(qtbot, first)
+    conv_id = first.conversations.current
+    assert first.kv is not None and first.kv.phase is KvPhase.Q8_0
+    assert first.memory_panel.conversion_label.text().startswith("1×")
+    first.new_chat()
+    settle(qtbot, first)
+    qtbot.waitUntil(lambda: first.kv is not None and first.kv.n_cells_used == 0, timeout=WAIT_MS)
+    assert first.kv.n_conversions == 1 and first.memory_panel.conversion_label.text() == "none yet"
+    first.close()
+
+    w = open_window(qtbot, smollm2_path, kv_mode="lazy", snapshot_encryption="none")
+    try:
+        qtbot.waitUntil(lambda: conv_id in w.conversations_panel.ids(), timeout=WAIT_MS)
+        with qtbot.waitSignal(w.conversations.opened, timeout=LOAD_TIMEOUT_MS) as opened:
+            w.conversations.open(conv_id)
+        settle(qtbot, w)
+        assert opened.args[1].how == "restored"
+        assert w.kv is not None and w.kv.phase is KvPhase.Q8_0
+        labels = [m.label for m in w.conversation.markers()]
+        assert labels == ["Context memory restored from the snapshot at 8-bit"], labels
+    finally:
+        w.close()
