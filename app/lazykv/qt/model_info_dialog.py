@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLabel, QVBoxLayout, QWidget
 
@@ -9,8 +11,12 @@ from lazykv.core.engine.memory import fmt_bytes
 from lazykv.core.engine.model_meta import ModelMeta
 from lazykv.core.engine.planner import HOST_CPU, Plan
 
+if TYPE_CHECKING:
+    from lazykv.core.engine.chat_template import ChatTemplateChoice
 
-def describe(meta: ModelMeta) -> list[tuple[str, str]]:
+
+def describe(meta: ModelMeta, template: ChatTemplateChoice | None = None) -> list[tuple[str, str]]:
+    """What the model is; ``template``: the chat format it was loaded with and why (None: not loaded)."""
     support = meta.kv_support(flash_attn=True)
     kv = "f16, q8_0, lazy q8_0 and ladder" if support.lazy else (
         "f16 only: " + support.reason if support.f16 else "none: " + support.reason)
@@ -24,7 +30,8 @@ def describe(meta: ModelMeta) -> list[tuple[str, str]]:
         ("Heads (KV heads)", f"{meta.n_head} ({meta.n_head_kv})"),
         ("Head size (K / V)", f"{meta.head_k} / {meta.head_v}"),
         ("KV cache modes", kv),
-        ("Chat template", "from the model file" if meta.has_chat_template else "none (ChatML is used)"),
+        ("Chat template", template.words if template is not None else "From the model file"
+         if meta.has_chat_template else "None in the model file: a format is chosen when it loads"),
     ]
     if meta.sliding_window:
         rows.insert(7, ("Sliding window", f"{meta.sliding_window} tokens (iSWA)"))
@@ -51,13 +58,15 @@ def describe_plan(plan: Plan, note: str = "") -> list[tuple[str, str]]:
 
 class ModelInfoDialog(QDialog):
     def __init__(self, meta: ModelMeta, parent: QWidget | None = None, plan: Plan | None = None,
-                 note: str = "") -> None:
-        """``plan``: the memory plan the model was loaded with (shown after what the model is)."""
+                 note: str = "", template: ChatTemplateChoice | None = None) -> None:
+        """``plan``: the memory plan the model was loaded with (shown after what the model is);
+        ``template``: the chat format it was loaded with, and why."""
         super().__init__(parent)
         self.setWindowTitle(f"Model: {meta.name}")
         self.setObjectName("model-info")
         form = QFormLayout()
-        for label, value in describe(meta) + (describe_plan(plan, note) if plan is not None else []):
+        rows = describe(meta, template) + (describe_plan(plan, note) if plan is not None else [])
+        for label, value in rows:
             field = QLabel(value)
             field.setTextFormat(Qt.TextFormat.PlainText)  # GGUF metadata is text, never markup
             field.setWordWrap(True)

@@ -20,6 +20,7 @@ from llama_cpp import llama_chat_format
 
 from lazykv.core.chat.context_policy import fit_messages
 from lazykv.core.chat.conversation import common_prefix
+from lazykv.core.engine import chat_template
 from lazykv.core.engine.abort import AbortWatch
 from lazykv.core.engine.memory import split_by_device
 from lazykv.core.engine.model_load import (
@@ -59,13 +60,6 @@ from lazykv.core.kinds import (
 HEAD_MESSAGES = 64  # a re-read formats this many messages first, then twice as many while they fall short
 
 
-# used when a GGUF file carries no chat template
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-    "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-
 def default_threads() -> int:
     """One engine thread per core this process may run on (its CPU affinity: `taskset`, a
     container's cpuset), not per core of the machine: more threads than cores only wait."""
@@ -84,7 +78,7 @@ class EngineSession:
     def __init__(self) -> None:
         self._llama: llama_cpp.Llama | None = None
         self._info: ModelInfo | None = None
-        self._formatter: llama_chat_format.Jinja2ChatFormatter | None = None
+        self._formatter: _ChatFormat | None = None
         self._on_conversion: Callable[[ConversionEvent], None] | None = None
         self._conversion_cells = 0
         self._last_prompt: tuple[object, tuple[list[int], list[str]]] | None = None
@@ -174,9 +168,11 @@ class EngineSession:
             remote=tuple(remote),
             unreachable=tuple(unreachable),
         )
+        chat_format = _ChatFormat(llama)  # the file's chat template, else a known one, else plain
+        info = replace(info, chat_template=chat_format.choice)
         self.close()
         self._llama, self._info = llama, info
-        self._formatter, self._last_prompt = _chat_formatter(llama), None
+        self._formatter, self._last_prompt = chat_format, None
         self._abort = AbortWatch(llama.ctx, lambda: self._cancel)
         if kv_mode.is_lazy:
             llama.set_kv_lazy_progress_callback(self._conversion_progress)
@@ -535,13 +531,9 @@ class EngineSession:
             return self._last_prompt[1]
         llama, _ = self._require()
         assert self._formatter is not None
-        self._formatter.add_generation_prompt = add_generation_prompt
-        try:
-            result = self._formatter(messages=list(messages))
-        finally:
-            self._formatter.add_generation_prompt = True
-        tokens = llama.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
-        stop = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
+        prompt, has_bos = self._formatter(messages, add_generation_prompt)
+        tokens = llama.tokenize(prompt.encode("utf-8"), add_bos=not has_bos, special=True)
+        stop = list(self._formatter.stop)
         self._last_prompt = (key, (tokens, stop))
         return tokens, stop
 
@@ -565,15 +557,45 @@ class EngineSession:
             self._on_conversion(event)
 
 
-def _chat_formatter(llama: llama_cpp.Llama) -> llama_chat_format.Jinja2ChatFormatter:
-    """The model's own chat template (as llama_cpp's chat completion would use it), else ChatML."""
+class _ChatFormat:
+    """How a conversation becomes the model's prompt: the file's own chat template, else llama.cpp's
+    built-in one for the model's family, else a plain transcript (the choice: chat_template.choose);
+    ``stop``: the format's end-of-turn markers and the vocabulary's end tokens, which end a reply."""
 
-    def token_text(token: int) -> str:
-        return llama.detokenize([token], special=True).decode("utf-8", errors="replace") if token >= 0 else ""
+    def __init__(self, llama: llama_cpp.Llama) -> None:
+        vocab = llama_cpp.llama_model_get_vocab(llama.model)
 
-    return llama_chat_format.Jinja2ChatFormatter(
-        template=llama.metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE,
-        eos_token=token_text(llama.token_eos()),
-        bos_token=token_text(llama.token_bos()),
-        stop_token_ids=[llama.token_eos()],
-    )
+        def token_text(token: int) -> str:
+            return llama.detokenize([token], special=True).decode("utf-8", "replace") if token >= 0 else ""
+
+        template = llama.metadata.get("tokenizer.chat_template")
+        specials = () if template else _special_tokens(llama)
+        self.choice = chat_template.choose(template, llama.metadata.get("general.architecture", ""), specials)
+        self._jinja = llama_chat_format.Jinja2ChatFormatter(
+            template=template,
+            eos_token=token_text(llama.token_eos()),
+            bos_token=token_text(llama.token_bos()),
+            stop_token_ids=[llama.token_eos()],
+        ) if template else None
+        ends = (token_text(llama.token_eos()), token_text(llama_cpp.llama_vocab_eot(vocab)))
+        self.stop = tuple(dict.fromkeys(m for m in (*self.choice.end_markers, *ends) if m))
+
+    def __call__(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> tuple[str, bool]:
+        """The prompt's text, and whether it holds the BOS token already (a file's template writes it)."""
+        if self._jinja is not None:
+            self._jinja.add_generation_prompt = add_generation_prompt
+            return self._jinja(messages=list(messages)).prompt, True  # type: ignore[arg-type]
+        if self.choice.source is chat_template.TemplateSource.BUILTIN:
+            prompt = chat_template.render(self.choice.name, messages, add_generation_prompt)
+            if prompt is None:
+                raise PromptError(f"llama.cpp's built-in {self.choice.name} template refused these messages")
+            return prompt, False
+        return chat_template.plain_prompt(messages, add_generation_prompt), False
+
+
+def _special_tokens(llama: llama_cpp.Llama) -> list[str]:
+    """The text of the vocabulary's control and user-defined tokens (``<start_of_turn>``, ``<|im_end|>``)."""
+    vocab = llama_cpp.llama_model_get_vocab(llama.model)
+    special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+    return [llama_cpp.llama_vocab_get_text(vocab, token).decode("utf-8", errors="replace")
+            for token in range(llama.n_vocab()) if llama_cpp.llama_vocab_get_attr(vocab, token) & special]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lazykv.core.engine.memory import DeviceMemory
 from lazykv.core.engine.model_meta import ModelMeta
@@ -17,6 +18,9 @@ from lazykv.core.kinds import (
     KvMode,
     KvPhase,
 )
+
+if TYPE_CHECKING:  # chat_template reaches llama_cpp, which these records need not load
+    from lazykv.core.engine.chat_template import ChatTemplateChoice
 
 
 class ModelFileError(EngineError):
@@ -84,6 +88,7 @@ class ModelInfo:
     plan_note: str = ""  # a sentence about the plan (a GPU build without a usable device: the CPU instead)
     remote: tuple[str, ...] = ()  # the remote backends (llama.cpp RPC servers) the model runs on
     unreachable: tuple[Unreachable, ...] = ()  # those asked for but left out, and why
+    chat_template: ChatTemplateChoice | None = None  # the chat format used and why (None: not chosen yet)
 
     @property
     def name(self) -> str:
