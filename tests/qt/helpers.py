@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QMessageBox, QPushButton
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.engine import KvRestoreError
@@ -58,6 +58,18 @@ def stored(w: MainWindow | None = None) -> list[tuple[str, list[dict[str, str]]]
         finally:
             store.close()
 
+
+
+def end_private(qtbot: QtBot, w: MainWindow, answer: str) -> None:
+    """Answer "End the private chat?" (Private unticked with private turns on screen): "save",
+    "discard" or "keep" (Cancel) clicked in the question once it is shown."""
+    def shown() -> QPushButton | None:
+        return next((b for b in w.findChildren(QPushButton, f"{answer}-private-chat") if b.isVisible()), None)
+
+    qtbot.waitUntil(lambda: shown() is not None, timeout=WAIT_MS)
+    button = shown()
+    assert button is not None
+    button.click()
 
 
 def held(qtbot: QtBot, fake: FakeSession, start: Callable[[], object]) -> None:

@@ -14,6 +14,7 @@ from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import (
     WAIT_MS,
     chat,
+    end_private,
     error_box,
     held,
     reopening_held,
@@ -83,6 +84,7 @@ def test_turning_private_off_saves_from_that_point_only(qtbot: QtBot, fake_windo
     chat(qtbot, w, "A secret")
     assert stored() == []
     w.private_action.setChecked(False)
+    end_private(qtbot, w, "discard")  # asked first (issue 45.6)
     chat(qtbot, w, "Public from here")
     [(title, messages)] = stored()
     assert title == "Public from here"
@@ -97,6 +99,7 @@ def test_private_mode_saves_nothing_and_its_two_controls_agree(qtbot: QtBot, fak
     chat(qtbot, w, "Nothing saved")
     assert stored() == [] and w.conversations_panel.list.count() == 0
     w.private_action.setChecked(False)
+    end_private(qtbot, w, "discard")  # asked first (issue 45.6)
     assert not w.conversations_panel.private_box.isChecked() and "private" not in w.windowTitle()
 
 

@@ -14,6 +14,7 @@ says why it stopped early. Run it on a display (``tools/xcb_smoke.x_desktop``) w
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 import traceback
@@ -23,7 +24,7 @@ from typing import Any
 
 from PySide6.QtCore import QEventLoop, QPoint, Qt, QTimer
 from PySide6.QtTest import QTest
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QDialog, QLabel, QLineEdit, QPushButton
 
 from lazykv import __main__ as entry
 
@@ -104,6 +105,25 @@ class Driver:
         QTest.mouseClick(box, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier,
                          QPoint(8, box.height() // 2))  # on the tick box itself
 
+    def click_button(self, name: str) -> None:
+        """Click the button of that object name once it is shown (in a dialog of the window)."""
+        def shown() -> list[QPushButton]:
+            return [b for b in self.w.findChildren(QPushButton, name) if b.isVisible()]
+
+        wait_until(lambda: bool(shown()), f"{name} shown")
+        button = shown()[0]
+        QTest.mouseClick(button, Qt.MouseButton.LeftButton)
+
+    def windows(self) -> list[dict[str, Any]]:
+        """What is shown: each visible top-level window of the app (Qt's view), and the titles of the
+        windows the window manager lists (``wmctrl -l``: what a user could see or switch to)."""
+        shown = [{"class": w.metaObject().className(), "name": w.objectName(), "title": w.windowTitle(),
+                  "labels": [label.text() for label in w.findChildren(QLabel) if label.isVisible()]
+                  if w is not self.w else []}  # a dialog's words (the main window holds its dialogs)
+                 for w in QApplication.topLevelWidgets() if w.isWindow() and w.isVisible()]
+        listed = subprocess.run(["wmctrl", "-l"], capture_output=True, text=True, timeout=10).stdout
+        return [*shown, {"wm": [line.split(None, 3)[-1] for line in listed.splitlines() if line.strip()]}]
+
     def quit(self) -> None:
         """Ctrl+Q, as a user quits."""
         self.w.activateWindow()
@@ -174,11 +194,35 @@ def private_then_not(d: Driver) -> dict[str, Any]:
     wait_until(lambda: d.w.conversations.private, "Private to be on")
     d.send("Make the dragon purple.")
     d.click_private()
+    d.click_button("discard-private-chat")  # "End the private chat?" Discard
     wait_until(lambda: not d.w.conversations.private, "Private to be off")
     d.settled()
     hello = d.send("hello again")
     d.settled()
     return {"story": story, "hello": hello, "screen": d.screen(), "saved": d.saved()}
+
+
+def wrong_then_right_passphrase(d: Driver) -> dict[str, Any]:
+    """A passphrase chosen before (the test set it): a wrong one typed into the prompt at start, Enter;
+    then the right one typed into whatever has the focus, Enter."""
+    prompts = d.w.findChildren
+    wait_until(lambda: any(w.isVisible() for w in prompts(QDialog, "passphrase-dialog")), "the prompt")
+    QTest.qWait(300)
+    QTest.keyClicks(QApplication.focusWidget(), "wrong horse")
+    QTest.keyClick(QApplication.focusWidget(), Qt.Key.Key_Return)
+    wait_until(lambda: d.w.ops.count == 0, "the wrong passphrase to be checked")
+    pause(1000)  # a second window would be up by now
+    focus = QApplication.focusWidget()
+    after_wrong = {"windows": d.windows(), "focus": type(focus).__name__,
+                   "focus_window": focus.window().objectName() if focus is not None else None,
+                   "selected": focus.selectedText() if isinstance(focus, QLineEdit) else None,
+                   "focus_text": focus.text() if isinstance(focus, QLineEdit) else None}
+    QTest.keyClicks(focus, "correct horse")  # over the selection
+    QTest.keyClick(QApplication.focusWidget(), Qt.Key.Key_Return)
+    wait_until(lambda: d.w.conversations.snapshots_on, "the right passphrase to be taken", 30)
+    d.settled()
+    pause(1000)  # a stale window would still be up
+    return {"after_wrong": after_wrong, "after_right": {"windows": d.windows()}}
 
 
 def switch_during_reread(d: Driver) -> dict[str, Any]:
@@ -208,7 +252,8 @@ def switch_during_reread(d: Driver) -> dict[str, Any]:
 
 
 SCENARIOS: dict[str, Callable[[Driver], dict[str, Any]]] = {
-    f.__name__: f for f in (two_chats_open_the_older, observe_start, private_then_not, switch_during_reread)
+    f.__name__: f for f in (two_chats_open_the_older, observe_start, private_then_not, switch_during_reread,
+                            wrong_then_right_passphrase)
 }
 
 

@@ -56,8 +56,9 @@ from lazykv.qt.elided_label import StatusBar
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.notice_banner import NoticeBanner
 from lazykv.qt.operations import EngineClient
+from lazykv.qt.private_chat import PrivateChat
 from lazykv.qt.protection_prompts import ProtectionPrompts
-from lazykv.qt.worker import ClearKv, Failure, OpenConversation, SaveSnapshot
+from lazykv.qt.worker import ClearKv, Failure, OpenConversation, Reply, SaveSnapshot
 
 UNDO_MS = 10_000  # the status bar's offer to undo a delete
 SAVED_NOTICE_MS = 5000  # "Saved: snapshot of …" beside the status bar's messages
@@ -86,6 +87,8 @@ class ConversationsHost(Protocol):
     settings: Settings
     keyring_notice: NoticeBanner  # non-modal: the chat goes on while they are shown
     history_notice: NoticeBanner
+    input: QWidget  # the message box: keyboard focus goes back to it after the Private switch
+    reply_request: Reply | None  # the reply streaming now
 
     def statusBar(self) -> StatusBar: ...  # noqa: N802 - Qt's name
     def show_error(self, title: str, message: str, details: str = "") -> QMessageBox: ...
@@ -123,7 +126,7 @@ class Chat:
     unsaved_private_turns: bool = False
 
 
-class Conversations(ProtectionPrompts, ConversationFiles, QObject):
+class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
     """Owns the chat on screen and asks for the snapshot protection (the key itself lives only in the
     engine worker's Persistence: the GUI knows whether snapshots are on, not the key)."""
 
@@ -260,24 +263,6 @@ class Conversations(ProtectionPrompts, ConversationFiles, QObject):
         self.host.conversations_panel.select(None)
         if self.host.model_info is not None:  # an empty cache, 16-bit again after a compaction
             self.host.engine.submit(ClearKv())
-
-    def set_private(self, private: bool) -> None:
-        """Private on: nothing more of this chat is saved. Off: when turns were typed while private, the
-        private chat ends (it was never written): a new, empty chat takes its place, with an empty
-        cache, so the screen, the saved history and what the model sees stay one conversation; with
-        no private turns, saving simply goes on."""
-        if private == self.private:
-            return
-        self.private = private
-        ended = not private and self.chat.unsaved_private_turns
-        self.private_changed.emit(private)
-        if ended:
-            n = len(self.chat.conversation)
-            self.host.stop_reply()
-            self.new_chat(self.host.setting("system_prompt"))
-            self.host.statusBar().showMessage(
-                f"Private chat closed: its {n} messages were not saved. This is a new chat, saved as usual.",
-                10_000)
 
     # -- saving ----------------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The questions and notices of the history's protection, for ``Conversations``: which protection
 is chosen (the setting), the keyring's key read off the GUI thread, the passphrase asked (twice when it
-is new) and checked off the GUI thread, banners instead of modal questions. The choices themselves and
+is new) and checked off the GUI thread in a prompt that says in itself why an answer was refused
+(``passphrase_prompt``), banners instead of modal questions. The choices themselves and
 what a key means for the database are kept in core (``lazykv.core.history.protection``)."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from PySide6.QtWidgets import (
 from lazykv.core.history.keys import (
     KeyringTimeoutError,
     PassphraseError,
+    PassphraseMismatchError,
     UnlockedPassphrase,
     load_or_create_key,
 )
@@ -37,9 +39,8 @@ from lazykv.core.history.protection import (
 from lazykv.core.history.records import (
     StoreLockedError,
 )
-from lazykv.qt.worker import ChangeCrypto, Failure, SetCrypto
-
-FIELD_MIN_WIDTH = 400  # px: the field of a text question (rename, passphrase)
+from lazykv.qt.passphrase_prompt import FIELD_MIN_WIDTH, PassphrasePrompt, PromptState
+from lazykv.qt.worker import ChangeCrypto, Failure, SetCrypto, failure
 
 
 class ProtectionPrompts:
@@ -204,21 +205,29 @@ class ProtectionPrompts:
              if scheme != self.host.setting("snapshot_encryption")],
             str(err))
 
-    def ask_passphrase(self) -> None:
-        dialog = self._ask_text("passphrase-dialog", "Snapshot passphrase",
-                                "Passphrase for this session's conversation snapshots:", self.use_passphrase,
-                                password=True)  # fmt: skip
+    def ask_passphrase(self, problem: str = "") -> None:
+        """The passphrase prompt (``problem``: why it is asked again, said in it). A wrong answer is
+        said in the prompt itself, which stays open for the retry: no other window comes up."""
+        prompt = self._passphrase_prompt("passphrase-dialog", "Snapshot passphrase",
+                                         "Passphrase for this session's conversation snapshots:")
         use = self._for_this_choice(self._use)  # for this choice only (a later one may come first)
-        dialog.rejected.connect(lambda: use(None))  # no passphrase: no snapshots, history as it is
+        prompt.rejected.connect(lambda: use(None))  # no passphrase: no snapshots, history as it is
+        prompt.submitted.connect(lambda text: self.use_passphrase(text, prompt=prompt))
+        if problem:
+            prompt.refuse(problem)
 
-    def use_passphrase(self, passphrase: str, confirmation: str | None = None) -> None:
-        """Unlock with the chosen passphrase (a wrong one is asked again), or choose it, typed twice:
-        nothing is ever written under an unchecked passphrase."""
+    def use_passphrase(self, passphrase: str, confirmation: str | None = None,
+                       prompt: PassphrasePrompt | None = None) -> None:
+        """Unlock with the chosen passphrase (a wrong one is said in ``prompt``, asked again), or choose
+        it, typed twice: nothing is ever written under an unchecked passphrase."""
+        state = prompt.state if prompt is not None else PromptState()
         if not passphrase:
+            self._close_prompt(prompt)
             self._use(None)
             return
         lock = passphrase_lock()
         if not lock.is_set() and confirmation is None:
+            self._close_prompt(prompt)
             self._confirm_passphrase(passphrase)
             return
         salt_hex = self.host.settings["passphrase_salt"]  # kept: snapshots saved before the verifier
@@ -226,21 +235,51 @@ class ProtectionPrompts:
         def check() -> UnlockedPassphrase:
             return unlock_or_create(lock, passphrase, confirmation, salt_hex)
 
-        def refused(err: Exception) -> None:
-            self.host.show_exception("The passphrase was not accepted", err)
-            if isinstance(err, PassphraseError):
-                self.ask_passphrase()
+        choice = self.protection.choice
 
-        use = self._for_this_choice(lambda unlocked: self._use(passphrase_crypto(unlocked)))
-        self.host.background.run(check, use, self._for_this_choice(refused), "Checking the passphrase")
+        def refused(err: Exception) -> None:
+            if state.closed:  # cancelled while it was checked: no passphrase, as its Cancel said
+                return
+            if not self.protection.is_current(choice):  # another choice was made meanwhile
+                self._close_prompt(prompt)
+                return
+            if isinstance(err, PassphraseError) and not isinstance(err, PassphraseMismatchError) and prompt:
+                prompt.refuse(failure(err).message)  # in the prompt, which stays for the retry
+                return
+            self._close_prompt(prompt)
+            if isinstance(err, PassphraseError):  # differing twice typed, or no prompt open: asked anew
+                self.ask_passphrase(failure(err).message)
+            else:
+                self.host.show_exception("The passphrase was not accepted", err)
+
+        def accepted(unlocked: UnlockedPassphrase) -> None:
+            if state.closed:
+                return
+            self._close_prompt(prompt)
+            if self.protection.is_current(choice):
+                self._use(passphrase_crypto(unlocked))
+
+        self.host.background.run(check, accepted, refused, "Checking the passphrase")
+
+    @staticmethod
+    def _close_prompt(prompt: PassphrasePrompt | None) -> None:
+        if prompt is not None:
+            prompt.finish()
 
     def _confirm_passphrase(self, passphrase: str) -> None:
-        self._ask_text("passphrase-confirm-dialog", "Confirm the passphrase",
-                       "Type the new passphrase again:", lambda again: self.use_passphrase(passphrase, again),
-                       password=True)
+        prompt = self._passphrase_prompt("passphrase-confirm-dialog", "Confirm the passphrase",
+                                         "Type the new passphrase again:")
+        use = self._for_this_choice(self._use)
+        prompt.rejected.connect(lambda: use(None))
+        prompt.submitted.connect(lambda again: self.use_passphrase(passphrase, again, prompt))
+
+    def _passphrase_prompt(self, name: str, title: str, label: str) -> PassphrasePrompt:
+        prompt = PassphrasePrompt(self._dialogs, name, title, label)
+        prompt.open()
+        return prompt
 
     def _ask_text(self, name: str, title: str, label: str, on_text: Callable[[str], None],
-                  password: bool = False, text: str = "") -> QInputDialog:
+                  text: str = "") -> QInputDialog:
         """A window-modal text question starting with ``text``, deleted when closed; ``on_text`` gets
         the accepted text."""
         dialog = QInputDialog(self._dialogs)
@@ -248,8 +287,6 @@ class ProtectionPrompts:
         dialog.setWindowTitle(title)
         dialog.setLabelText(label)
         dialog.setTextValue(text)
-        if password:
-            dialog.setTextEchoMode(QLineEdit.EchoMode.Password)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.textValueSelected.connect(on_text)
         dialog.open()
