@@ -11,7 +11,6 @@ import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 
 import jinja2
 import llama_cpp
@@ -22,21 +21,22 @@ from lazykv.core.chat.context_policy import fit_messages
 from lazykv.core.chat.conversation import common_prefix
 from lazykv.core.engine import chat_template
 from lazykv.core.engine.abort import AbortWatch
+from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.memory import split_by_device
 from lazykv.core.engine.model_load import (
     TYPE_NAMES,
     budget_n_ctx,
     kv_cache_params,
-    kv_mode_of,
     read_checked_meta,
     refuse_what_does_not_fit,
     remote_backends,
 )
 from lazykv.core.engine.model_meta import KvSupport
-from lazykv.core.engine.planner import AUTO, GpuLayers, plan
+from lazykv.core.engine.planner import AUTO
 from lazykv.core.engine.types import (
     CancelledError,
     ConversionEvent,
+    KvLayout,
     KvModeError,
     KvRestoreError,
     KvSnapshot,
@@ -50,7 +50,6 @@ from lazykv.core.engine.types import (
 )
 from lazykv.core.errors import EngineError
 from lazykv.core.kinds import (
-    DEFAULT_KV_MODE,
     ContextFullPolicy,
     ConversionStage,
     FinishReason,
@@ -85,60 +84,41 @@ class EngineSession:
         self._abort: AbortWatch | None = None
         self._cancel: threading.Event | None = None  # the token of the request running (see cancellable)
 
-    def load(
-        self,
-        model_path: Path | str,
-        n_ctx: int = 4096,
-        kv_mode: str = DEFAULT_KV_MODE,
-        n_threads: int | None = None,
-        *,
-        flash_attn: bool = True,
-        n_gpu_layers: GpuLayers = 0,
-        rpc_servers: Sequence[str] = (),
-        rpc_layers: int = 0,
-        context_budget: int = 0,
-        gpu_memory: int = 0,
-        kv_recent: int = 0,
-    ) -> ModelInfo:
-        """Load a model, replacing the current one only once the new one has loaded.
+    def load(self, spec: LoadSpec) -> ModelInfo:
+        """Load ``spec.model`` as ``spec`` says, replacing the current model only once the new one has loaded.
 
-        ``context_budget`` (bytes, 0: unused) replaces ``n_ctx`` with the longest context whose KV cache
-        fits in it in this KV mode (memory.context_for_budget; ContextBudgetError when not even the
-        smallest does).
-        ``rpc_servers``: remote backends (``host:port`` of llama.cpp RPC servers); those that answer
-        get ``rpc_layers`` layers (0: all) with their part of the KV cache, the others are left out
-        and listed in ``ModelInfo.unreachable``. On any error the previous model stays loaded and usable.
-        ``n_gpu_layers``: llama.cpp's count, or ``"auto"``: as many as the memory plan fits on this machine's
-        GPUs, each used up to ``gpu_memory`` bytes (0: its free memory less the headroom); none without a
-        usable GPU (``ModelInfo.plan_note`` says so on a GPU build). A model whose plan needs more RAM than
-        is available is refused with a sentence naming the context that fits (ModelLoadError), before
-        llama.cpp could run out of memory. ``kv_recent``: a lazy mode's recent f16 window (tokens; 0 none).
+        A context budget replaces ``n_ctx`` with the longest context whose KV cache fits in it in this KV
+        mode (memory.context_for_budget; ContextBudgetError when not even the smallest does). RPC servers
+        that answer get ``rpc_layers`` layers (0: all) with their part of the KV cache, the others are left
+        out and listed in ``ModelInfo.unreachable``. GPU layers ``AUTO``: as many as the memory plan fits on
+        this machine's GPUs, each used up to ``gpu_memory`` bytes (0: its free memory less the headroom); none
+        without a usable GPU (``ModelInfo.plan_note`` says so on a GPU build). A model whose plan needs more
+        RAM than is available is refused with a sentence naming the context that fits (ModelLoadError),
+        before llama.cpp could run out of memory. On any error the previous model stays loaded and usable.
         """
-        path = Path(model_path)
+        path = spec.model
         meta = read_checked_meta(path)
-        kv_mode = kv_mode_of(kv_mode)
-        recent = kv_recent if kv_mode.is_lazy else 0
-        params = kv_cache_params(kv_mode, flash_attn, recent)
-        support: KvSupport = meta.kv_support(flash_attn)
+        kv_mode, recent = spec.kv_mode, spec.recent
+        params = kv_cache_params(kv_mode, spec.flash_attn, recent)
+        support: KvSupport = meta.kv_support(spec.flash_attn)
         if not support.allows(kv_mode):
             raise KvModeError(f"a {kv_mode} KV cache cannot run {path.name}: {support.reason}")
-        if context_budget > 0:
-            n_ctx = budget_n_ctx(meta, context_budget, kv_mode, recent)
-        threads = n_threads or default_threads()
-        remote, unreachable = remote_backends(rpc_servers)
+        n_ctx = budget_n_ctx(meta, spec.context_budget, kv_mode, recent) if spec.context_budget > 0 \
+            else spec.n_ctx
+        threads = spec.n_threads or default_threads()
+        remote, unreachable = remote_backends(spec.rpc_servers)
         from lazykv.core.engine import devices as found  # it imports this module
 
         gpus = tuple(found.local_gpus())
         offered = tuple(found.registered(remote)) + gpus  # llama.cpp's order: the servers, then the GPUs
         if remote:
             params.update(rpc_servers=remote)
-            n_gpu_layers = rpc_layers if rpc_layers > 0 else -1
-        chosen = plan(meta, n_ctx, kv_mode, offered, meta.n_layer + 1 if n_gpu_layers == -1 else n_gpu_layers,
-                      gpu_memory or None, recent=recent)
+        chosen = spec.plan(meta, offered, n_ctx=n_ctx)
+        n_gpu_layers = spec.layers(meta, offered)
         if n_gpu_layers == AUTO:
             n_gpu_layers = chosen.n_gpu_layers
         note = found.no_device_note(found.gpu_build(), gpus) if not remote else ""
-        refuse_what_does_not_fit(path, meta, chosen, offered, gpu_memory)
+        refuse_what_does_not_fit(path, meta, chosen, offered, spec.gpu_memory)
         try:
             llama = llama_cpp.Llama(
                 model_path=str(path),
@@ -225,27 +205,27 @@ class EngineSession:
             return False
         return llama.kv_lazy_convert()
 
-    def layout(self, written_at: str | None = None) -> dict[str, object]:
+    def layout(self, written_at: str | None = None) -> KvLayout:
         """What a saved KV state must match to restore here (the snapshot header carries the same keys);
         ``written_at``: the layout of a state written at that later rung (see capture_kv)."""
         llama, info = self._require()
         meta = llama.state_metadata(written_at=written_at)
-        return {
-            "engine_version": llama_cpp.__version__,
-            "n_ctx": info.n_ctx,
-            "kv_mode": info.kv_mode,
-            "type_k": TYPE_NAMES.get(meta["type_k"], str(meta["type_k"])),
-            "type_v": TYPE_NAMES.get(meta["type_v"], str(meta["type_v"])),
-            "lazy_phase": meta["lazy_phase"],
-            "lazy_rungs": list(meta["lazy_rungs"]),
-            "lazy_rot_k": meta["lazy_rot"][0],
-            "lazy_rot_v": meta["lazy_rot"][1],
-            "n_rot_k": meta["n_rot_k"],
-            "n_rot_v": meta["n_rot_v"],
-            "n_rot_k_swa": meta["n_rot_k_swa"],
-            "n_rot_v_swa": meta["n_rot_v_swa"],
-            "state_version": meta["seq_version"],
-        }
+        return KvLayout(
+            engine_version=llama_cpp.__version__,
+            n_ctx=info.n_ctx,
+            kv_mode=info.kv_mode,
+            type_k=TYPE_NAMES.get(meta["type_k"], str(meta["type_k"])),
+            type_v=TYPE_NAMES.get(meta["type_v"], str(meta["type_v"])),
+            lazy_phase=str(meta["lazy_phase"]),
+            lazy_rungs=tuple(str(rung) for rung in meta["lazy_rungs"]),
+            lazy_rot_k=int(meta["lazy_rot"][0]),
+            lazy_rot_v=int(meta["lazy_rot"][1]),
+            n_rot_k=int(meta["n_rot_k"]),
+            n_rot_v=int(meta["n_rot_v"]),
+            n_rot_k_swa=int(meta["n_rot_k_swa"]),
+            n_rot_v_swa=int(meta["n_rot_v_swa"]),
+            state_version=int(meta["seq_version"]),
+        )
 
     def capture_kv(self, compact: bool = False) -> KvSnapshot:
         """The conversation's KV cache (sequence 0) and the tokens it holds. ``compact``: a lazy cache

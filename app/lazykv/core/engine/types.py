@@ -166,10 +166,32 @@ class ReplyResult:
 
 
 @dataclass(frozen=True)
+class KvLayout:
+    """What a saved KV state must match to restore into a cache (a snapshot's header carries the same):
+    the engine, the context, how K and V are stored (their types, the lazy cache's rung and rungs) and
+    rotated (the Hadamard rotation of the lazy cache and of the plain one, of the sliding-window layers)."""
+
+    engine_version: str
+    n_ctx: int
+    kv_mode: KvMode
+    type_k: str  # a StorageType's name
+    type_v: str
+    lazy_phase: str  # the rung its cells are on; "disabled" for a plain cache
+    lazy_rungs: tuple[str, ...]
+    lazy_rot_k: int
+    lazy_rot_v: int
+    n_rot_k: int
+    n_rot_v: int
+    n_rot_k_swa: int
+    n_rot_v_swa: int
+    state_version: int  # the per-sequence state format
+
+
+@dataclass(frozen=True)
 class KvSnapshot:
     """One conversation's KV cache as the engine saved it: what it is, its tokens, the state bytes."""
 
-    layout: dict[str, object]  # see EngineSession.layout()
+    layout: KvLayout
     tokens: list[int]
     state: bytes  # the sequence state with its metadata (opaque to callers)
 
