@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QImage, QPainter
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.types import ConversionEvent, KvRestoreError
@@ -44,8 +46,19 @@ def test_a_long_message_is_shortened_with_an_ellipsis_and_whole_in_the_tooltip(
     qtbot.wait(20)
     shown = bar.shown_message()
     assert shown.endswith("…") and text.startswith(shown[:-1].rstrip()), shown
-    assert bar.fontMetrics().horizontalAdvance(shown) <= bar.message_rect().width()
-    assert bar.message_rect().right() < w.model_label.geometry().left()
+    rect = bar.message_rect()
+    assert bar.fontMetrics().horizontalAdvance(shown) <= rect.width()
+    assert rect.right() < w.model_label.geometry().left()
+    # drawn as that and nothing else (not the whole text cut at the edge, under it)
+    drawn = bar.grab().toImage().copy(rect)
+    alone = QImage(drawn.size(), drawn.format())
+    alone.fill(drawn.pixelColor(0, 0))
+    painter = QPainter(alone)
+    painter.setFont(bar.font())
+    painter.setPen(bar.palette().windowText().color())
+    painter.drawText(alone.rect(), int(Qt.AlignmentFlag.AlignLeading | Qt.AlignmentFlag.AlignVCenter), shown)
+    painter.end()
+    assert drawn == alone
     assert bar.toolTip() == text
     bar.showMessage("Short")
     assert bar.shown_message() == "Short"

@@ -5,10 +5,11 @@ window's status bar, whose messages are shortened the same way."""
 from __future__ import annotations
 
 from PySide6.QtCore import QRect, QSize, Qt, QTimer
-from PySide6.QtGui import QPainter, QPaintEvent
+from PySide6.QtGui import QPainter, QPaintEvent, QResizeEvent
 from PySide6.QtWidgets import QLabel, QSizeGrip, QSizePolicy, QStatusBar, QStyle, QStyleOption, QWidget
 
 MIN_CHARS = 12  # the narrowest it gets: about this many characters
+NOTICE_SHARE = 4  # the status bar's notice takes at most this part of its width
 
 
 class ElidedLabel(QLabel):
@@ -60,10 +61,8 @@ class StatusBar(QStatusBar):
     def message_rect(self) -> QRect:
         """Where the message is drawn: as QStatusBar's own, up to the first permanent widget shown (the
         other widgets are hidden while a message is) and the size grip."""
-        right = self.width() - 12
-        for child in self.children():
-            if isinstance(child, QWidget) and child.isVisible() and not child.isWindow():
-                right = min(right, child.x() - (0 if isinstance(child, QSizeGrip) else 2))
+        right = min([self.width() - 12, *(w.x() - 2 for w in self._shown_widgets()),
+                     *(g.x() for g in self.findChildren(QSizeGrip) if g.isVisible())])
         return QRect(6, 0, max(0, right - 6), self.height())
 
     def shown_message(self) -> str:
@@ -71,16 +70,31 @@ class StatusBar(QStatusBar):
         text = " ".join(self.currentMessage().splitlines())
         return self.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, self.message_rect().width())
 
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt's name
+        self.notice.setMaximumWidth(max(self.notice.minimumSizeHint().width(), self.width() // NOTICE_SHARE))
+        super().resizeEvent(event)
+
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt's name
-        super().paintEvent(event)  # the panel, the widgets' frames, and the message as Qt cuts it
+        """As QStatusBar's own (the panel, the frames of the widgets shown), but the message shortened."""
         if not self.currentMessage():
+            super().paintEvent(event)
             return
-        rect = self.message_rect()
         painter = QPainter(self)
-        painter.setClipRect(rect)
+        style = self.style()
         option = QStyleOption()
         option.initFrom(self)
-        self.style().drawPrimitive(QStyle.PrimitiveElement.PE_PanelStatusBar, option, painter, self)
+        style.drawPrimitive(QStyle.PrimitiveElement.PE_PanelStatusBar, option, painter, self)
+        for widget in self._shown_widgets():
+            frame = QStyleOption()
+            frame.rect = widget.geometry().adjusted(-2, -1, 2, 1)
+            frame.palette = self.palette()
+            frame.state = QStyle.StateFlag.State_None
+            style.drawPrimitive(QStyle.PrimitiveElement.PE_FrameStatusBarItem, frame, painter, widget)
         painter.setPen(self.palette().windowText().color())
-        painter.drawText(rect, int(Qt.AlignmentFlag.AlignLeading | Qt.AlignmentFlag.AlignVCenter
-                                   | Qt.TextFlag.TextSingleLine), self.shown_message())
+        flags = Qt.AlignmentFlag.AlignLeading | Qt.AlignmentFlag.AlignVCenter | Qt.TextFlag.TextSingleLine
+        painter.drawText(self.message_rect(), int(flags), self.shown_message())
+
+    def _shown_widgets(self) -> list[QWidget]:
+        """The widgets shown beside a message: the permanent ones (Qt hides the others meanwhile)."""
+        return [child for child in self.children() if isinstance(child, QWidget) and child.isVisible()
+                and not child.isWindow() and not isinstance(child, QSizeGrip)]
