@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QWidget
 from pytestqt.qtbot import QtBot
 
 from lazykv.qt import theme
@@ -88,15 +88,31 @@ def test_banners_take_their_colours_from_the_theme(qtbot: QtBot, name: str) -> N
 
 def test_the_smallest_window_keeps_room_for_the_transcript(qtbot: QtBot, fake_window: FakeWindow) -> None:
     w = fake_window()
-    w.history_notice.show_choices("The history is locked.", [("Unlock…", lambda: None)], details="why")
-    w.demo_notice.show_choices("This is the small demo model.", [])
+    w.demo_notice.show_choices("This is the small demo model: load a real one from File > Models.", [])
+    w.remote_notice.show_choices("192.168.1.20:50052 did not answer: the model loaded without it.",
+                                 [("Retry", lambda: None)], details="connection refused")
     w.banner.show_progress("Reading the conversation again… 40%", 0.4, can_stop=True)
-    for shown in (True, False):
-        for banner in (w.history_notice, w.demo_notice, w.banner):
-            banner.setVisible(shown)
-        # the window's minimum follows the banners shown (a layout request a level at a time)
-        qtbot.waitUntil(lambda: w.minimumSize() == w.minimumSizeHint())
+    banners = (w.demo_notice, w.remote_notice, w.banner)
+
+    def smallest() -> bool:  # the minimum follows what is shown, a layout request a level at a time
+        QApplication.processEvents()
         w.resize(1, 1)
         QApplication.processEvents()
-        assert w.size() == w.minimumSize(), (w.size(), w.minimumSize())  # as small as it goes
-        assert w.transcript.height() >= TRANSCRIPT_MIN, (shown, w.transcript.height(), w.size())
+        return w.size() == w.minimumSize() == w.minimumSizeHint()
+
+    for shown in (True, False):
+        for banner in banners:
+            banner.setVisible(shown)
+        qtbot.waitUntil(smallest)
+        transcript = w.transcript.geometry()
+        assert transcript.height() >= TRANSCRIPT_MIN, (shown, transcript, w.size())
+        siblings = [c for c in w.centralWidget().findChildren(QWidget) if c.parent() is w.centralWidget()]
+        covering = [c for c in siblings if c is not w.transcript and c.isVisible()
+                    and c.geometry().intersects(transcript)]
+        assert not covering, (transcript, [(type(c).__name__, c.geometry()) for c in covering])
+    # words, not letters, a line: the banner's sentence has room beside its bar (it had 4 px)
+    for banner in banners:
+        banner.show()
+    qtbot.waitUntil(smallest)
+    label = w.banner.label
+    assert label.width() >= label.fontMetrics().horizontalAdvance("conversation") + 20, label.width()

@@ -4,12 +4,13 @@ after), or re-reading a conversation, which can be stopped."""
 from __future__ import annotations
 
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy, QWidget
 
 from lazykv.core.engine.types import ConversionEvent, KvStatus
 from lazykv.core.kinds import ConversionStage
 from lazykv.qt.notice_banner import Banner
 
+BAR_MAX_WIDTH, BAR_MIN_WIDTH = 220, 60  # px: the progress bar's
 SHOW_DONE_MS = 2500  # the finished note stays this long (a conversion itself often takes < 100 ms)
 
 
@@ -46,7 +47,10 @@ class ConversionBanner(Banner):
         self.label = QLabel()
         self.bar = QProgressBar()
         self.bar.setRange(0, 100)
-        self.bar.setMaximumWidth(220)
+        self.bar.setMaximumWidth(BAR_MAX_WIDTH)
+        self.bar.setMinimumWidth(BAR_MIN_WIDTH)
+        # in a narrow window the bar gives way to the sentence (its width shared, 3 to 1)
+        self.bar.setSizePolicy(QSizePolicy.Policy.Ignored, self.bar.sizePolicy().verticalPolicy())
         self.stop_button = QPushButton("Stop")
         self.stop_button.setObjectName("banner-stop")
         self.stop_button.clicked.connect(self.stop_requested.emit)
@@ -58,8 +62,8 @@ class ConversionBanner(Banner):
         self._details = ""
         layout = QHBoxLayout(self)
         layout.setContentsMargins(8, 4, 8, 4)
-        layout.addWidget(self.label, 1)
-        layout.addWidget(self.bar)
+        layout.addWidget(self.label, 3)
+        layout.addWidget(self.bar, 1)
         layout.addWidget(self.stop_button)
         layout.addWidget(self.details_button)
         self._hide_timer = QTimer(self)

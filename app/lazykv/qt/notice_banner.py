@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from PySide6.QtCore import QEvent, Qt
+from PySide6.QtCore import QEvent, QSize, Qt
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
     QApplication,
     QFrame,
@@ -34,6 +35,19 @@ class Banner(QFrame):
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange:
             self._restyle()
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        """As tall as its wrapped sentence at its width: a window's minimum size leaves out a height
+        that depends on the width, and a banner shown in a small window would cover the chat."""
+        hint = super().minimumSizeHint()
+        if self.isVisible() and self.width() > 0 and self.hasHeightForWidth():
+            hint.setHeight(max(hint.height(), self.heightForWidth(self.width())))
+        return hint
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self.updateGeometry()  # its minimum height changed with its width
 
     def _restyle(self) -> None:
         # the application's palette: the theme's (the frame's own is coloured by its style sheet)

@@ -53,7 +53,8 @@ _BACKGROUNDS = {
 RENDER_INTERVAL_MS = 80  # a streaming reply is re-rendered at most this often
 STEP_BUDGET_S = 0.006  # rendering work per event-loop turn when filling the view or loading older ones
 STEP_PAUSE_MS = 1  # between two steps: the events that came meanwhile run first
-MIN_HEIGHT = 200  # px: the smallest window (its banners shown) still shows a few lines of the chat
+# px: the smallest window (its banners shown) still shows a few lines of the chat, ~35 columns wide
+MIN_WIDTH, MIN_HEIGHT = 280, 200
 PLAIN_OVER_CHARS = 60_000  # longer messages are shown as typed: parsing them would stall the GUI
 _LINK_SCHEMES = {"http", "https", "mailto"}
 
@@ -87,7 +88,7 @@ class TranscriptView(QTextBrowser):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.document().setDocumentMargin(10)
-        self.setMinimumHeight(MIN_HEIGHT)  # the window's minimum size grows to keep it
+        self.setMinimumSize(MIN_WIDTH, MIN_HEIGHT)  # the window's minimum size grows to keep it
         # a long word or code line wraps (markdown.py): every message is the view's width
         self.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
         self.setOpenLinks(False)
