@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast setup engine native-tools models app bench lint screenshots sysdeps clean-engine-build dist dist-check gpu-pack gpu-check vulkan-check
+.PHONY: run test test-fast setup engine native-tools hub-versions models app bench lint screenshots sysdeps clean-engine-build dist dist-check gpu-pack gpu-check vulkan-check
 
 run: setup
 	$(PY) -m lazykv $(ARGS)
@@ -18,7 +18,7 @@ run: setup
 # (tests/conftest.py): the suite waits on Qt, child processes and single-token decodes much of the
 # time, so two workers keep both cores busy (TEST_JOBS=0 runs everything in this process)
 TEST_JOBS ?= 2
-test: setup native-tools
+test: setup native-tools hub-versions
 	OMP_WAIT_POLICY=PASSIVE QT_QPA_PLATFORM=offscreen $(PY) -m pytest \
 		$(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile) $(PYTEST_ARGS)
 
@@ -50,6 +50,16 @@ app: engine $(VENV)/.app-installed
 
 $(VENV)/.app-installed: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e ".[test]"
+	@touch $@
+
+# huggingface_hub's oldest allowed release (pyproject.toml's lower bound) and its newest, beside the
+# venv's own, for tests/core/models/test_hub_versions.py: the downloads run on both (no network in tests)
+HUB_OLDEST := $(shell sed -n 's/^ *"huggingface_hub>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+hub-versions: $(VENV)/.hub-versions
+$(VENV)/.hub-versions: pyproject.toml | $(PY)
+	rm -rf $(VENV)/hub-oldest $(VENV)/hub-newest
+	$(PY) -m pip install --quiet --target $(VENV)/hub-oldest "huggingface_hub==$(HUB_OLDEST).*"
+	$(PY) -m pip install --quiet --target $(VENV)/hub-newest huggingface_hub
 	@touch $@
 
 models: | $(PY)

@@ -5,7 +5,8 @@ Starlette routes served by uvicorn in a thread. Repos hold bytes in memory. What
   (401 RepoNotFound), as the real Hub answers;
 - a file served with other bytes than its listed sha256 (``lie``);
 - a download cut after N bytes, once (``cut_after``), or held after N bytes until ``release()``
-  (``hold_after``), to test resume and Cancel;
+  (``hold_after``), to test resume and Cancel; a file whose Range requests are answered with the whole
+  file (``ignore_range``), as some proxies do;
 - every request is logged with its Range header (``requests``).
 """
 
@@ -52,6 +53,7 @@ class FakeHub:
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, Range header
     cut_after: dict[str, int] = field(default_factory=dict)
     hold_after: dict[str, int] = field(default_factory=dict)
+    ignore_range: set[str] = field(default_factory=set)
     url: str = ""
 
     def __post_init__(self) -> None:
@@ -130,7 +132,7 @@ class FakeHub:
         if request.method == "HEAD":
             return Response(headers={**headers, "Content-Length": str(len(data))})
         start, end = 0, len(data) - 1
-        ranged = request.headers.get("range", "")
+        ranged = "" if name in self.ignore_range else request.headers.get("range", "")
         if ranged.startswith("bytes="):
             first, _, last = ranged[6:].partition("-")
             start = int(first or 0)

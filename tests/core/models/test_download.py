@@ -1,5 +1,8 @@
 """Downloads into the Hugging Face cache from the fake Hub: progress, Cancel and resume in a worker process,
-an interrupted transfer resumed, wrong bytes refused, and each failure as a sentence."""
+an interrupted transfer resumed, wrong bytes refused, and each failure as a sentence.
+
+test_hub_versions.py runs this file again on the oldest huggingface_hub pyproject.toml allows and on the
+newest release."""
 
 from __future__ import annotations
 
@@ -56,6 +59,54 @@ def test_an_interrupted_transfer_resumes_where_it_stopped(places: Places, hub: H
     ranges = fake_hub.downloads_of(name)
     assert ranges[0] == "" and len(ranges) == 2 and ranges[1].startswith("bytes=")
     assert int(ranges[1][6:].rstrip("-")) >= 10 * MiB  # not from the start
+
+
+def test_a_partial_file_is_taken_up_with_a_range_request(places: Places, hub: Hub,
+                                                         fake_hub: FakeHub) -> None:
+    """What an earlier download left in the blob's .incomplete file (this app's, or huggingface_hub 1.17's
+    at the same name) is kept; only the rest is asked for. huggingface_hub 1.18 and later, left to
+    themselves, download into a file of their own and ask for everything."""
+    name = "big-Q8_0.gguf"
+    data = fake_hub.repos["acme/Big-GGUF"].files[name]
+    sha = hashlib.sha256(data).hexdigest()
+    blobs = places.hf_cache() / "models--acme--Big-GGUF" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{sha}.incomplete").write_bytes(data[: 7 * MiB + 3])
+    events: list[tuple] = []
+    path = fetch(_job(places, hub, "acme/Big-GGUF", name), events.append)
+    assert path.read_bytes() == data and path.resolve() == blobs / sha
+    assert fake_hub.downloads_of(name) == [f"bytes={7 * MiB + 3}-"]
+    assert events[0] == ("size", len(data), 7 * MiB + 3) and events[-1] == ("bytes", len(data))
+    assert _incomplete(places) == []
+
+
+def test_a_server_that_ignores_the_range_gets_the_whole_file_written_anew(places: Places, hub: Hub,
+                                                                          fake_hub: FakeHub) -> None:
+    name = "big-Q8_0.gguf"
+    data = fake_hub.repos["acme/Big-GGUF"].files[name]
+    sha = hashlib.sha256(data).hexdigest()
+    blobs = places.hf_cache() / "models--acme--Big-GGUF" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{sha}.incomplete").write_bytes(data[: 3 * MiB])
+    fake_hub.ignore_range.add(name)  # answers 200 with every byte
+    path = fetch(_job(places, hub, "acme/Big-GGUF", name))
+    assert path.read_bytes() == data  # not the first 3 MiB twice
+    assert fake_hub.downloads_of(name) == [f"bytes={3 * MiB}-"]
+
+
+def test_a_file_another_program_is_downloading_is_left_to_it(places: Places, hub: Hub, fake_hub: FakeHub,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub's lock on the blob, as its own downloads take it: held, nothing is written."""
+    from huggingface_hub.utils import WeakFileLock
+
+    sha = hashlib.sha256(fake_hub.repos["acme/Tiny-GGUF"].files["tiny-Q8_0.gguf"]).hexdigest()
+    lock = places.hf_cache() / ".locks" / "models--acme--Tiny-GGUF" / f"{sha}.lock"
+    lock.parent.mkdir(parents=True)
+    monkeypatch.setattr(download, "LOCK_WAIT_S", 0.3)
+    with WeakFileLock(lock), pytest.raises(HubError) as err:
+        fetch(_job(places, hub, "acme/Tiny-GGUF", "tiny-Q8_0.gguf"))
+    assert "Another program is downloading tiny-Q8_0.gguf" in str(err.value)
+    assert fake_hub.downloads_of("tiny-Q8_0.gguf") == [] and _incomplete(places) == []
 
 
 def test_wrong_bytes_are_refused_and_removed(places: Places, hub: Hub) -> None:
@@ -116,12 +167,14 @@ def test_a_full_disk_during_the_download_is_said(places: Places, hub: Hub,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    import huggingface_hub
+    real_open = Path.open
 
-    def full(*args, **kwargs):  # type: ignore[no-untyped-def]
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def full(self: Path, mode: str = "r", *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.name.endswith(".incomplete") and mode in ("ab", "wb"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(self, mode, *args, **kwargs)
 
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", full)
+    monkeypatch.setattr(Path, "open", full)
     with pytest.raises(HubError) as err:
         fetch(_job(places, hub, "acme/Tiny-GGUF", "tiny-Q8_0.gguf"))
     assert err.value.kind == "disk" and "The disk is full" in str(err.value)

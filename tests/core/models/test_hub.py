@@ -4,6 +4,7 @@ with range requests, and each failure as a sentence."""
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -89,9 +90,11 @@ def test_no_network_says_the_hub_cannot_be_reached() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
+    started = time.monotonic()
     with pytest.raises(HubError) as err:
         search("tiny", hub=Hub(f"http://127.0.0.1:{port}"))
     assert err.value.kind == "unreachable" and "cannot be reached" in str(err.value)
+    assert time.monotonic() - started < 10  # said at once (huggingface_hub 2's list_models retried for 23 s)
 
 
 def test_the_environment_names_the_hub_and_the_token(hub_env: dict[str, str]) -> None:

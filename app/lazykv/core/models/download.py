@@ -1,11 +1,15 @@
 """Downloading a Hub model into the Hugging Face cache, in a worker process so that Cancel stops it.
 
-``hf_hub_download`` has no cancel hook, so it runs in its own (spawned) process; its ``tqdm_class`` reports
-the bytes, and the parent turns them into speed and time left. A cancelled or interrupted download leaves
-huggingface_hub's ``.incomplete`` file, which the next download of the same file resumes (with Xet off in
-the worker: the plain HTTP path is the one that resumes). Before it starts: the free disk space is checked.
-After: each file's sha256 is checked against the Hub's LFS metadata, and wrong bytes are removed, never
-offered. The files land in the Hugging Face cache, where other tools find them too.
+The download runs in its own (spawned) process, so that Cancel can stop it at any byte; the parent turns
+the bytes it reports into speed and time left. The bytes are fetched here, not by ``hf_hub_download``:
+huggingface_hub 1.18 and later write to a temporary file of their own and delete it when a download fails,
+so a cancelled download would start again from nothing. Here the bytes arrive in the cache's
+``blobs/<etag>.incomplete`` (the name and lock huggingface_hub 1.17 and earlier use, so they and this app
+take a partial file up from each other), and a later download asks only for the rest with an HTTP Range
+request. The whole file is checked against the sha256 of the Hub's LFS metadata before it becomes the blob;
+wrong bytes are removed, never offered. ``hf_hub_download`` then finds the blob and lays out the snapshot
+link and ref as for any download, so other tools find the file too. Before it starts: the free disk space
+is checked.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lazykv.core.models.hub import Hub, HubError, HubModel, explain, find_model
+from lazykv.core.models.hub import TIMEOUT_S, Hub, HubError, HubFile, HubModel, explain, find_model
 from lazykv.core.models.scan import Places
 
 DISK_MARGIN = 256 * 1024 * 1024  # left free beside the model
-REPORT_EVERY_S = 0.1
 SPEED_WINDOW_S = 5.0
 RETRIES = 3  # a dropped connection is taken up again this many times
+CHUNK = 1024 * 1024  # bytes read from the connection at a time: one report of progress each
+LOCK_WAIT_S = 30.0  # for another program downloading the same file into the cache (huggingface_hub's lock)
 
 
 @dataclass(frozen=True)
@@ -62,45 +67,126 @@ def fetch(job: Job, report: Report = lambda event: None) -> Path:
     paths = []
     done = 0
     for f in model.files:
-        paths.append(_download_file(job, f.name, f.sha256, lambda n, base=done: report(("bytes", base + n))))
+        paths.append(_download_file(job, f, lambda n, base=done: report(("bytes", base + n))))
         done += f.size
     report(("bytes", model.size))
     return paths[0]
 
 
-def _download_file(job: Job, name: str, sha256: str, progress: Callable[[int], None]) -> Path:
-    """One file through hf_hub_download; a connection dropped mid-transfer is taken up again where it
-    stopped (huggingface_hub keeps the partial file and asks for the rest), up to RETRIES times."""
-    import httpx
-    from huggingface_hub import hf_hub_download
+def _download_file(job: Job, file: HubFile, progress: Callable[[int], None]) -> Path:
+    """One file into the cache, its path there (the snapshot's link to the blob).
 
-    bar = _progress_class(progress)
+    The blob's ``.incomplete`` file is taken up where it ends, and a connection dropped mid-transfer is
+    taken up again where it stopped, up to RETRIES times."""
+    from filelock import Timeout
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.file_download import repo_folder_name
+    from huggingface_hub.utils import WeakFileLock, build_hf_headers
+
+    name = file.name
+    folder = repo_folder_name(repo_id=job.repo_id, repo_type="model")
+    verified: Path | None = None
+    try:
+        meta = get_hf_file_metadata(hf_hub_url(job.repo_id, name, endpoint=job.hub.endpoint),
+                                    token=job.hub.token, endpoint=job.hub.endpoint)
+        if not meta.etag or not meta.commit_hash:
+            raise HubError(f"The Hub's answer for {name} lacks its commit or ETag, so it cannot be placed in "
+                           "the cache; try again later.", f"commit {meta.commit_hash!r}, etag {meta.etag!r}")
+        blob = job.cache_dir / folder / "blobs" / meta.etag
+        if not blob.exists():
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            lock = job.cache_dir / ".locks" / folder / f"{meta.etag}.lock"
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            with WeakFileLock(lock, timeout=LOCK_WAIT_S):
+                if not blob.exists():
+                    url = hf_hub_url(job.repo_id, name, revision=meta.commit_hash, endpoint=job.hub.endpoint)
+                    headers = build_hf_headers(token=job.hub.token, headers={"Accept-Encoding": "identity"})
+                    partial = blob.with_name(blob.name + ".incomplete")
+                    _fetch_rest(url, headers, partial, meta.size or file.size, name, progress)
+                    _check_sha256(partial, file)
+                    os.replace(partial, blob)
+                    verified = blob
+        # the blob is there: huggingface_hub links it into the snapshot and records the ref
+        path = Path(hf_hub_download(job.repo_id, name, cache_dir=job.cache_dir, endpoint=job.hub.endpoint,
+                                    token=job.hub.token))
+    except HubError:
+        raise
+    except Timeout as err:
+        raise HubError(f"Another program is downloading {name} into the Hugging Face cache; download it "
+                       "again when that one has finished.", repr(err), "other") from err
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise HubError(f"The disk is full: {name} could not be written to {job.cache_dir}. Free some "
+                           "space and download it again; it goes on where it stopped.", repr(err),
+                           "disk") from err
+        raise explain(err, job.hub, job.repo_id, name) from err
+    except Exception as err:
+        raise explain(err, job.hub, job.repo_id, name) from err
+    if verified is None or path.resolve() != verified.resolve():
+        _check_sha256(path, file)  # a blob that was there already, or one huggingface_hub fetched itself
+    return path
+
+
+def _fetch_rest(url: str, headers: dict[str, str], partial: Path, size: int, name: str,
+                progress: Callable[[int], None]) -> None:
+    """Append to ``partial`` what it lacks of the file's ``size`` bytes, asked for with an HTTP Range
+    request (the whole file when nothing is there); a dropped connection is asked again, up to RETRIES
+    times. Through huggingface_hub's own session: its proxies and TLS settings."""
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+
+    from lazykv.core.models.hub import http_library
+
+    dropped = http_library().TransportError
     for attempt in range(RETRIES + 1):
+        have = partial.stat().st_size if partial.exists() else 0
+        if have > size:  # longer than the file: not a beginning of it
+            partial.unlink()
+            have = 0
+        progress(have)
+        if have == size:
+            return
+        asked = {**headers, "Range": f"bytes={have}-"} if have else headers
         try:
-            path = Path(hf_hub_download(job.repo_id, name, cache_dir=job.cache_dir, endpoint=job.hub.endpoint,
-                                        token=job.hub.token, tqdm_class=bar))
-            break
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout) as err:
+            with get_session().stream("GET", url, headers=asked, follow_redirects=True,
+                                      timeout=TIMEOUT_S) as response:
+                hf_raise_for_status(response)
+                if have and not _continues_at(response, have):  # the server sent the whole file
+                    have = 0
+                with partial.open("ab" if have else "wb") as out:
+                    for chunk in response.iter_bytes(CHUNK):
+                        out.write(chunk)
+                        have += len(chunk)
+                        progress(have)
+        except dropped as err:
             if attempt == RETRIES:
                 raise HubError(f"The connection dropped while {name} was downloading; download it again to "
                                "go on where it stopped.", repr(err), "interrupted") from err
-        except OSError as err:
-            if err.errno == errno.ENOSPC:
-                raise HubError(f"The disk is full: {name} could not be written to {job.cache_dir}. Free some "
-                               "space and download it again; it goes on where it stopped.", repr(err),
-                               "disk") from err
-            raise explain(err, job.hub, job.repo_id, name) from err
-        except Exception as err:
-            raise explain(err, job.hub, job.repo_id, name) from err
+            continue
+        if have == size:
+            return
+        if have > size or attempt == RETRIES:
+            raise HubError(f"The Hub sent {name} with another length than it lists; download it again.",
+                           f"{have} bytes, the Hub lists {size}", "interrupted")
+
+
+def _continues_at(response: Any, offset: int) -> bool:
+    """Whether ``response`` is the file's bytes from ``offset`` on (a 206 with that Content-Range)."""
+    if response.status_code != 206:
+        return False
+    first = response.headers.get("Content-Range", "").removeprefix("bytes ").partition("-")[0]
+    return first.strip() == str(offset)
+
+
+def _check_sha256(path: Path, file: HubFile) -> None:
+    """Remove ``path`` (and the blob it links to) unless its bytes have the Hub's sha256 (HubError)."""
     actual = _sha256(path)
-    if actual != sha256:
+    if actual != file.sha256:
         blob = path.resolve()
         path.unlink(missing_ok=True)
         blob.unlink(missing_ok=True)
-        raise HubError(f"{name} arrived with other bytes than the Hub lists (sha256 mismatch); it was "
+        raise HubError(f"{file.name} arrived with other bytes than the Hub lists (sha256 mismatch); it was "
                        "removed. Download it again.",
-                       f"sha256 {actual}, the Hub's LFS metadata says {sha256}", "wrong_bytes")
-    return path
+                       f"sha256 {actual}, the Hub's LFS metadata says {file.sha256}", "wrong_bytes")
 
 
 def check_disk(cache_dir: Path, needed: int) -> None:
@@ -139,40 +225,8 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _progress_class(progress: Callable[[int], None]) -> type:
-    """A tqdm class for ``hf_hub_download`` that prints nothing and hands its count to ``progress``."""
-    from tqdm import tqdm
-
-    class Progress(tqdm):  # type: ignore[misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.pop("name", None)
-            kwargs.update(disable=False, file=_Nowhere())
-            super().__init__(*args, **kwargs)
-            self._last = 0.0
-            progress(int(self.n))
-
-        def update(self, n: float | None = 1) -> bool | None:
-            shown = super().update(n)
-            now = time.monotonic()
-            if now - self._last >= REPORT_EVERY_S or (self.total and self.n >= self.total):
-                self._last = now
-                progress(int(self.n))
-            return shown
-
-    return Progress
-
-
-class _Nowhere:
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        return None
-
-
 def _worker(job: Job, events: Any) -> None:
     """The worker process: ("done", path) or ("failed", message, details, kind) at the end."""
-    os.environ["HF_HUB_DISABLE_XET"] = "1"  # read at import: the plain HTTP download resumes across runs
     try:
         path = fetch(job, events.put)
     except HubError as err:

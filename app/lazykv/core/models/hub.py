@@ -8,10 +8,12 @@ some of them once, at import). Every failure is a ``HubError``: one sentence for
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from types import ModuleType
 from typing import Any
 
 from lazykv.core.engine.model_meta import ModelMeta, read_model_meta_from
@@ -112,12 +114,22 @@ class HubModel:
 
 
 def search(query: str, limit: int = 40, hub: Hub | None = None) -> list[HubRepo]:
-    """GGUF model repos matching ``query``, most downloaded first."""
+    """GGUF model repos matching ``query``, most downloaded first: one request to the Hub's /api/models (what
+    ``HfApi.list_models`` asks, without its retries: from huggingface_hub 2.0 on, a search without a network
+    waited 23 s for them before it said so)."""
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
     hub = hub or Hub.from_env()
-    api = hub.api()
+    hub.require_online()
+    params: dict[str, Any] = {"filter": "gguf", "sort": "downloads", "limit": limit}
+    if query:
+        params["search"] = query
     with _explained(hub):
-        found = api.list_models(search=query or None, filter="gguf", sort="downloads", limit=limit)
-        return [HubRepo(m.id, m.downloads or 0, m.likes or 0, bool(m.gated)) for m in found]
+        response = get_session().get(f"{hub.endpoint}/api/models", params=params,
+                                     headers=build_hf_headers(token=hub.token), timeout=TIMEOUT_S)
+        hf_raise_for_status(response)
+        return [HubRepo(m["id"], m.get("downloads") or 0, m.get("likes") or 0, bool(m.get("gated")))
+                for m in response.json()[:limit]]
 
 
 def repo_models(repo_id: str, hub: Hub | None = None) -> list[HubModel]:
@@ -246,9 +258,16 @@ class _explained:
         raise explain(err, self.hub, self.repo_id, self.filename) from err
 
 
+def http_library() -> ModuleType:
+    """The HTTP client library huggingface_hub talks through, for its exceptions: httpx (huggingface_hub
+    1.x) or httpx2 (2.x); both may be installed, so it is the one its session is made of."""
+    from huggingface_hub.utils import get_session
+
+    return importlib.import_module(type(get_session()).__module__.partition(".")[0])
+
+
 def explain(err: Exception, hub: Hub, repo_id: str = "", filename: str = "") -> HubError:
     """The sentence for an exception from huggingface_hub or the network."""
-    import httpx
     from huggingface_hub import errors
 
     details = f"{type(err).__name__}: {err}"
@@ -267,7 +286,8 @@ def explain(err: Exception, hub: Hub, repo_id: str = "", filename: str = "") -> 
                             "and may read this repo.", details, "unauthorized")
         return HubError(f"{repo} was not found on {hub.endpoint} (or it is private: then set HF_TOKEN to an "
                         "access token that may read it).", details, "not_found")
-    if isinstance(err, (errors.LocalEntryNotFoundError, httpx.TransportError)):  # no answer, nothing cached
+    # no answer (and nothing cached)
+    if isinstance(err, (errors.LocalEntryNotFoundError, http_library().TransportError)):
         return HubError(f"The Hub ({hub.endpoint}) cannot be reached: check the network connection (and "
                         "HF_ENDPOINT, if set), then try again.", details, "unreachable")
     if isinstance(err, (errors.EntryNotFoundError, errors.RevisionNotFoundError)):
