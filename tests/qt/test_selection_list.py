@@ -5,6 +5,8 @@ tests/test_selection_xcb.py."""
 
 from __future__ import annotations
 
+import threading
+
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
@@ -39,7 +41,7 @@ def test_the_down_key_during_a_reread_opens_the_chat_it_moves_to(
     long = reopening_held(qtbot, w, fake, "The long chat that is being re read now")
     panel = w.conversations_panel
     assert w.conversations.current == long and panel.ids() == [long, short]
-    assert "Re-reading the conversation" in w.banner.label.text()
+    qtbot.waitUntil(lambda: "Re-reading the conversation" in w.banner.label.text(), timeout=WAIT_MS)
 
     panel.list.setFocus()
     qtbot.keyClick(panel.list, Qt.Key.Key_Down)
@@ -48,8 +50,9 @@ def test_the_down_key_during_a_reread_opens_the_chat_it_moves_to(
 
     assert panel.selected_id() == short and _highlighted(w) == [short]
     assert "The short chat" in w.transcript.toPlainText() and "re read" not in w.transcript.toPlainText()
-    assert w.kv is not None and w.kv.n_cells_used == fake.count_tokens(w.conversation.messages())
-    assert f"Context {w.kv.n_cells_used:,} /" in w.context_meter.label.text()
+    n_tokens = fake.count_tokens(w.conversation.messages())  # the context bar follows the short chat
+    qtbot.waitUntil(lambda: w.kv is not None and w.kv.n_cells_used == n_tokens, timeout=WAIT_MS)
+    assert f"Context {n_tokens:,} /" in w.context_meter.label.text()
     chat(qtbot, w, "Which chat is this?")
     saved = {title: [m["content"] for m in messages] for title, messages in stored(w)}
     assert saved["The short chat"][-2] == "Which chat is this?"
@@ -116,3 +119,30 @@ def test_rows_the_window_moves_or_removes_open_nothing(qtbot: QtBot, fake_window
     qtbot.wait(20)  # an open asked by the list comes once the event loop turns
     assert asked == [] and w.conversations.current == older and panel.selected_id() == older
     assert panel.ids() == [older]
+
+
+def test_a_message_sent_while_the_chosen_chat_is_read_goes_nowhere_else(
+    qtbot: QtBot, fake_window: FakeWindow
+) -> None:
+    """While the chat chosen in the list is read from the database (a long one takes a while) the list
+    shows it and the screen still the one before: a message sent then is kept in the box, not sent to the
+    chat the list no longer shows; once the chosen chat shows, it goes there."""
+    w = fake_window()
+    chosen = saved_then_new_chat(qtbot, w, "The chosen chat")
+    chat(qtbot, w, "The chat on screen")
+    left = w.conversations.current
+    gate = threading.Event()
+    w.database.submit(lambda _store: gate.wait(WAIT_MS / 1000))  # the database is busy for a while
+    w.conversations_panel.list.setCurrentRow(_row_of(w, chosen))
+    qtbot.waitUntil(lambda: w.conversations.opening == chosen, timeout=WAIT_MS)
+    w.send_text("Which chat is this?")
+    assert w.input.toPlainText() == "Which chat is this?" and w.reply_request is None
+    assert "“The chosen chat” is opening" in w.statusBar().currentMessage()
+    gate.set()
+    _settled_on(qtbot, w, chosen)
+    with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
+        w.send_button.click()
+    settle(qtbot, w)
+    saved = {title: [m["content"] for m in messages] for title, messages in stored(w)}
+    assert saved["The chosen chat"][-2] == "Which chat is this?"
+    assert "Which chat is this?" not in saved["The chat on screen"] and left != chosen

@@ -189,6 +189,10 @@ class ChatFlow:
             if self._state is UiState.NO_MODEL:
                 self.statusBar().showMessage("Open a model first (File > Open model…)", 5000)
             return
+        if (opening := self.conversations.opening) is not None:  # shown in the list, not yet on screen
+            title = self.conversations_panel.title(opening) or "Another conversation"
+            self.statusBar().showMessage(f"“{title}” is opening: send again once it shows", 5000)
+            return
         if self._editing is not None:
             self.conversation.truncate(self._editing)
             self.cancel_edit()

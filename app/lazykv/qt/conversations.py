@@ -206,6 +206,11 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
         """The id the chat on screen is saved under (None until its first save)."""
         return self.chat.saved.id
 
+    @property
+    def opening(self) -> int | None:
+        """The conversation being read from the database to be shown (chosen in the list), if any."""
+        return self._opening
+
     # -- database calls, on the background thread -------------------------------------------------
 
     def call(self, fn: Callable[[Store], Any], on_done: Callable[[Any], None] | None = None,
