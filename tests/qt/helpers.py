@@ -8,7 +8,7 @@ from collections.abc import Callable
 from PySide6.QtWidgets import QMessageBox, QPushButton
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine.engine import KvRestoreError
+from lazykv.core.engine.types import KvRestoreError
 from lazykv.core.history.records import StoreBusyError
 from lazykv.core.history.store import Store
 from lazykv.qt.main_window import MainWindow, Timings

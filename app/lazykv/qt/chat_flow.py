@@ -16,12 +16,7 @@ from PySide6.QtWidgets import (
 
 from lazykv.core.chat import turns
 from lazykv.core.chat.turns import PendingReply
-from lazykv.core.engine.engine import (
-    ConversionEvent,
-    KvStatus,
-    ReplyResult,
-    SamplingSettings,
-)
+from lazykv.core.engine.types import ConversionEvent, KvStatus, ReplyResult, SamplingSettings
 from lazykv.core.history.persistence import OpenHow, OpenResult
 from lazykv.core.idle import wants_idle_conversion
 from lazykv.core.kinds import ContextFullPolicy, ConversionStage, FinishReason, KvPhase

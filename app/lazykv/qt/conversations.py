@@ -28,8 +28,8 @@ from PySide6.QtWidgets import (
 )
 
 from lazykv.core.chat.conversation import Conversation
-from lazykv.core.engine.engine import ModelInfo, SamplingSettings
 from lazykv.core.engine.memory import fmt_bytes
+from lazykv.core.engine.types import ModelInfo, SamplingSettings
 from lazykv.core.history.persistence import OpenResult, SaveResult
 from lazykv.core.history.protection import (
     Protection,
@@ -361,11 +361,13 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
         self.execute(job, None, "Saving the conversation")
 
     def _conversation_settings(self) -> dict[str, Any]:
+        """What the conversation was held in: the loaded model's context and KV cache (a budget's context,
+        a mode the model could not take are the loaded model's, not the settings'), else the settings'."""
         model = self.host.model_info
         return {
             "model_path": str(model.path) if model else "",
-            "kv_mode": self.host.setting("kv_mode"),
-            "n_ctx": self.host.setting("n_ctx"),
+            "kv_mode": str(model.kv_mode) if model else self.host.setting("kv_mode"),
+            "n_ctx": model.n_ctx if model else self.host.setting("n_ctx"),
             "sampling": dataclasses.asdict(self.host.sampling()),
         }
 

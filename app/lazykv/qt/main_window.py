@@ -27,12 +27,8 @@ from PySide6.QtWidgets import (
 from lazykv.core.chat.conversation import Conversation
 from lazykv.core.chat.turns import PendingReply
 from lazykv.core.engine import memory
-from lazykv.core.engine.engine import (
-    ConversionEvent,
-    EngineSession,
-    KvStatus,
-    ModelInfo,
-)
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.types import ConversionEvent, KvStatus, ModelInfo
 from lazykv.core.history.store import Database
 from lazykv.core.idle import IDLE_DELAY_S
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
