@@ -43,7 +43,7 @@ def fake_window(qtbot: QtBot, fake: FakeSession, fake_model: Path) -> Iterator[F
         windows.append(w)
         w.show()
         with qtbot.waitSignal(w.model_loaded, timeout=WAIT_MS):
-            w.open_model(fake_model)
+            w.loading.open_model(fake_model)
         settle(qtbot, w)
         return w
 

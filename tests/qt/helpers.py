@@ -27,7 +27,7 @@ def settle(qtbot: QtBot, w: MainWindow) -> None:
 def chat(qtbot: QtBot, w: MainWindow, text: str) -> object:
     """Send and wait for the reply and every save it causes; return its ReplyResult."""
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS) as blocker:
-        w.send_text(text)
+        w.chat.send_text(text)
     settle(qtbot, w)
     return blocker.args[0]
 
@@ -84,7 +84,7 @@ def saved_then_new_chat(qtbot: QtBot, w: MainWindow, text: str) -> int:
     chat(qtbot, w, text)
     conv_id = w.conversations.current
     assert conv_id is not None
-    w.new_chat()
+    w.chat.new_chat()
     return conv_id
 
 

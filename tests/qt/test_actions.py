@@ -115,7 +115,7 @@ def test_enabled_state_follows_the_declaration(qtbot: QtBot, window: MainWindow,
     assert enabled() == always | {"new_private", "open", "recent", "settings", "new_chat", "regenerate",
                                   "continue", "edit_last", "copy_reply", "compact"}
     fake.hold()
-    window.send_text("Tell me more.")
+    window.chat.send_text("Tell me more.")
     qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
     assert window.state is UiState.REPLYING
     assert enabled() == always | {"stop", "copy_reply"}
@@ -133,7 +133,7 @@ def test_a_changed_declaration_changes_the_window(
     changed = tuple(dataclasses.replace(s, when=actions.ANY) if s.name == "stop" else s
                     for s in actions.ACTIONS)
     monkeypatch.setattr(actions, "ACTIONS", changed)
-    window._set_state(window.state)
+    window.set_state(window.state)
     assert window.state is UiState.READY and window.stop_action.isEnabled()
 
 

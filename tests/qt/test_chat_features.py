@@ -49,8 +49,8 @@ def test_edit_and_resend_replaces_the_turn_and_what_follows(qtbot: QtBot, fake_w
 def test_cancelled_edit_keeps_everything(qtbot: QtBot, fake_window: FakeWindow) -> None:
     w = fake_window()
     chat(qtbot, w, "Hello")
-    w.edit_message(0)
-    w.cancel_edit()
+    w.chat.edit_message(0)
+    w.chat.cancel_edit()
     assert len(w.conversation) == 2 and not w.edit_bar.isVisible()
 
 
@@ -68,7 +68,7 @@ def test_system_prompt_is_sent_first(qtbot: QtBot, fake_window: FakeWindow) -> N
     w.system_edit.setText("You are a pirate.")
     w.system_edit.editingFinished.emit()
     chat(qtbot, w, "Hello")
-    assert w.reply_request is None
+    assert w.chat.reply_request is None
     assert w.conversation.messages()[0] == {"role": "system", "content": "You are a pirate."}
 
 
@@ -120,7 +120,7 @@ def test_a_model_dropped_during_a_reply_is_not_loaded_and_the_user_is_told_why(
     other = write_llama_gguf(tmp_path / "other.gguf")
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(other))])
-    held(qtbot, fake, lambda: w.send_text("Hello"))
+    held(qtbot, fake, lambda: w.chat.send_text("Hello"))
     assert w.state is UiState.REPLYING
     drop = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
                       Qt.KeyboardModifier.NoModifier)
@@ -143,7 +143,7 @@ def test_a_bad_model_file_is_reported_and_the_loaded_model_stays(
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"not a model at all")
     qtbot.keyClicks(w.input, "half-typed message")
-    w.open_model(bad)
+    w.loading.open_model(bad)
     assert w.state is UiState.LOADING and not w.send_button.isEnabled()
     qtbot.waitUntil(lambda: error_box(w) is not None, timeout=WAIT_MS)
     assert "not a GGUF model file" in error_box(w).text() and "magic" not in error_box(w).text()

@@ -71,7 +71,7 @@ def test_continuing_a_regenerated_version_extends_that_version(
     chat(qtbot, w, "Name a colour and say why.")
     fake.reply, fake.finish_reason = ("Blue", " is"), FinishReason.LENGTH
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
-        w.regenerate()
+        w.chat.regenerate()
     settle(qtbot, w)
     assert w.versions_label.text() == "Reply 2/2" and w.continue_action.isEnabled()
     _continue(qtbot, w, fake, " calm.")
@@ -93,7 +93,7 @@ def test_a_continue_stopped_before_its_first_word_keeps_the_cut_reply(
     qtbot.waitUntil(lambda: "Red is" in _text(w), timeout=WAIT_MS)  # streamed again (every 80 ms)
     assert _text(w).count("Red is") == 1  # not shown twice
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
-        w.stop_reply()
+        w.chat.stop_reply()
         fake.release()
     settle(qtbot, w)
     assert w.conversation.turns()[-1]["content"] == "Red is" and w.conversation.stats() == stats
@@ -122,7 +122,7 @@ def test_with_the_real_engine_continue_extends_the_cut_reply(qtbot: QtBot, smoll
     w = open_window(qtbot, smollm2_path, max_reply_tokens=8)
     try:
         with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
-            w.send_text("Count from one to twenty in words, separated by commas.")
+            w.chat.send_text("Count from one to twenty in words, separated by commas.")
         assert finished.args[0].finish_reason is FinishReason.LENGTH
         qtbot.waitUntil(lambda: w.ops.count == 0, timeout=WAIT_MS)
         cut, cut_stats = w.conversation.turns()[-1]["content"], w.conversation.stats()[1]

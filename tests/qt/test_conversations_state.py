@@ -36,7 +36,7 @@ def test_a_slow_first_write_never_duplicates_the_conversation(qtbot: QtBot, fake
     w = fake_window()
     gate = block_the_database(w)
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
-        w.send_text("First message")
+        w.chat.send_text("First message")
     gate.set()
     settle(qtbot, w)
     [(title, messages)] = stored()
@@ -107,7 +107,7 @@ def test_a_turn_updates_its_row_in_place_and_keeps_the_list(qtbot: QtBot, fake_w
     """No rebuild of the list per save: the other rows are the same items, the scroll position stays."""
     w = fake_window()
     for i in range(30):
-        w.new_chat()
+        w.chat.new_chat()
         chat(qtbot, w, f"Conversation {i}")
     panel = w.conversations_panel
     assert panel.list.count() == 30
@@ -125,7 +125,7 @@ def test_search_rename_delete_and_undo(qtbot: QtBot, fake_window: FakeWindow) ->
     w = fake_window()
     chat(qtbot, w, "Tell me about giraffes.")
     giraffes = w.conversations.current
-    w.new_chat()
+    w.chat.new_chat()
     chat(qtbot, w, "Tell me about volcanoes.")
     panel = w.conversations_panel
     assert [panel.list.item(i).text().split("\n")[0] for i in range(2)] == [
@@ -154,13 +154,14 @@ def test_reopening_rebuilds_and_the_banner_can_stop_it(
         pass
     result = opened.args[1]
     assert result.how == "rebuilt" and "the test refuses the snapshot" in result.details
-    assert result.note in w.resume_note and "the test refuses" not in w.resume_note  # one plain line
-    w.new_chat()
+    note = w.chat.resume_note
+    assert result.note in note and "the test refuses" not in note  # one plain line
+    w.chat.new_chat()
     held(qtbot, fake, lambda: w.conversations.open(conv))
     qtbot.waitUntil(lambda: w.banner.stop_button.isVisible(), timeout=WAIT_MS)
     w.banner.stop_button.click()
     qtbot.waitUntil(lambda: w.state is UiState.READY, timeout=WAIT_MS)
-    assert "Stopped re-reading" in w.resume_note and error_box(w) is None
+    assert "Stopped re-reading" in w.chat.resume_note and error_box(w) is None
     fake.release()
     assert chat(qtbot, w, "Go on").text
 
@@ -171,13 +172,13 @@ def test_dropping_the_key_leaves_no_key_for_reading_either(
     w = fake_window(snapshot_encryption="keyring")
     qtbot.waitUntil(lambda: w.conversations.snapshots_on, timeout=WAIT_MS)
     with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
-        w.send_text("Encrypted")
+        w.chat.send_text("Encrypted")
     conv = w.conversations.current
-    w.new_chat()
+    w.chat.new_chat()
     w.conversations.use_passphrase("")  # "no passphrase": snapshots are neither written nor read now
     with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS) as opened:
         w.conversations.open(conv)
-    assert opened.args[1].how == "rebuilt" and "keyring key" in w.resume_note
+    assert opened.args[1].how == "rebuilt" and "keyring key" in w.chat.resume_note
 
 
 def test_a_row_with_an_impossible_date_never_hides_the_others(qtbot: QtBot) -> None:

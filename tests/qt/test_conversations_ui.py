@@ -30,7 +30,7 @@ LONG = "Here is a list: " + ", ".join(f"item {i}" for i in range(120)) + ". Whic
 
 def chat_and_snapshot(qtbot: QtBot, w: MainWindow, text: str) -> None:
     with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=REPLY_TIMEOUT_MS):
-        w.send_text(text)
+        w.chat.send_text(text)
     settle(qtbot, w)
 
 
@@ -49,7 +49,7 @@ def test_restart_and_open_resumes_from_the_encrypted_snapshot(qtbot: QtBot, smol
         with qtbot.waitSignal(w.conversations.opened, timeout=LOAD_TIMEOUT_MS) as opened:
             w.conversations.open(conv_id)
         assert opened.args[1].how == "restored"
-        assert w.conversation.turns() == transcript and "Resumed from the snapshot" in w.resume_note
+        assert w.conversation.turns() == transcript and "Resumed from the snapshot" in w.chat.resume_note
         assert w.state is UiState.READY
         chat_and_snapshot(qtbot, w, "And three more?")
         [(_, messages)] = stored(w)
@@ -74,10 +74,10 @@ def test_an_incompatible_snapshot_is_re_read_with_progress_and_says_why(
             w.conversations.open(conv_id)
         assert opened.args[1].how == "rebuilt"
         assert progress and progress[-1][0] == progress[-1][1] > 512
-        assert "Re-read from the transcript" in w.resume_note
-        assert "other context-memory settings (8-bit then, 16-bit now)" in w.resume_note
+        assert "Re-read from the transcript" in w.chat.resume_note
+        assert "other context-memory settings (8-bit then, 16-bit now)" in w.chat.resume_note
         with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as reply:
-            w.send_text("Thanks")
+            w.chat.send_text("Thanks")
         assert reply.args[0].n_reused > 512  # the re-read cache served the next reply
     finally:
         w.close()
@@ -137,7 +137,7 @@ def test_without_a_keyring_a_banner_offers_the_choices_and_chat_goes_on(
     qtbot.waitUntil(lambda: [title for title, _ in stored()] == ["Saved anyway?"], timeout=WAIT_MS)
     qtbot.waitUntil(lambda: w.conversations.snapshots_on, timeout=WAIT_MS)
     with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
-        w.send_text("And now?")
+        w.chat.send_text("And now?")
     settle(qtbot, w)
     assert Settings.load()["snapshot_encryption"] == "none"
 

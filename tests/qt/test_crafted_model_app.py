@@ -75,7 +75,7 @@ def test_open_model_refuses_crafted_files_and_keeps_the_loaded_model(
 ) -> None:
     window: MainWindow = open_window(qtbot, smollm2_path)
     for name, (_, words, details) in ABSURD.items():
-        window.open_model(_write(tmp_path, name))
+        window.loading.open_model(_write(tmp_path, name))
         qtbot.waitUntil(lambda: error_box(window) is not None, timeout=LOAD_TIMEOUT_MS)
         box = error_box(window)
         assert box is not None and words in box.text() and name in box.text()

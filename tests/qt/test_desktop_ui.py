@@ -174,7 +174,7 @@ def test_the_app_reopens_the_last_conversation_at_its_end(
 
 def test_each_reply_shows_time_to_first_token_and_speed(qtbot: QtBot, window: MainWindow) -> None:
     chat(qtbot, window, "Say hello.")
-    clock = window.reply_clock
+    clock = window.chat.reply_clock
     assert clock.n_tokens > 1 and 0 < clock.time_to_first_token < 30 and clock.tokens_per_second > 0
     text = " ".join(window.transcript.toPlainText().split())
     assert f"{clock.time_to_first_token:.2f} s to first token · {clock.tokens_per_second:.1f} tokens/s" \

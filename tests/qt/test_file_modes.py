@@ -52,7 +52,7 @@ def test_everything_in_the_data_and_config_folders_is_the_users_only(
     w = fake_window(snapshot_encryption="passphrase")
     give_passphrase(qtbot, w)
     with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
-        w.send_text("Hello")
+        w.chat.send_text("Hello")
     settle(qtbot, w)
     w.apply_settings({"temperature": 0.5})  # settings.json
     binding = Binding("ab" * 32, 256, "lazy", "0")

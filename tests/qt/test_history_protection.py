@@ -79,7 +79,7 @@ def test_a_late_keyring_answer_applies_only_to_the_choice_it_answers(
         assert w.conversations.snapshots_on and not w.conversations.keyring_failed
         assert not w.keyring_notice.isVisible() and not w.history_notice.isVisible()
         with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
-            w.send_text("Still kept under the passphrase?")
+            w.chat.send_text("Still kept under the passphrase?")
         settle(qtbot, w)
         assert w.settings["snapshot_encryption"] == "passphrase"
     finally:
@@ -118,9 +118,9 @@ def test_a_deleted_conversation_leaves_no_trace_in_any_file_once_its_undo_has_pa
         give_passphrase(qtbot, w)
     chat(qtbot, w, "Giraffes are tall")
     kept = w.conversations.current
-    w.new_chat()
+    w.chat.new_chat()
     with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
-        w.send_text(f"My secret is {MARKER}, keep it")
+        w.chat.send_text(f"My secret is {MARKER}, keep it")
     settle(qtbot, w)
     gone = w.conversations.current
     assert files_holding(MARKER) == [] if mode != "none" else files_holding(MARKER)
@@ -153,7 +153,7 @@ def test_a_key_change_that_fails_changes_nothing_says_so_and_can_be_retried(
     w = fake_window(snapshot_encryption="keyring")
     qtbot.waitUntil(lambda: w.conversations.snapshots_on, timeout=WAIT_MS)
     with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
-        w.send_text("Kept under the keyring")
+        w.chat.send_text("Kept under the keyring")
     settle(qtbot, w)
     real = Persistence.change_crypto
 

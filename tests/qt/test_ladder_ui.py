@@ -113,10 +113,11 @@ def test_the_idle_timer_does_not_add_a_step_to_a_manual_one(
                     timings=replace(FAST, idle_delay_ms=IDLE_MS))
     fake.reply = ("word " * 270,)  # the 16-bit rung (288 cells) over 90 % full: the idle timer starts
     chat(qtbot, w, "Fill it")
-    assert w.idle_conversion_pending
-    with qtbot.waitSignal(w._idle_timer.timeout, timeout=WAIT_MS):  # it fires while the manual step is held
+    assert w.chat.idle_conversion_pending
+    # it fires while the manual step is held
+    with qtbot.waitSignal(w.chat.idle_timer.timeout, timeout=WAIT_MS):
         held(qtbot, fake, w.compact_action.trigger)
-    assert not w.idle_conversion_pending
+    assert not w.chat.idle_conversion_pending
     assert sum(isinstance(r, Convert) for r in w.engine.pending()) == 1
     fake.release()
     # the status after the step comes after its request is done: wait for it, not only for the requests
@@ -130,7 +131,7 @@ def test_a_step_in_progress_names_its_target_in_the_panel_and_the_indicator(
 ) -> None:
     w = fake_window(kv_mode=KvMode.LADDER, n_ctx=N_CTX)
     chat(qtbot, w, "Hello")
-    w._on_conversion(ConversionEvent(ConversionStage.START, 0, 4, 300, target=KvPhase.Q4_0))
+    w.chat.show_conversion(ConversionEvent(ConversionStage.START, 0, 4, 300, target=KvPhase.Q4_0))
     assert w.memory_panel.phase_label.text() == "compacting to 4-bit…"
     assert w.memory_panel.rung_label.text() == "compacting to 4-bit… at 300 tokens"
     assert w.context_meter.label.text() == "Context 300 / 1,024 tokens · compacting to 4-bit…"
@@ -237,7 +238,7 @@ def test_too_small_a_budget_is_said_in_one_sentence_and_the_model_stays(
     before = w.model_info
     # 2 layers x 8 KV heads x (128 + 128): 8 KiB a token in f16, 2 MiB for the smallest context
     wide = write_llama_gguf(tmp_path / "wide.gguf", SyntheticShape(n_head=8, n_head_kv=8, embd=256))
-    w.open_model(wide)
+    w.loading.open_model(wide)
     qtbot.waitUntil(lambda: error_box(w) is not None, timeout=WAIT_MS)
     assert ("1.0 MiB of context memory holds fewer than 256 tokens of wide.gguf with the f16 KV cache: 256 "
             "tokens need 2.0 MiB. Raise the budget, or set it to 0 to use the context length.") \
@@ -261,7 +262,7 @@ def test_a_ladder_conversation_on_the_real_engine_shows_each_step(
         meter = StallMeter()
         meter.start()
         with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
-            w.send_text(MEDIUM)  # ~330 tokens: past the 16-bit rung
+            w.chat.send_text(MEDIUM)  # ~330 tokens: past the 16-bit rung
         qtbot.waitUntil(lambda: w.kv.phase is KvPhase.Q8_0 and w.ops.count == 0, timeout=WAIT_MS)
         used = w.kv.n_cells_used
         assert finished.args[0].text.strip() and 256 < used < 512
@@ -278,7 +279,7 @@ def test_a_ladder_conversation_on_the_real_engine_shows_each_step(
         assert w.banner.label.text().startswith("Context memory compacted to 4-bit in ")
         assert not w.compact_action.isEnabled()
         with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as again:
-            w.send_text(MEDIUM)  # a long prompt read on the 4-bit rung
+            w.chat.send_text(MEDIUM)  # a long prompt read on the 4-bit rung
         assert again.args[0].text.strip()
         assert meter.max_gap_ms < GUI_STALL_BOUND_MS
     finally:
@@ -296,5 +297,5 @@ def test_compact_snapshots_setting_saves_at_the_last_step(
         qtbot.waitUntil(lambda w=w: w.conversations.snapshots_on, timeout=WAIT_MS)
         fake.calls.clear()
         with qtbot.waitSignal(w.conversations.snapshot_saved, timeout=WAIT_MS):
-            w.send_text("Save me")
+            w.chat.send_text("Save me")
         assert [c for c in fake.calls if c.startswith("capture")] == [want]

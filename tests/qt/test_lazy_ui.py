@@ -36,7 +36,7 @@ def test_a_conversion_during_a_reply_shows_progress_then_the_phase_change(
         meter = StallMeter()
         meter.start()
         with qtbot.waitSignal(w.reply_finished, timeout=60_000) as finished:
-            w.send_text(LONG_MESSAGE)
+            w.chat.send_text(LONG_MESSAGE)
         meter.stop()
         assert 512 < finished.args[0].n_prompt < 1000 and finished.args[0].text
         stages = [e.stage for e, _, _ in seen]
@@ -63,9 +63,9 @@ def test_manual_compaction_and_the_idle_setting(
     w = fake_window(idle_conversion=False)
     fake.reply = ("word " * 120,)
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
-        w.send_text("Fill it")
+        w.chat.send_text("Fill it")
     settle(qtbot, w)
-    assert not w.idle_conversion_pending and "convert" not in fake.calls
+    assert not w.chat.idle_conversion_pending and "convert" not in fake.calls
     assert w.compact_action.isEnabled()
     with qtbot.waitSignal(w.converted, timeout=WAIT_MS):
         w.compact_action.trigger()

@@ -187,7 +187,7 @@ def _traced_second_turn(qtbot: QtBot, w: MainWindow) -> tuple[list[str], int]:
             store._db.execute(f"INSERT INTO {index}({index}, rank) VALUES('automerge', 0)")
             store._db.execute(f"INSERT INTO {index}({index}) VALUES('optimize')")
 
-    w.new_chat()
+    w.chat.new_chat()
     w.database.call(optimize)
     chat(qtbot, w, "First")
     w.database.call(lambda store: trace(store, True))

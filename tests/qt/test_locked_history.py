@@ -79,7 +79,7 @@ def test_turns_typed_while_the_keyring_hangs_are_written_when_it_answers(
 ) -> None:
     w = _locked_window(qtbot, fake_window)
     chat(qtbot, w, "Typed while locked")
-    w.new_chat()
+    w.chat.new_chat()
     chat(qtbot, w, "Another chat while locked")
     assert w.conversations.unsaved_turns() == 6
     hanging.release.set()  # the user unlocks the keyring: its late answer opens the history

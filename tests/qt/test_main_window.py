@@ -33,13 +33,13 @@ def open_window(qtbot: QtBot, model: Path, **values: object) -> MainWindow:
     qtbot.addWidget(w)
     w.show()
     with qtbot.waitSignal(w.model_loaded, timeout=LOAD_TIMEOUT_MS):
-        w.open_model(model)
+        w.loading.open_model(model)
     return w
 
 
 def chat(qtbot: QtBot, w: MainWindow, text: str) -> object:
     with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
-        w.send_text(text)
+        w.chat.send_text(text)
     return finished.args[0]
 
 
@@ -65,7 +65,7 @@ def test_chat_stop_and_chat_again(qtbot: QtBot, window: MainWindow) -> None:
     window.settings.set("max_reply_tokens", 400)
     before = len(pieces)
     with qtbot.waitSignal(window.reply_finished, timeout=REPLY_TIMEOUT_MS) as stopped:
-        window.send_text("Write a very long story about a dragon and a knight.")
+        window.chat.send_text("Write a very long story about a dragon and a knight.")
         qtbot.waitUntil(lambda: len(pieces) > before, timeout=REPLY_TIMEOUT_MS)
         window.stop_button.click()
     assert stopped.args[0].cancelled
@@ -80,7 +80,7 @@ def test_chat_stop_and_chat_again(qtbot: QtBot, window: MainWindow) -> None:
 def test_a_message_over_the_context_goes_back_to_the_input(qtbot: QtBot, window: MainWindow) -> None:
     too_long = "word " * 2048
     with qtbot.waitSignal(window.reply_failed, timeout=REPLY_TIMEOUT_MS) as failed:
-        window.send_text(too_long)
+        window.chat.send_text(too_long)
     assert "no longer fits the context of 1024 tokens" in failed.args[0].message
     assert window.input.toPlainText() == too_long.strip()
     assert window.conversation.messages() == [] and "word word" not in window.transcript.toPlainText()
@@ -91,7 +91,7 @@ def test_a_message_over_the_context_goes_back_to_the_input(qtbot: QtBot, window:
 def test_edit_and_resend_reuses_the_common_prefix(qtbot: QtBot, window: MainWindow) -> None:
     chat(qtbot, window, "What is the capital of France?")
     chat(qtbot, window, "And of Italy?")
-    window.edit_message(0)
+    window.chat.edit_message(0)
     window.input.setPlainText("What is the capital of Spain?")
     result = chat(qtbot, window, window.input.toPlainText())
     turns = [t["content"] for t in window.conversation.turns()]

@@ -31,7 +31,7 @@ FIT_WORDS = {"fits", "tight", "does not fit"}
 def _dialog(qtbot: QtBot, w: MainWindow, places: Places, hub_env: dict[str, str]) -> ModelsDialog:
     d = ModelsDialog(w.settings, w, places=places, hub=Hub.from_env(hub_env))
     qtbot.addWidget(d)
-    d.model_chosen.connect(w.open_model)
+    d.model_chosen.connect(w.loading.open_model)
     d.show()
     qtbot.waitUntil(lambda: _settled(d), timeout=10_000)
     return d
@@ -123,7 +123,7 @@ def test_the_demo_model_says_it_is_a_demo_and_points_to_the_models_page(
     assert d is not None and d.isVisible()
     d.close()
     with qtbot.waitSignal(w.model_loaded, timeout=WAIT_MS):
-        w.open_model(tiny_gguf)  # a real model: the note goes
+        w.loading.open_model(tiny_gguf)  # a real model: the note goes
     assert not w.demo_notice.isVisible()
     settle(qtbot, w)
     w.close()

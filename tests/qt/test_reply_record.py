@@ -32,7 +32,7 @@ def test_a_replys_figures_are_stored_and_shown_again_when_reopened(
     stats = w.conversation.stats()
     assert sorted(stats) == [1, 3] and all(s.n_tokens > 0 for s in stats.values())
     conv_id = w.conversations.current
-    w.new_chat()
+    w.chat.new_chat()
     settle(qtbot, w)
     assert "to first token" not in _text(w)
     w.conversations.open(conv_id)
@@ -54,7 +54,7 @@ def test_a_new_chat_after_a_compaction_starts_with_an_empty_16_bit_cache(
     qtbot.waitUntil(lambda: w.kv is not None and w.kv.phase is KvPhase.Q8_0, timeout=WAIT_MS)
     settle(qtbot, w)
     assert "8-bit" in w.context_meter.label.text()
-    w.new_chat()
+    w.chat.new_chat()
     qtbot.waitUntil(lambda: w.kv.phase is KvPhase.F16 and w.kv.n_cells_used == 0, timeout=WAIT_MS)
     settle(qtbot, w)
     assert "16-bit" in w.context_meter.label.text() and w.memory_panel.phase_label.text().startswith("16-bit")
@@ -66,15 +66,15 @@ def test_with_the_real_engine_a_new_chat_after_a_compaction_is_16_bit_again(
     w = open_window(qtbot, smollm2_path, max_reply_tokens=8)
     try:
         with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS):
-            w.send_text(LONG_MESSAGE)  # crosses the f16 view: compacted to 8-bit while it is read
+            w.chat.send_text(LONG_MESSAGE)  # crosses the f16 view: compacted to 8-bit while it is read
         qtbot.waitUntil(lambda: w.kv is not None and w.kv.phase is KvPhase.Q8_0, timeout=WAIT_MS)
         settle(qtbot, w)
-        w.new_chat()
+        w.chat.new_chat()
         qtbot.waitUntil(lambda: w.kv.phase is KvPhase.F16 and w.kv.n_cells_used == 0, timeout=WAIT_MS)
         assert "16-bit" in w.context_meter.label.text()
         assert "/ 512 (f16 view)" in w.memory_panel.cells_bar.format()
         with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS):
-            w.send_text("Name a colour.")
+            w.chat.send_text("Name a colour.")
         qtbot.waitUntil(lambda: 0 < w.kv.n_cells_used < 512, timeout=WAIT_MS)
         assert w.kv.phase is KvPhase.F16
         settle(qtbot, w)
@@ -94,7 +94,7 @@ def test_a_reply_cut_off_says_why_under_it_and_again_when_reopened(
     chat(qtbot, w, "Go on.")
     assert _text(w).endswith("Reply stopped: the context is full")
     conv_id = w.conversations.current
-    w.new_chat()
+    w.chat.new_chat()
     settle(qtbot, w)
     w.conversations.open(conv_id)
     qtbot.waitUntil(lambda: w.transcript.message_count() == 4, timeout=WAIT_MS)
@@ -131,7 +131,7 @@ def test_a_reply_cut_by_quitting_is_kept_with_a_line_saying_so(
         yield "a reply never seen"
 
     fake.reply = half_then_held()  # type: ignore[assignment]
-    w.send_text("Then this.")
+    w.chat.send_text("Then this.")
     qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
     qtbot.waitUntil(lambda: "Half of" in w.transcript.toPlainText(), timeout=WAIT_MS)
     w.close()

@@ -25,7 +25,7 @@ def _replied(qtbot: QtBot, w: MainWindow, fake: FakeSession, text: str, *replies
 def _regenerate(qtbot: QtBot, w: MainWindow, fake: FakeSession, reply: str) -> None:
     fake.reply = (reply,)
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
-        w.regenerate()
+        w.chat.regenerate()
     settle(qtbot, w)
 
 
@@ -33,7 +33,7 @@ def _reopened(qtbot: QtBot, w: MainWindow) -> None:
     """The conversation on screen, saved, left for a new chat and opened again."""
     settle(qtbot, w)
     conv_id = w.conversations.current
-    w.new_chat()
+    w.chat.new_chat()
     settle(qtbot, w)
     with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS):
         w.conversations.open(conv_id)
@@ -86,9 +86,9 @@ def test_a_regenerate_stopped_before_its_first_word_keeps_every_reply(
     """Issue 24, point 2: the turn was saved without any reply, the earlier replies were gone."""
     w = _replied(qtbot, fake_window(), fake, "Name a colour.", "Red.", "Blue.")
     stats, markers = w.conversation.stats(), w.conversation.markers()
-    held(qtbot, fake, w.regenerate)  # held while the prompt is read: no word yet
+    held(qtbot, fake, w.chat.regenerate)  # held while the prompt is read: no word yet
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS) as finished:
-        w.stop_reply()
+        w.chat.stop_reply()
         fake.release()
     settle(qtbot, w)
     assert finished.args[0].cancelled
@@ -112,7 +112,7 @@ def test_a_failed_regenerate_keeps_the_conversation_and_says_why(
     chat(qtbot, w, "Hello")
     fake.reply_error = EngineError("The engine could not read the prompt.")
     with qtbot.waitSignal(w.reply_failed, timeout=WAIT_MS):
-        w.regenerate()
+        w.chat.regenerate()
     settle(qtbot, w)
     assert [t["content"] for t in w.conversation.turns()] == ["Hello", "Fake reply text."]
     assert w.input.toPlainText() == ""  # nothing was taken back into the input box
@@ -124,6 +124,6 @@ def test_a_failed_regenerate_keeps_the_conversation_and_says_why(
     box.accept()
     fake.reply_error, fake.reply = None, ("Again.",)
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
-        w.regenerate()
+        w.chat.regenerate()
     settle(qtbot, w)
     assert w.conversation.versions(1) == ["Fake reply text.", "Again."]

@@ -26,7 +26,7 @@ def test_a_stop_after_the_reply_ended_never_reaches_the_next_reply(
     """Stop pressed after the worker finished the reply but before the window heard of it."""
     w = fake_window()
     fake.after_reply.clear()
-    w.send_text("Hello")
+    w.chat.send_text("Hello")
     assert fake.after_reply.wait(2)  # the worker is done with the reply; the window has not seen it yet
     assert w.state is UiState.REPLYING
     w.stop_button.click()
@@ -39,7 +39,7 @@ def test_a_stop_after_the_reply_ended_never_reaches_the_next_reply(
 
 def test_stop_cancels_the_prompt_being_read(qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession) -> None:
     w = fake_window()
-    held(qtbot, fake, lambda: w.send_text("A long prompt"))
+    held(qtbot, fake, lambda: w.chat.send_text("A long prompt"))
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS) as stopped:
         w.stop_button.click()
     assert stopped.args[0].cancelled and stopped.args[0].text == ""
@@ -54,7 +54,7 @@ def test_a_failed_idle_conversion_is_reported_as_such_and_keeps_the_turn(
     w = fake_window()
     chat(qtbot, w, "Keep me")
     fake.convert_error = EngineError("the cache could not be compacted")
-    w.convert_now()
+    w.chat.convert_now()
     qtbot.waitUntil(lambda: error_box(w) is not None, timeout=WAIT_MS)
     text = error_box(w).text()
     assert "Compacting the context memory failed" in text and "The reply failed" not in text
@@ -68,7 +68,7 @@ def test_a_failure_is_reported_against_its_own_request(
 ) -> None:
     """A conversion queued behind a reply fails: the reply still ends as a reply."""
     w = fake_window()
-    held(qtbot, fake, lambda: w.send_text("Hello"))
+    held(qtbot, fake, lambda: w.chat.send_text("Hello"))
     fake.convert_error = EngineError("no")
     w.engine.submit(Convert())  # no failure handler: reported as what it was
     fake.release()
@@ -85,7 +85,7 @@ def test_a_refused_turn_goes_back_to_the_input_and_out_of_the_database(
 ) -> None:
     w = fake_window()
     with qtbot.waitSignal(w.reply_failed, timeout=WAIT_MS) as failed:
-        w.send_text("word " * 400)  # over the fake's context
+        w.chat.send_text("word " * 400)  # over the fake's context
     settle(qtbot, w)
     assert isinstance(failed.args[0].message, str) and "no longer fits" in failed.args[0].message
     assert w.input.toPlainText().startswith("word word") and len(w.conversation) == 0
@@ -93,7 +93,7 @@ def test_a_refused_turn_goes_back_to_the_input_and_out_of_the_database(
     error_box(w).accept()
     chat(qtbot, w, "Short one")
     with qtbot.waitSignal(w.reply_failed, timeout=WAIT_MS):
-        w.send_text("word " * 400)
+        w.chat.send_text("word " * 400)
     settle(qtbot, w)
     [(_, messages)] = stored()
     assert [m["content"] for m in messages] == ["Short one", "Fake reply text."]
@@ -111,7 +111,7 @@ def test_close_drops_queued_requests_hides_first_and_waits_with_a_deadline(
     w.show()
     fake.uncancellable_load = True
     fake.hold()
-    w.open_model(fake_model)  # type: ignore[arg-type]
+    w.loading.open_model(fake_model)  # type: ignore[arg-type]
     qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
     for _ in range(3):
         w.engine.submit(Convert())
@@ -130,8 +130,8 @@ def test_close_while_replying_stops_the_reply_at_once(
     qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
 ) -> None:
     w = fake_window()
-    held(qtbot, fake, lambda: w.send_text("Hello"))
-    w.convert_now()
+    held(qtbot, fake, lambda: w.chat.send_text("Hello"))
+    w.chat.convert_now()
     started = time.monotonic()
     assert w.shutdown_engine() is True
     assert time.monotonic() - started < FAST.shutdown_deadline_ms / 1000
@@ -145,7 +145,7 @@ def test_the_operation_count_follows_requests_and_jobs(
     assert w.ops.count == 0
     gate = threading.Event()
     w.background.run(lambda: gate.wait(5), what="A slow disk")
-    held(qtbot, fake, lambda: w.send_text("Hello"))
+    held(qtbot, fake, lambda: w.chat.send_text("Hello"))
     assert sorted(w.ops.labels()) == ["A slow disk", "Saving the conversation", "The reply"]
     gate.set()
     fake.release()
@@ -173,7 +173,7 @@ def test_idle_conversion_runs_after_the_injected_delay(
     w = fake_window(idle_conversion=True)
     fake.reply = ("word " * 120,)  # the fake's f16 view holds 128 of 256 cells: >= 90 % after this
     with qtbot.waitSignal(w.converted, timeout=WAIT_MS) as converted:
-        w.send_text("Fill it")
+        w.chat.send_text("Fill it")
     assert converted.args == [True]
     engine_work = [c for c in fake.calls if c in ("reply", "convert")]
     assert engine_work == ["reply", "convert"]  # after the reply, never inside it
@@ -193,7 +193,7 @@ def test_engine_reloading_actions_wait_for_the_engine_requests_in_flight(
     qtbot: QtBot, fake_window: FakeWindow, fake: FakeSession
 ) -> None:
     w = fake_window()
-    held(qtbot, fake, w.convert_now)
+    held(qtbot, fake, w.chat.convert_now)
     assert w.state is UiState.READY and w.send_button.isEnabled()
     assert not w.settings_action.isEnabled() and not w.open_action.isEnabled()
     fake.release()

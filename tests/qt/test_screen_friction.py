@@ -87,7 +87,7 @@ def test_copy_last_reply_is_offered_only_when_there_is_one(qtbot: QtBot, fake_wi
     assert not w.copy_reply_action.isEnabled()
     chat(qtbot, w, "Hello")
     assert w.copy_reply_action.isEnabled()
-    w.new_chat()
+    w.chat.new_chat()
     settle(qtbot, w)
     assert not w.copy_reply_action.isEnabled()
 
@@ -130,7 +130,7 @@ def test_messages_dropped_to_fit_the_context_are_greyed_and_say_so(
     assert dropped > 0 and w.transcript.left_out() == dropped
     text = w.transcript.toPlainText()
     assert text.count("left out of the context") == dropped
-    w.new_chat()
+    w.chat.new_chat()
     settle(qtbot, w)
     assert w.transcript.left_out() == 0
 
@@ -140,7 +140,7 @@ def test_a_full_context_offers_to_drop_the_oldest_turns_and_retry(
 ) -> None:
     w = fake_window(context_full="stop", max_reply_tokens=8)
     for i in range(5):
-        w.send_text(f"Message {i}: " + "more " * 50)
+        w.chat.send_text(f"Message {i}: " + "more " * 50)
         qtbot.waitUntil(lambda: w.state.name == "READY", timeout=WAIT_MS)
         settle(qtbot, w)
         if error_box(w) is not None:
@@ -153,7 +153,7 @@ def test_a_full_context_offers_to_drop_the_oldest_turns_and_retry(
         retry.click()
     assert finished.args[0].dropped and w.conversation.first_sent > 0
     assert w.setting("context_full") == "stop"  # for that reply only
-    assert w.reply_options().context_full == "stop"
+    assert w.chat.reply_options().context_full == "stop"
 
 
 def test_a_reply_cut_off_can_be_continued_where_it_stopped(

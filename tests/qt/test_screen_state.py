@@ -85,7 +85,7 @@ def test_a_delete_says_what_went_beside_its_undo_which_stays_on_hand_and_reopens
 
     w.conversations.delete(conv_id)
     settle(qtbot, w)
-    assert len(w.conversation) == 0 and not w.banner.isVisible() and not w.resume_note
+    assert len(w.conversation) == 0 and not w.banner.isVisible() and not w.chat.resume_note
     text, button = w.findChild(QLabel, "undo-text"), w.conversations.undo_button
     assert text is not None and text.text() == "Deleted “Giraffes are tall”"
     assert text.isVisible() and button.isVisible()
@@ -116,7 +116,7 @@ def test_paging_to_an_earlier_reply_shows_its_own_speed_and_how_it_ended(
     assert first.note.startswith("Reply stopped") and first.n_tokens == 3
     fake.reply, fake.finish_reason = ("Blue.",), FinishReason.STOP
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
-        w.regenerate()
+        w.chat.regenerate()
     settle(qtbot, w)
     assert w.conversation.stats()[1].n_tokens == 1 and not w.conversation.stats()[1].note
 
@@ -146,11 +146,11 @@ def test_f2_renames_from_the_message_box_and_esc_leaves_edit_mode(
     dialog.reject()
     qtbot.waitUntil(w.input.hasFocus)  # the caret is back in the message box
 
-    w.edit_message(0)
+    w.chat.edit_message(0)
     assert w.edit_bar.isVisible()
     qtbot.keyClick(w.input, Qt.Key.Key_Escape)
     assert not w.edit_bar.isVisible()
-    w.send_text("Not an edit")
+    w.chat.send_text("Not an edit")
     qtbot.waitUntil(lambda: w.state.name == "READY", timeout=WAIT_MS)
     settle(qtbot, w)
     assert [t["content"] for t in w.conversation.turns()][0] == "A chat to rename"  # nothing replaced
@@ -165,17 +165,17 @@ def test_a_step_taken_before_the_step_was_full_says_what_did_not_fit(
     chat(qtbot, w, "Hello there")
     qtbot.waitUntil(lambda: w.kv is not None and w.kv.rungs != (), timeout=WAIT_MS)
     capacity = w.kv.n_cells_capacity
-    w._set_state(UiState.REPLYING)  # the prompt is being read: the reply has no text yet
+    w.set_state(UiState.REPLYING)  # the prompt is being read: the reply has no text yet
     w._reply_text = ""
     for stage in (ConversionStage.START, ConversionStage.END):  # as the engine reports it
-        w._on_conversion(ConversionEvent(stage, 1, 1, 0, 0.01, KvPhase.Q8_0))
-    w._set_state(UiState.READY)
+        w.chat.show_conversion(ConversionEvent(stage, 1, 1, 0, 0.01, KvPhase.Q8_0))
+    w.set_state(UiState.READY)
     [marker] = w.conversation.markers()
     assert marker.label == ("Context memory went to 8-bit before the conversation was read: it no longer "
                             f"fit the 16-bit level ({capacity:,} tokens)")
     assert "at token 0" not in w.transcript.toPlainText()
     for stage in (ConversionStage.START, ConversionStage.END):  # idle or Compact now: early by choice
-        w._on_conversion(ConversionEvent(stage, 1, 1, 20, 0.01, KvPhase.Q8_0))
+        w.chat.show_conversion(ConversionEvent(stage, 1, 1, 20, 0.01, KvPhase.Q8_0))
     assert w.conversation.markers()[-1].label == "Context compacted to 8-bit here (at token 20)"
 
 
@@ -223,7 +223,7 @@ def test_paging_to_another_reply_puts_it_in_the_cache_and_the_context_indicator(
     short = w.kv.n_cells_used
     fake.reply = ("A much longer reply with many more words in it than the first.",)
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS):
-        w.regenerate()
+        w.chat.regenerate()
     settle(qtbot, w)
     long = w.kv.n_cells_used
     assert long > short + 5
@@ -243,7 +243,7 @@ def test_a_chat_chosen_while_a_reply_streams_is_refused_and_the_list_shows_the_c
     other = saved_then_new_chat(qtbot, w, "The other chat")
     chat(qtbot, w, "This chat")
     current = w.conversations.current
-    held(qtbot, fake, lambda: w.send_text("A reply that takes a while"))
+    held(qtbot, fake, lambda: w.chat.send_text("A reply that takes a while"))
     w.conversations_panel.select(other)  # as a click does, before the window hears of it
     w.conversations_panel.open_requested.emit(other)
     assert w.conversations_panel.selected_id() == current and w.conversations.current == current

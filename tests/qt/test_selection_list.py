@@ -81,7 +81,7 @@ def test_keys_and_clicks_while_a_reply_streams_leave_the_list_on_the_chat_on_scr
     current = w.conversations.current
     panel = w.conversations_panel
     assert panel.ids() == [current, other]
-    held(qtbot, fake, lambda: w.send_text("A reply that takes a while"))
+    held(qtbot, fake, lambda: w.chat.send_text("A reply that takes a while"))
 
     panel.list.setFocus()
     qtbot.keyClick(panel.list, Qt.Key.Key_Down)
@@ -135,8 +135,8 @@ def test_a_message_sent_while_the_chosen_chat_is_read_goes_nowhere_else(
     w.database.submit(lambda _store: gate.wait(WAIT_MS / 1000))  # the database is busy for a while
     w.conversations_panel.list.setCurrentRow(_row_of(w, chosen))
     qtbot.waitUntil(lambda: w.conversations.opening == chosen, timeout=WAIT_MS)
-    w.send_text("Which chat is this?")
-    assert w.input.toPlainText() == "Which chat is this?" and w.reply_request is None
+    w.chat.send_text("Which chat is this?")
+    assert w.input.toPlainText() == "Which chat is this?" and w.chat.reply_request is None
     assert "“The chosen chat” is opening" in w.statusBar().currentMessage()
     gate.set()
     _settled_on(qtbot, w, chosen)

@@ -138,14 +138,14 @@ def test_a_re_read_says_why_in_plain_words_and_the_layout_on_demand(
 ) -> None:
     w = fake_window()
     technical = "it was saved with another KV cache layout (K/V q8_0/q8_0, rotation 64/64)"
-    w.end_resume(OpenResult(OpenHow.REBUILT, "it was saved with other context-memory settings", 12, 0.2,
+    w.chat.end_resume(OpenResult(OpenHow.REBUILT, "it was saved with other context-memory settings", 12, 0.2,
                             technical))
     banner = w.banner
     assert banner.isVisible() and "other context-memory settings" in banner.label.text()
     assert "K/V" not in banner.label.text() and banner.details_button.isVisible()
     banner.details_button.click()
     assert technical in banner.label.text() and not banner.details_button.isVisible()
-    w.end_resume(OpenResult(OpenHow.RESTORED, "", 12, 0.01))  # no details: no button
+    w.chat.end_resume(OpenResult(OpenHow.RESTORED, "", 12, 0.01))  # no details: no button
     assert not banner.details_button.isVisible()
 
 

@@ -83,18 +83,18 @@ def test_compacted_counts_the_chat_on_screen_only(
     chat(qtbot, w, "Hello there")
     for n in (1, 2):
         with qtbot.waitSignal(w.converted, timeout=WAIT_MS):
-            w.convert_now()
+            w.chat.convert_now()
         settle(qtbot, w)
         qtbot.waitUntil(lambda n=n: w.memory_panel.conversion_label.text().startswith(f"{n}×"),
                         timeout=WAIT_MS)
-    w.new_chat()
+    w.chat.new_chat()
     settle(qtbot, w)
     qtbot.waitUntil(lambda: w.kv is not None and w.kv.n_cells_used == 0, timeout=WAIT_MS)
     assert w.kv.n_conversions == 2  # the engine's own count goes on
     assert w.memory_panel.conversion_label.text() == "none yet"
     chat(qtbot, w, "A new chat")
     with qtbot.waitSignal(w.converted, timeout=WAIT_MS):
-        w.convert_now()
+        w.chat.convert_now()
     settle(qtbot, w)
     qtbot.waitUntil(lambda: w.memory_panel.conversion_label.text().startswith("1×"), timeout=WAIT_MS)
 
@@ -162,12 +162,12 @@ def test_with_the_real_engine_a_relaunch_resumes_with_true_lines_and_compacted_p
     cache stepping down before the state is read: one true line, none saying it did not fit."""
     first = open_window(qtbot, smollm2_path, kv_mode="lazy", snapshot_encryption="none")
     with qtbot.waitSignal(first.conversations.snapshot_saved, timeout=REPLY_TIMEOUT_MS):
-        first.send_text(LONG)  # does not fit the 16-bit level: converts while it is read
+        first.chat.send_text(LONG)  # does not fit the 16-bit level: converts while it is read
     settle(qtbot, first)
     conv_id = first.conversations.current
     assert first.kv is not None and first.kv.phase is KvPhase.Q8_0
     assert first.memory_panel.conversion_label.text().startswith("1×")
-    first.new_chat()
+    first.chat.new_chat()
     settle(qtbot, first)
     qtbot.waitUntil(lambda: first.kv is not None and first.kv.n_cells_used == 0, timeout=WAIT_MS)
     assert first.kv.n_conversions == 1 and first.memory_panel.conversion_label.text() == "none yet"

@@ -84,7 +84,7 @@ class Driver:
         QTest.keyClicks(self.w.input, text)
         before = len(self.replies)
         QTest.keyClick(self.w.input, Qt.Key.Key_Return)
-        request = self.w.reply_request
+        request = self.w.chat.reply_request
         assert request is not None, "Enter did not start a reply"
         prompt = [dict(m) for m in request.messages]
         wait_until(lambda: len(self.replies) > before, f"the reply to {text!r}")
@@ -140,7 +140,7 @@ class Driver:
             "highlighted": [panel.ids()[i.row()] for i in panel.list.selectedIndexes()],
             "messages": [dict(m) for m in self.w.conversation.messages()],
             "transcript": self.w.transcript.toPlainText(),
-            "resume_note": self.w.resume_note,
+            "resume_note": self.w.chat.resume_note,
             "status": self.w.statusBar().currentMessage(),
             "private": self.w.conversations.private,
         }
@@ -177,7 +177,7 @@ def observe_start(d: Driver) -> dict[str, Any]:
     d.model_loaded()
     pause(500)
     d.settled()
-    wait_until(lambda: bool(d.w.resume_note) or d.w.conversations.current is not None or
+    wait_until(lambda: bool(d.w.chat.resume_note) or d.w.conversations.current is not None or
                len(d.w.conversations_panel.ids()) > 0, "the list", 30)
     pause(1500)  # an open the start-up chose would be under way by now
     d.settled()

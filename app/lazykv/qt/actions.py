@@ -1,5 +1,6 @@
 """The window's actions, declared once (as napari's app-model or qutebrowser's commands): each one's title,
-keys, menu, toolbar place, when it is enabled and the window's method it calls.
+keys, menu, toolbar place, when it is enabled and the window's method it calls (or a part's of the
+window: ``chat.regenerate`` is the window's ``chat``'s).
 
 The window's menus and toolbar (``build``), their enabled state (``update_enabled``, from the window's
 ``UiState`` and a check of the window's), Help > Keyboard shortcuts (``shortcut_rows``) and the README's key
@@ -10,11 +11,12 @@ list (``python -m lazykv.qt.actions --markdown``; ``--readme README.md`` rewrite
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QToolBar
@@ -39,13 +41,15 @@ class ActionSpec:
 
     name: str
     title: str  # as the menu shows it, with its & mnemonic; "…" when it opens a dialog
-    handler: str  # the window's method it calls (a checkable one: with the new state; a submenu: as it opens)
+    # the window's method it calls, or a part's ("chat.regenerate": the window's ``chat``'s); a checkable
+    # one: with the new state; a submenu: as it opens
+    handler: str
     menu: str  # one of MENUS
     keys: str = ""  # as the README and Help show them on Linux (QKeySequence's portable text)
     standard: str = ""  # QKeySequence.StandardKey's name: the platform's own binding, ``keys`` on Linux
     tip: str = ""  # status tip and tooltip
     when: frozenset[UiState] = ANY  # the window's states in which it is enabled
-    check: str = ""  # the window's method (no arguments) that must also answer True for it to be enabled
+    check: str = ""  # the window's (or a part's) method, no arguments, that must also answer True
     toolbar: int = 0  # its place on the toolbar, from 1 (0: not there)
     separator: bool = False  # a separator before it in its menu
     checkable: bool = False
@@ -80,37 +84,38 @@ class WidgetKey:
 
 
 ACTIONS: tuple[ActionSpec, ...] = (
-    ActionSpec("new_private", "New &private chat", "new_private_chat", "&File", "Ctrl+Shift+N",
+    ActionSpec("new_private", "New &private chat", "chat.new_private_chat", "&File", "Ctrl+Shift+N",
                tip="A new chat that is never saved (untick Private to end it)", when=IDLE),
-    ActionSpec("models", "&Models…", "open_models", "&File", "Ctrl+M", separator=True,
+    ActionSpec("models", "&Models…", "loading.open_models", "&File", "Ctrl+M", separator=True,
                tip="Models on disk and on the Hugging Face Hub, and what fits"),
-    ActionSpec("open", "&Open model…", "_choose_model", "&File", "Ctrl+O", "Open", when=IDLE,
+    ActionSpec("open", "&Open model…", "loading.choose_model", "&File", "Ctrl+O", "Open", when=IDLE,
                check="engine_free"),
-    ActionSpec("recent", "Open &recent", "_fill_recent_menu", "&File", submenu=True, when=IDLE,
+    ActionSpec("recent", "Open &recent", "loading.fill_recent_menu", "&File", submenu=True, when=IDLE,
                check="engine_free"),
-    ActionSpec("info", "Model &information…", "_show_model_info", "&File", check="has_model"),
-    ActionSpec("settings", "&Settings…", "_open_settings", "&File", "Ctrl+,", separator=True, when=IDLE,
+    ActionSpec("info", "Model &information…", "loading.show_model_info", "&File", check="has_model"),
+    ActionSpec("settings", "&Settings…", "open_settings", "&File", "Ctrl+,", separator=True, when=IDLE,
                check="engine_free", toolbar=5),
     ActionSpec("quit", "&Quit", "close", "&File", "Ctrl+Q", "Quit", separator=True),
-    ActionSpec("new_chat", "&New chat", "new_chat", "&Chat", "Ctrl+N", "New", when=IDLE, toolbar=1),
-    ActionSpec("stop", "&Stop generating", "_stop", "&Chat", "Esc", when=REPLYING),
-    ActionSpec("regenerate", "&Regenerate", "regenerate", "&Chat", "Ctrl+R",
-               tip="Replace the last reply with a new one", when=READY, check="_ends_with_reply", toolbar=2),
-    ActionSpec("continue", "C&ontinue the reply", "continue_reply", "&Chat", "Ctrl+Shift+R",
-               tip="Go on with the last reply where it was cut off", when=READY, check="can_continue",
+    ActionSpec("new_chat", "&New chat", "chat.new_chat", "&Chat", "Ctrl+N", "New", when=IDLE, toolbar=1),
+    ActionSpec("stop", "&Stop generating", "chat.stop_reply", "&Chat", "Esc", when=REPLYING),
+    ActionSpec("regenerate", "&Regenerate", "chat.regenerate", "&Chat", "Ctrl+R",
+               tip="Replace the last reply with a new one", when=READY, check="chat.ends_with_reply",
+               toolbar=2),
+    ActionSpec("continue", "C&ontinue the reply", "chat.continue_reply", "&Chat", "Ctrl+Shift+R",
+               tip="Go on with the last reply where it was cut off", when=READY, check="chat.can_continue",
                toolbar=3),
-    ActionSpec("edit_last", "&Edit last message", "_edit_last", "&Chat", "Ctrl+E",
+    ActionSpec("edit_last", "&Edit last message", "chat.edit_last", "&Chat", "Ctrl+E",
                tip="Edit your last message and resend it", when=READY, check="has_user_turn"),
-    ActionSpec("copy_reply", "&Copy last reply", "copy_last_reply", "&Chat", "Ctrl+Shift+C",
+    ActionSpec("copy_reply", "&Copy last reply", "chat.copy_last_reply", "&Chat", "Ctrl+Shift+C",
                check="has_reply"),
     ActionSpec("rename", "Re&name conversation…", "_rename_current", "&Chat", "F2",
                tip="Rename the conversation selected in the list, else the one on screen"),
     ActionSpec("undo_delete", "&Undo delete", "_undo_delete", "&Chat", "Ctrl+Z", "Undo",
                tip="Bring back the conversation deleted last", check="can_undo_delete"),
     ActionSpec("search", "&Search conversations", "_focus_search", "&Chat", "Ctrl+F", "Find"),
-    # its tip (to which level it compacts, or why not) is the window's: ChatFlow._update_compact_action
-    ActionSpec("compact", "Compact context &memory now", "convert_now", "&Chat", when=READY,
-               check="can_compact", toolbar=4),
+    # its tip (to which level it compacts, or why not) is the window's: ChatFlow.update_compact_action
+    ActionSpec("compact", "Compact context &memory now", "chat.convert_now", "&Chat", when=READY,
+               check="chat.can_compact", toolbar=4),
     ActionSpec("private", "&Private chat (save nothing)", "_set_private", "&Chat", separator=True,
                checkable=True),
     ActionSpec("conversations_dock", "Conversations", "", "&View", dock="conversations_dock"),
@@ -129,6 +134,11 @@ WIDGET_KEYS: tuple[WidgetKey, ...] = (
 )
 
 
+def resolve(window: object, name: str) -> Any:
+    """A handler's or check's method by its declared name: the window's, or its part's ("chat.regenerate")."""
+    return functools.reduce(getattr, name.split("."), window)
+
+
 def build(window: QMainWindow) -> dict[str, QAction]:
     """The window's menus and toolbar from ``ACTIONS``, each action connected to its handler and set as the
     window's ``<name>_action`` (``<name>_menu``). Returns the actions by name (a submenu's menuAction)."""
@@ -140,7 +150,7 @@ def build(window: QMainWindow) -> dict[str, QAction]:
             menu.addSeparator()
         if spec.submenu:
             sub = menu.addMenu(spec.title)
-            sub.aboutToShow.connect(getattr(window, spec.handler))
+            sub.aboutToShow.connect(resolve(window, spec.handler))
             setattr(window, spec.attribute, sub)
             made[spec.name] = sub.menuAction()
             continue
@@ -164,9 +174,9 @@ def _action(window: QMainWindow, spec: ActionSpec) -> QAction:
         action.setObjectName(f"{spec.name}-action")
         if spec.checkable:
             action.setCheckable(True)
-            action.toggled.connect(getattr(window, spec.handler))
+            action.toggled.connect(resolve(window, spec.handler))
         else:
-            action.triggered.connect(getattr(window, spec.handler))
+            action.triggered.connect(resolve(window, spec.handler))
         setattr(window, spec.attribute, action)
     action.setShortcuts(spec.key_sequences())
     if spec.tip:
@@ -177,7 +187,7 @@ def _action(window: QMainWindow, spec: ActionSpec) -> QAction:
 
 def enabled(window: object, spec: ActionSpec, state: UiState) -> bool:
     """Whether ``spec`` is open in ``state``: its states, then the window's check."""
-    return state in spec.when and (not spec.check or bool(getattr(window, spec.check)()))
+    return state in spec.when and (not spec.check or bool(resolve(window, spec.check)()))
 
 
 def update_enabled(window: QMainWindow, state: UiState) -> None:

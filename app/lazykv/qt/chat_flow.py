@@ -1,27 +1,39 @@
-"""The chat flow, for the window: send, stream the reply, stop, regenerate, edit, versions, and the
-context memory's compaction as the chat shows it."""
+"""The chat flow of the window: send, stream the reply, stop, regenerate, edit, versions, resuming,
+and the context memory's compaction as the chat shows it. ``ChatFlow`` sees the window only through
+``ChatFlowHost``."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
 
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtCore import QObject, QTimer, Signal, Slot
+from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import (
     QFrame,
-    QHBoxLayout,
     QLabel,
+    QLineEdit,
     QMessageBox,
     QPushButton,
 )
 
 from lazykv.core.chat import turns
+from lazykv.core.chat.conversation import Conversation
 from lazykv.core.chat.turns import PendingReply
-from lazykv.core.engine.types import ConversionEvent, KvStatus, ReplyResult, SamplingSettings
+from lazykv.core.engine.types import ConversionEvent, KvStatus, ModelInfo, ReplyResult, SamplingSettings
 from lazykv.core.history.persistence import OpenHow, OpenResult
 from lazykv.core.idle import wants_idle_conversion
 from lazykv.core.kinds import ContextFullPolicy, ConversionStage, FinishReason, KvPhase
-from lazykv.qt.conversion_banner import compacted_text, marker_label
+from lazykv.core.settings import Settings
+from lazykv.qt.chat_input import ChatInput
+from lazykv.qt.context_meter import ContextMeter
+from lazykv.qt.conversations_panel import ConversationsPanel
+from lazykv.qt.conversion_banner import ConversionBanner, compacted_text, marker_label
+from lazykv.qt.elided_label import StatusBar
+from lazykv.qt.memory_panel import MemoryPanel
+from lazykv.qt.operations import EngineClient
 from lazykv.qt.reply_stats import ReplyClock
+from lazykv.qt.transcript import TranscriptView
 from lazykv.qt.ui_state import UiState
 from lazykv.qt.worker import (
     Convert,
@@ -31,207 +43,277 @@ from lazykv.qt.worker import (
     SyncKv,
 )
 
+if TYPE_CHECKING:
+    from lazykv.qt.conversations import Conversations
 
-class ChatFlow:
-    """The chat-flow part of ``MainWindow`` (mixed into it: it uses the window's widgets, engine client
-    and conversations)."""
+
+class ChatFlowHost(Protocol):
+    """What the chat flow uses of its window: the widgets it fills, the engine, the chat's owner."""
+
+    settings: Settings
+    conversations: Conversations
+    engine: EngineClient
+    model_info: ModelInfo | None
+    kv: KvStatus | None  # the engine's last word on the KV cache
+    transcript: TranscriptView
+    banner: ConversionBanner
+    system_edit: QLineEdit
+    input: ChatInput
+    edit_bar: QFrame
+    edit_label: QLabel
+    stop_button: QPushButton
+    stop_action: QAction
+    compact_action: QAction
+    versions_bar: QFrame
+    versions_label: QLabel
+    previous_version: QPushButton
+    next_version: QPushButton
+    memory_panel: MemoryPanel
+    context_meter: ContextMeter
+    conversations_panel: ConversationsPanel
+
+    @property
+    def conversation(self) -> Conversation: ...
+    @property
+    def state(self) -> UiState: ...
+    def setting(self, name: str) -> Any: ...
+    def statusBar(self) -> StatusBar: ...  # noqa: N802 - Qt's name
+    def set_state(self, state: UiState) -> None: ...
+    def idle_state(self) -> UiState: ...
+    def show_error(self, title: str, message: str, details: str = "") -> QMessageBox: ...
+
+
+class ChatFlow(QObject):
+    """The chat on screen as it is sent, streamed and compacted; a QObject of the GUI thread (its slots
+    take the worker's conversion events). Says what happened through its signals."""
+
+    reply_finished = Signal(object)  # ReplyResult, after the window showed it
+    reply_failed = Signal(object)  # Failure, after the turn was taken back
+    converted = Signal(bool)  # an idle/manual conversion answered (after the window showed it)
+    conversion_shown = Signal(object)  # ConversionEvent, after the window showed it
+
+    def __init__(self, host: ChatFlowHost, idle_delay_ms: int, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.host = host
+        self._editing: int | None = None  # index of the user turn being edited
+        self._reply: Reply | None = None  # the reply streaming now
+        self._replying = PendingReply()  # the reply streaming: its text so far, the lines to put under it
+        self.reply_clock = ReplyClock()
+        self.resume_note = ""
+        self.resuming = False  # the chat on screen is being resumed (its snapshot, or re-read)
+        self._drop_oldest_once = False  # the next reply drops the oldest turns to fit (a retry)
+        self._conversion_from: KvStatus | None = None  # the cache's status when a conversion started
+        # the cache's steps while the chat on screen is resumed, with its status before each
+        self._resume_steps: tuple[tuple[ConversionEvent, KvStatus | None], ...] = ()
+        self.idle_timer = QTimer(self)  # idle time before compacting a nearly full lazy cache
+        self.idle_timer.setSingleShot(True)
+        self.idle_timer.setInterval(idle_delay_ms)
+        self.idle_timer.timeout.connect(self._convert_while_idle)
+
+    @property
+    def reply_request(self) -> Reply | None:
+        """The reply streaming now, if any."""
+        return self._reply
+
+    @property
+    def idle_conversion_pending(self) -> bool:
+        return self.idle_timer.isActive()
+
+    def state_changed(self, state: UiState) -> None:
+        """The window's state changed: the versions bar, the compact action's tip, the idle timer."""
+        self.update_versions_bar()
+        self.update_compact_action()
+        if state is not UiState.READY:
+            self.idle_timer.stop()
+
+    def stop_idle(self) -> None:
+        self.idle_timer.stop()
+
+    def can_switch_conversation(self) -> bool:
+        """Idle; re-reading a conversation (the one chosen replaces it); or loading the first model (the
+        chat chosen is resumed once it has loaded). Not while a reply streams or a model reloads."""
+        state = self.host.state
+        first_load = state is UiState.LOADING and self.host.model_info is None
+        return state in (UiState.NO_MODEL, UiState.READY) or self.resuming or first_load
 
     # what a reply is asked with (the settings, the command line's overrides first)
 
     def sampling(self) -> SamplingSettings:
-        seed = self.setting("seed")
+        seed = self.host.setting("seed")
         return SamplingSettings(
-            temperature=self.setting("temperature"),
-            top_p=self.setting("top_p"),
-            top_k=self.setting("top_k"),
-            min_p=self.setting("min_p"),
-            repeat_penalty=self.setting("repeat_penalty"),
+            temperature=self.host.setting("temperature"),
+            top_p=self.host.setting("top_p"),
+            top_k=self.host.setting("top_k"),
+            min_p=self.host.setting("min_p"),
+            repeat_penalty=self.host.setting("repeat_penalty"),
             seed=None if seed < 0 else seed,
         )
 
     def reply_options(self) -> ReplyOptions:
         """The next reply's; "Drop the oldest turns and retry" drops them for that one reply only."""
-        policy = ContextFullPolicy.DROP_OLDEST if self._drop_oldest_once else self.setting("context_full")
-        return ReplyOptions(self.setting("max_reply_tokens") or None, policy)
+        policy = (ContextFullPolicy.DROP_OLDEST if self._drop_oldest_once
+                  else self.host.setting("context_full"))
+        return ReplyOptions(self.host.setting("max_reply_tokens") or None, policy)
 
     # the chat on screen
 
-    def _escape_in_input(self) -> None:
+    def escape_in_input(self) -> None:
         """Esc in the message box: leaves edit mode (as Cancel edit does)."""
         if self._editing is not None:
             self.cancel_edit()
 
     def new_chat(self) -> None:
-        if self._state not in (UiState.NO_MODEL, UiState.READY):
+        if self.host.state not in (UiState.NO_MODEL, UiState.READY):
             return
-        self.conversations.new_chat(self.settings["system_prompt"])
-        self.statusBar().clearMessage()
+        self.host.conversations.new_chat(self.host.settings["system_prompt"])
+        self.host.statusBar().clearMessage()
 
     def new_private_chat(self) -> None:
         """A new, empty chat with Private on: nothing of it is saved; unticking Private ends it."""
-        if self._state not in (UiState.NO_MODEL, UiState.READY):
+        if self.host.state not in (UiState.NO_MODEL, UiState.READY):
             return
-        self.conversations.new_chat(self.settings["system_prompt"])
-        self.conversations.set_private(True)
-        self.statusBar().showMessage("New private chat: nothing of it is saved", 5000)
+        self.host.conversations.new_chat(self.host.settings["system_prompt"])
+        self.host.conversations.set_private(True)
+        self.host.statusBar().showMessage("New private chat: nothing of it is saved", 5000)
 
     def show_chat(self, title: str | None) -> None:
         """Show the chat on screen (Conversations changed it); a saved one's KV cache is resumed next."""
         self.cancel_edit()
-        self.banner.close_task()  # a note of the chat shown before ("Resumed from the snapshot…")
+        self.host.banner.close_task()  # a note of the chat shown before ("Resumed from the snapshot…")
         self.resume_note = ""
-        self.system_edit.setText(self.conversation.system_prompt)
+        self.host.system_edit.setText(self.host.conversation.system_prompt)
         self._rerender()
-        self._set_state(self._state)
+        self.host.set_state(self.host.state)
         if title is not None:
-            self.statusBar().showMessage(f"Opened “{title}”", 3000)
+            self.host.statusBar().showMessage(f"Opened “{title}”", 3000)
 
     def send_text(self, text: str) -> None:
-        self.input.setPlainText(text)
-        self._send()
+        self.host.input.setPlainText(text)
+        self.send()
 
     def regenerate(self) -> None:
         """Replace the last reply with a new one (the cache keeps the prompt up to it)."""
-        if self._state is not UiState.READY or not self._ends_with_reply():
+        if self.host.state is not UiState.READY or not self.ends_with_reply():
             return
-        pending = turns.begin_regenerate(self.conversation)  # the new reply joins it as one more version
+        pending = turns.begin_regenerate(self.host.conversation)  # the new reply joins it as one more version
         self._rerender()
         self._request_reply(pending)
 
     def show_version(self, step: int) -> None:
         """Page the last reply ``step`` versions back or on (1/3 ‹ ›): the chat continues from the
         version shown, which is saved as the reply."""
-        if self._state is not UiState.READY:
+        if self.host.state is not UiState.READY:
             return
-        if turns.page_version(self.conversation, step):
+        if turns.page_version(self.host.conversation, step):
             self._rerender()
-            self.conversations.persist(snapshot=False)
+            self.host.conversations.persist(snapshot=False)
             # the cache, and so the context indicator, follow the version shown (its snapshot too)
-            self.engine.submit(SyncKv(self.conversation.messages()),
-                               lambda _read: self.conversations.persist(snapshot=True))
+            self.host.engine.submit(SyncKv(self.host.conversation.messages()),
+                               lambda _read: self.host.conversations.persist(snapshot=True))
 
     def edit_message(self, index: int) -> None:
         """Put a user turn back into the composer; sending replaces it and everything after it."""
-        if self._state is not UiState.READY:
+        if self.host.state is not UiState.READY:
             return
         self._editing = index
-        self.input.setPlainText(self.conversation.turns()[index]["content"])
-        self.edit_label.setText(f"Editing message {index + 1}: sending replaces it and the turns after it.")
-        self.edit_bar.show()
-        self.input.setFocus()
+        self.host.input.setPlainText(self.host.conversation.turns()[index]["content"])
+        self.host.edit_label.setText(
+            f"Editing message {index + 1}: sending replaces it and the turns after it.")
+        self.host.edit_bar.show()
+        self.host.input.setFocus()
 
     def cancel_edit(self) -> None:
         self._editing = None
-        self.edit_bar.hide()
+        self.host.edit_bar.hide()
 
     def copy_last_reply(self) -> None:
-        index = self.conversation.last_index("assistant")
+        index = self.host.conversation.last_index("assistant")
         if index is not None:
-            QGuiApplication.clipboard().setText(self.conversation.turns()[index]["content"])
-            self.statusBar().showMessage("Reply copied", 3000)
+            QGuiApplication.clipboard().setText(self.host.conversation.turns()[index]["content"])
+            self.host.statusBar().showMessage("Reply copied", 3000)
 
-    def stop_reply(self) -> None:
-        """Stop the reply streaming now, if any (its answer is then abandoned when its chat is gone)."""
-        self._stop()
-
-    def _build_versions_bar(self) -> None:
-        """Under a regenerated reply: which version is shown, and the way to the others."""
-        self.versions_bar = QFrame()
-        self.versions_bar.setObjectName("versions-bar")
-        self.versions_label = QLabel()
-        self.previous_version = QPushButton("‹ Previous")
-        self.previous_version.clicked.connect(lambda: self.show_version(-1))
-        self.next_version = QPushButton("Next ›")
-        self.next_version.clicked.connect(lambda: self.show_version(1))
-        row = QHBoxLayout(self.versions_bar)
-        row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(self.versions_label)
-        row.addWidget(self.previous_version)
-        row.addWidget(self.next_version)
-        row.addStretch()
-        self.versions_bar.hide()
-
-    def _update_versions_bar(self) -> None:
-        number, count = turns.versions_shown(self.conversation)
-        self.versions_bar.setVisible(count > 1)
+    def update_versions_bar(self) -> None:
+        number, count = turns.versions_shown(self.host.conversation)
+        self.host.versions_bar.setVisible(count > 1)
         if count > 1:
-            self.versions_label.setText(f"Reply {number + 1}/{count}")
-            ready = self._state is UiState.READY
-            self.previous_version.setEnabled(ready and number > 0)
-            self.next_version.setEnabled(ready and number < count - 1)
+            self.host.versions_label.setText(f"Reply {number + 1}/{count}")
+            ready = self.host.state is UiState.READY
+            self.host.previous_version.setEnabled(ready and number > 0)
+            self.host.next_version.setEnabled(ready and number < count - 1)
 
-    def _ends_with_reply(self) -> bool:
-        return turns.ends_with_reply(self.conversation)
+    def ends_with_reply(self) -> bool:
+        return turns.ends_with_reply(self.host.conversation)
 
     def _rerender(self, but_last: bool = False) -> None:
         """The transcript shown again from the conversation (``but_last``: without its last turn, a reply
         that is streamed again to go on with it)."""
-        shown, markers = self.conversation.shown(), self.conversation.markers()
+        shown, markers = self.host.conversation.shown(), self.host.conversation.markers()
         if but_last:
             shown = shown[:-1]
             markers = [m for m in markers if m.message_index < len(shown)]
-        self.transcript.show_messages(shown, markers, self.conversation.stats(), self.conversation.first_sent)
-        self._update_versions_bar()
+        conversation = self.host.conversation
+        self.host.transcript.show_messages(shown, markers, conversation.stats(), conversation.first_sent)
+        self.update_versions_bar()
 
-    def _system_prompt_edited(self) -> None:
-        self.conversation.system_prompt = self.system_edit.text()
+    def system_prompt_edited(self) -> None:
+        self.host.conversation.system_prompt = self.host.system_edit.text()
 
-    def _send(self) -> None:
-        text = self.input.toPlainText().strip()
+    def send(self) -> None:
+        text = self.host.input.toPlainText().strip()
         if not text:
             return
-        if self._state is not UiState.READY:
-            if self._state is UiState.NO_MODEL:
-                self.statusBar().showMessage("Open a model first (File > Open model…)", 5000)
+        if self.host.state is not UiState.READY:
+            if self.host.state is UiState.NO_MODEL:
+                self.host.statusBar().showMessage("Open a model first (File > Open model…)", 5000)
             return
-        if (opening := self.conversations.opening) is not None:  # shown in the list, not yet on screen
-            title = self.conversations_panel.title(opening) or "Another conversation"
-            self.statusBar().showMessage(f"“{title}” is opening: send again once it shows", 5000)
+        if (opening := self.host.conversations.opening) is not None:  # shown in the list, not yet on screen
+            title = self.host.conversations_panel.title(opening) or "Another conversation"
+            self.host.statusBar().showMessage(f"“{title}” is opening: send again once it shows", 5000)
             return
         if self._editing is not None:
-            self.conversation.truncate(self._editing)
+            self.host.conversation.truncate(self._editing)
             self.cancel_edit()
             self._rerender()
-        self.conversation.system_prompt = self.system_edit.text()
-        self.conversation.add("user", text)
-        self.input.clear()
-        self.transcript.follow_end()  # scrolled up: the new turn and its reply come into sight
-        self.transcript.add_message("user", text)
-        self.conversations.persist(snapshot=False)
+        self.host.conversation.system_prompt = self.host.system_edit.text()
+        self.host.conversation.add("user", text)
+        self.host.input.clear()
+        self.host.transcript.follow_end()  # scrolled up: the new turn and its reply come into sight
+        self.host.transcript.add_message("user", text)
+        self.host.conversations.persist(snapshot=False)
         self._request_reply(PendingReply())
 
     def can_continue(self) -> bool:
         """The last reply was cut off (a length limit, Stop, the app closed) and can go on."""
-        return turns.can_continue(self.conversation)
+        return turns.can_continue(self.host.conversation)
 
     def continue_reply(self) -> None:
         """Go on with a reply that was cut off: what follows is added to it, in place (the same
         version, its figures both parts'); it is streamed again from its start while it goes on."""
-        if self._state is not UiState.READY or not self.can_continue():
+        if self.host.state is not UiState.READY or not self.can_continue():
             return
-        pending = turns.begin_continue(self.conversation)
+        pending = turns.begin_continue(self.host.conversation)
         self._rerender(but_last=True)
         self._request_reply(pending)
 
     def _request_reply(self, pending: PendingReply) -> None:
         self._replying = pending
         self.reply_clock = ReplyClock()
-        self.transcript.begin_reply()
-        self.transcript.append_to_reply(pending.continued)
-        self._set_state(UiState.REPLYING)
-        self.input.setFocus()  # a clicked Send button is disabled now: Qt would move focus elsewhere
-        self.statusBar().showMessage("Generating…")
-        messages, options = self.conversation.messages(), self.reply_options()
+        self.host.transcript.begin_reply()
+        self.host.transcript.append_to_reply(pending.continued)
+        self.host.set_state(UiState.REPLYING)
+        self.host.input.setFocus()  # a clicked Send button is disabled now: Qt would move focus elsewhere
+        self.host.statusBar().showMessage("Generating…")
+        messages, options = self.host.conversation.messages(), self.reply_options()
         if pending.continuing:  # the conversation sent ends with the reply cut off
             options = replace(options, continue_last=True)
         self._reply = request = Reply(messages, self.sampling(), options)
         self._drop_oldest_once = False
-        chat = self.conversations.chat
-        self.engine.submit(
+        chat = self.host.conversations.chat
+        self.host.engine.submit(
             request,
-            lambda result: self._on_reply_finished(result) if chat is self.conversations.chat
+            lambda result: self._on_reply_finished(result) if chat is self.host.conversations.chat
             else self._reply_abandoned(),
-            lambda failure: self._on_reply_failed(failure) if chat is self.conversations.chat
+            lambda failure: self._on_reply_failed(failure) if chat is self.host.conversations.chat
             else self._reply_abandoned(),
             self._on_token,
         )
@@ -239,63 +321,65 @@ class ChatFlow:
     def _reply_abandoned(self) -> None:
         """The reply's chat was replaced meanwhile (e.g. deleted): its answer goes nowhere."""
         self._reply, self._replying = None, PendingReply()
-        self.transcript.end_reply()
-        self._set_state(self._idle_state())
+        self.host.transcript.end_reply()
+        self.host.set_state(self.host.idle_state())
 
-    def _edit_last(self) -> None:
-        index = self.conversation.last_index("user")
+    def edit_last(self) -> None:
+        index = self.host.conversation.last_index("user")
         if index is not None:
             self.edit_message(index)
 
-    def _stop(self) -> None:
-        """Stop the reply streaming now: its own token, so no other request is touched."""
+    def stop_reply(self) -> None:
+        """Stop the reply streaming now, if any: its own token, so no other request is touched (its
+        answer is then abandoned when its chat is gone)."""
         if self._reply is not None:
             self._reply.cancel.set()
-            self.stop_button.setEnabled(False)
-            self.stop_action.setEnabled(False)
-            self.input.setFocus()  # not wherever Qt moves it from the disabled button
-            self.statusBar().showMessage("Stopping…")
+            self.host.stop_button.setEnabled(False)
+            self.host.stop_action.setEnabled(False)
+            self.host.input.setFocus()  # not wherever Qt moves it from the disabled button
+            self.host.statusBar().showMessage("Stopping…")
 
     def _on_token(self, piece: str) -> None:
         self._replying.add(piece)
         self.reply_clock.token()
-        self.transcript.append_to_reply(piece)
+        self.host.transcript.append_to_reply(piece)
 
     def _on_reply_finished(self, result: ReplyResult) -> None:
         self._reply = None
         pending, self._replying = self._replying, PendingReply()
-        end = turns.finish_reply(self.conversation, pending, result.text, result.finish_reason,
+        end = turns.finish_reply(self.host.conversation, pending, result.text, result.finish_reason,
                                  result.dropped, self.reply_clock.stats(), self.reply_options().max_tokens)
         if end.kept:  # a regenerate, or a continue, that wrote nothing: the reply is as it was
             self._keep_the_earlier_reply()
-            self._set_state(UiState.READY)
+            self.host.set_state(UiState.READY)
+            status = self.host.statusBar()
             if pending.continuing:
-                self.statusBar().showMessage(f"Nothing was added ({end.kept}): the reply is kept", 10_000)
+                status.showMessage(f"Nothing was added ({end.kept}): the reply is kept", 10_000)
             else:
-                self.statusBar().showMessage(f"No new reply ({end.kept}): the earlier reply is kept", 10_000)
-            self._maybe_schedule_idle_conversion()
+                status.showMessage(f"No new reply ({end.kept}): the earlier reply is kept", 10_000)
+            self.maybe_schedule_idle_conversion()
             self.reply_finished.emit(result)
             return
         notes, note, stats = list(end.notes), end.note, end.stats
-        self.transcript.end_reply(note or None, stats.summary() if stats else None)
+        self.host.transcript.end_reply(note or None, stats.summary() if stats else None)
         if pending.continuing:  # the whole reply again, with its own lines from before it was cut
             self._rerender()
-        self.transcript.set_left_out(self.conversation.first_sent)  # the turns dropped: greyed
-        self._set_state(UiState.READY)
-        self.conversations.persist(snapshot=True)
+        self.host.transcript.set_left_out(self.host.conversation.first_sent)  # the turns dropped: greyed
+        self.host.set_state(UiState.READY)
+        self.host.conversations.persist(snapshot=True)
         if notes:
-            self.statusBar().showMessage(notes[-1].capitalize(), 8000)
+            self.host.statusBar().showMessage(notes[-1].capitalize(), 8000)
         else:
-            self.statusBar().showMessage(
+            self.host.statusBar().showMessage(
                 f"Prompt {result.n_prompt} tokens, {result.n_reused} reused from the cache", 5000
             )
-        self._maybe_schedule_idle_conversion()
+        self.maybe_schedule_idle_conversion()
         self.reply_finished.emit(result)
 
     def _retry_dropping_oldest(self) -> None:
         """The message that did not fit, sent again with the oldest turns left out (this once)."""
         self._drop_oldest_once = True
-        self._send()
+        self.send()
         self._drop_oldest_once = False  # not sent (e.g. the box was empty): the setting applies again
 
     def _on_reply_failed(self, failure: Failure) -> None:
@@ -307,26 +391,26 @@ class ChatFlow:
             return
         self._reply = None
         pending, self._replying = self._replying, PendingReply()
-        failed = turns.undo_reply(self.conversation, pending)
+        failed = turns.undo_reply(self.host.conversation, pending)
         if pending.regenerate or pending.continuing:
             self._keep_the_earlier_reply()
-            self._set_state(self._idle_state())
+            self.host.set_state(self.host.idle_state())
             if pending.continuing:
-                self.show_error("The reply was not continued", f"{failure.message} The reply is kept as it "
-                                "was; Continue tries again.", failure.details)
+                self.host.show_error("The reply was not continued", f"{failure.message} The reply is kept "
+                                     "as it was; Continue tries again.", failure.details)
             else:
-                self.show_error("No new reply was written", f"{failure.message} The earlier reply is kept; "
-                                "Regenerate tries again.", failure.details)
+                self.host.show_error("No new reply was written", f"{failure.message} The earlier reply is "
+                                     "kept; Regenerate tries again.", failure.details)
             self.reply_failed.emit(failure)
             return
         if failed is not None:
-            typed_since = self.input.toPlainText()
-            self.input.setPlainText(f"{failed}\n{typed_since}" if typed_since else failed)
-            self.conversations.forget_turn()
+            typed_since = self.host.input.toPlainText()
+            self.host.input.setPlainText(f"{failed}\n{typed_since}" if typed_since else failed)
+            self.host.conversations.forget_turn()
         self._rerender()
-        self._set_state(self._idle_state())
-        box = self.show_error("The reply failed", failure.message, failure.details)
-        if failure.context_full and self.setting("context_full") != ContextFullPolicy.DROP_OLDEST:
+        self.host.set_state(self.host.idle_state())
+        box = self.host.show_error("The reply failed", failure.message, failure.details)
+        if failure.context_full and self.host.setting("context_full") != ContextFullPolicy.DROP_OLDEST:
             retry = box.addButton("Drop the oldest turns and retry", QMessageBox.ButtonRole.AcceptRole)
             retry.setObjectName("drop-oldest-retry")
             retry.clicked.connect(self._retry_dropping_oldest)
@@ -336,65 +420,66 @@ class ChatFlow:
         """A regenerate or a continue gave nothing (stopped before its first word, or failed): the
         conversation is as it was, every earlier reply with it (and saved as such: a save made meanwhile,
         e.g. once the history opened, did not have a regenerated reply)."""
-        self.transcript.end_reply()
+        self.host.transcript.end_reply()
         self._rerender()
-        self.conversations.persist(snapshot=False)
+        self.host.conversations.persist(snapshot=False)
 
-    def _keep_cut_reply(self) -> None:
+    def keep_cut_reply(self) -> None:
         """Quitting while a reply streams: what it had written is kept and saved, with a line saying
         that closing the app stopped it (its answer will never come)."""
         if self._reply is None:
             return
-        end = turns.keep_cut(self.conversation, self._replying, self.reply_clock.stats())
+        end = turns.keep_cut(self.host.conversation, self._replying, self.reply_clock.stats())
         if not end.added:
             return
         self._reply, self._replying = None, PendingReply()
-        self.transcript.end_reply(end.note, end.stats.summary() if end.stats else None)
-        self.conversations.persist(snapshot=False)
+        self.host.transcript.end_reply(end.note, end.stats.summary() if end.stats else None)
+        self.host.conversations.persist(snapshot=False)
 
-    def _add_marker(self, label: str) -> None:
+    def add_marker(self, label: str) -> None:
         """A line under the last message (a marker at its end)."""
-        turns.mark_end(self.conversation, label)
+        turns.mark_end(self.host.conversation, label)
 
     def convert_now(self) -> None:
-        if self.model_info is not None and self.model_info.kv_mode.is_lazy:
-            self.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
+        if self.host.model_info is not None and self.host.model_info.kv_mode.is_lazy:
+            self.host.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
 
     def _next_rung(self) -> KvPhase | None:
         """The rung a compaction would go to, if any."""
-        return self.kv.next_rung if self.kv is not None and self.kv.n_cells_used > 0 else None
+        return self.host.kv.next_rung if self.host.kv is not None and self.host.kv.n_cells_used > 0 else None
 
     def can_compact(self) -> bool:
         """A lazy cache in use can go one step down and no compaction is on its way (a second click must
         not take a ladder two steps down): the compact action's check (lazykv.qt.actions)."""
         return self._next_rung() is not None and not self._compacting()
 
-    def _update_compact_action(self) -> None:
+    def update_compact_action(self) -> None:
         """The compact action's tip says to which rung (its enabled state is the declaration's)."""
         rung = self._next_rung()
         if rung is not None:
             tip = f"Compact the context memory to {rung.words} now"
-        elif self.kv is None or not self.kv.kv_mode.is_lazy:
+        elif self.host.kv is None or not self.host.kv.kv_mode.is_lazy:
             tip = "Only a lazy or ladder KV cache compacts (Settings > KV cache)"
         else:
             tip = "Nothing to compact: the context memory is empty or at its last level"
-        self.compact_action.setStatusTip(tip)
-        self.compact_action.setToolTip(tip)
+        self.host.compact_action.setStatusTip(tip)
+        self.host.compact_action.setToolTip(tip)
 
     def _compacting(self) -> bool:
         """A compaction (manual or idle) is on its way to the engine."""
-        return any(isinstance(r, Convert) for r in self.engine.pending())
+        return any(isinstance(r, Convert) for r in self.host.engine.pending())
 
     def _convert_while_idle(self) -> None:
-        wanted = wants_idle_conversion(self.kv) and self.setting("idle_conversion") and not self._compacting()
-        if self._state is UiState.READY and wanted:
-            self.statusBar().showMessage("Compacting context memory while idle…", 3000)
-            self.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
+        wanted = (wants_idle_conversion(self.host.kv) and self.host.setting("idle_conversion")
+                  and not self._compacting())
+        if self.host.state is UiState.READY and wanted:
+            self.host.statusBar().showMessage("Compacting context memory while idle…", 3000)
+            self.host.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
 
-    def _maybe_schedule_idle_conversion(self) -> None:
-        if (self._state is UiState.READY and self.setting("idle_conversion")
-                and wants_idle_conversion(self.kv) and not self._idle_timer.isActive()):
-            self._idle_timer.start()
+    def maybe_schedule_idle_conversion(self) -> None:
+        if (self.host.state is UiState.READY and self.host.setting("idle_conversion")
+                and wants_idle_conversion(self.host.kv) and not self.idle_timer.isActive()):
+            self.idle_timer.start()
 
     def _on_converted(self, converted: bool) -> None:
         self.converted.emit(converted)
@@ -402,72 +487,64 @@ class ChatFlow:
     def _on_convert_failed(self, failure: Failure) -> None:
         """An idle or manual conversion failed: said as such; the conversation is not touched."""
         if not failure.cancelled:
-            self.show_error("Compacting the context memory failed", failure.message, failure.details)
+            self.host.show_error("Compacting the context memory failed", failure.message, failure.details)
 
-    def show_kv_status(self, status: KvStatus) -> None:
-        """The KV cache's status, from the engine (through ``MainWindow._on_kv_status``)."""
-        self.kv = status
-        self.memory_panel.set_status(status)
-        self.context_meter.set_status(status)
-        self._set_state(self._state)
-        self._maybe_schedule_idle_conversion()
-
+    @Slot(object)
     def show_conversion(self, event: ConversionEvent) -> None:
-        """A conversion of the KV cache began or ended (through ``MainWindow._on_conversion``)."""
-        self.banner.on_event(event)
+        """A conversion of the KV cache began or ended (the worker's signal, queued to this thread)."""
+        self.host.banner.on_event(event)
         if event.stage is ConversionStage.START:
-            self._conversion_from = self.kv  # the rung it leaves, for the marker at its end
-        if event.stage is ConversionStage.START and self.kv is not None:
-            converting = replace(self.kv, phase=KvPhase.CONVERTING, n_cells_used=event.n_cells,
+            self._conversion_from = self.host.kv  # the rung it leaves, for the marker at its end
+        if event.stage is ConversionStage.START and self.host.kv is not None:
+            converting = replace(self.host.kv, phase=KvPhase.CONVERTING, n_cells_used=event.n_cells,
                                  target=event.target)
-            self.memory_panel.set_status(converting)
-            self.context_meter.set_status(converting)
-        if event.stage is ConversionStage.END and self._resuming:  # said once it is known how it resumed
+            self.host.memory_panel.set_status(converting)
+            self.host.context_meter.set_status(converting)
+        if event.stage is ConversionStage.END and self.resuming:  # said once it is known how it resumed
             self._resume_steps = (*self._resume_steps, (event, self._conversion_from))
-            self.statusBar().showMessage(compacted_text(event), 10_000)
+            self.host.statusBar().showMessage(compacted_text(event), 10_000)
         elif event.stage is ConversionStage.END:
-            in_reply = self._state is UiState.REPLYING and bool(self._replying.text)
-            reading = self._state is not UiState.READY and not in_reply  # a prompt or a transcript
+            in_reply = self.host.state is UiState.REPLYING and bool(self._replying.text)
+            reading = self.host.state is not UiState.READY and not in_reply  # a prompt or a transcript
             label = marker_label(event, during_reply=in_reply,
                                  before=self._conversion_from if reading else None)
             if in_reply:
                 self._replying.markers.append(label)
             else:  # idle, or while the prompt was read: a line under the last message
-                self._add_marker(label)
-            self.transcript.mark_here(label, before_reply=self._state is UiState.REPLYING and not in_reply)
-            self.statusBar().showMessage(compacted_text(event), 10_000)
+                self.add_marker(label)
+            before_reply = self.host.state is UiState.REPLYING and not in_reply
+            self.host.transcript.mark_here(label, before_reply=before_reply)
+            self.host.statusBar().showMessage(compacted_text(event), 10_000)
         self.conversion_shown.emit(event)
 
     # -- resuming a saved chat's context memory ---------------------------------------------
 
-    # the cache's steps while the chat on screen is resumed, with its status before each
-    _resume_steps: tuple[tuple[ConversionEvent, KvStatus | None], ...] = ()
-
     def begin_resume(self) -> None:
-        self._resuming = True
+        self.resuming = True
         self._resume_steps = ()
-        self._set_state(UiState.LOADING)
-        self.banner.show_progress("Resuming the conversation…", 0.0)
+        self.host.set_state(UiState.LOADING)
+        self.host.banner.show_progress("Resuming the conversation…", 0.0)
 
     def resume_progress(self, done: int, total: int) -> None:
         fraction = done / total if total else 1.0
-        self.banner.show_progress(f"Re-reading the conversation… {done} of {total} tokens", fraction,
+        self.host.banner.show_progress(f"Re-reading the conversation… {done} of {total} tokens", fraction,
                                   can_stop=True)
 
     def end_resume(self, result: OpenResult | None, failure: Failure | None = None) -> None:
         """The resume answered: restored, rebuilt or empty; else stopped (the banner's Stop, or the chat
         was replaced) or failed."""
-        self._resuming = False
-        self._set_state(self._idle_state())
+        self.resuming = False
+        self.host.set_state(self.host.idle_state())
         self._mark_resume_steps(result, failure)
         if result is None:
             assert failure is not None
-            self.banner.close_task()
+            self.host.banner.close_task()
             if failure.message and not failure.cancelled:
-                self.show_error("The conversation could not be resumed", failure.message, failure.details)
+                self.host.show_error("The conversation could not be resumed", failure.message,
+                                     failure.details)
             elif failure.message:
                 self.resume_note = "Stopped re-reading; the next reply reads the rest of the conversation"
-                self.statusBar().showMessage(self.resume_note, 10_000)
+                self.host.statusBar().showMessage(self.resume_note, 10_000)
             return
         if result.how is OpenHow.RESTORED:
             text = f"Resumed from the snapshot: {result.n_tokens} tokens in {1000 * result.seconds:.0f} ms"
@@ -477,8 +554,8 @@ class ChatFlow:
         else:
             text = "Empty conversation"
         self.resume_note = text
-        self.banner.show_note(text, details=result.details)
-        self.statusBar().showMessage(text, 10_000)
+        self.host.banner.show_note(text, details=result.details)
+        self.host.statusBar().showMessage(text, 10_000)
 
     def _mark_resume_steps(self, result: OpenResult | None, failure: Failure | None) -> None:
         """The lines for the cache's steps while the chat resumed. Restored from its snapshot: the
@@ -493,5 +570,5 @@ class ChatFlow:
         else:
             labels = [marker_label(event, before=before) for event, before in steps]
         for label in labels:
-            self._add_marker(label)
-            self.transcript.mark_here(label)
+            self.add_marker(label)
+            self.host.transcript.mark_here(label)

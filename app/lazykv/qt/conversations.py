@@ -88,12 +88,21 @@ class ConversationsHost(Protocol):
     keyring_notice: NoticeBanner  # non-modal: the chat goes on while they are shown
     history_notice: NoticeBanner
     input: QWidget  # the message box: keyboard focus goes back to it after the Private switch
-    reply_request: Reply | None  # the reply streaming now
 
     def statusBar(self) -> StatusBar: ...  # noqa: N802 - Qt's name
     def show_error(self, title: str, message: str, details: str = "") -> QMessageBox: ...
     def show_exception(self, title: str, err: BaseException) -> QMessageBox: ...
     def setting(self, name: str) -> Any: ...
+    def apply_settings(self, changed: dict[str, Any]) -> None: ...
+    def save_settings(self) -> None: ...
+
+
+class ChatScreen(Protocol):
+    """What Conversations needs from the chat flow (the window's ``ChatFlow``): the chat on screen shown,
+    its reply, its resume."""
+
+    @property
+    def reply_request(self) -> Reply | None: ...  # the reply streaming now
     def sampling(self) -> SamplingSettings: ...
     def can_switch_conversation(self) -> bool: ...
     def stop_reply(self) -> None: ...
@@ -101,8 +110,6 @@ class ConversationsHost(Protocol):
     def begin_resume(self) -> None: ...
     def resume_progress(self, done: int, total: int) -> None: ...
     def end_resume(self, result: OpenResult | None, failure: Failure | None = None) -> None: ...
-    def apply_settings(self, changed: dict[str, Any]) -> None: ...
-    def save_settings(self) -> None: ...
 
 
 class SavedAs:
@@ -141,10 +148,11 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
     operation_did_execute = Signal(object, object)
     _keyring_answered = Signal(int, object)  # the choice it answers, Future[bytes]: after its timeout
 
-    def __init__(self, host: ConversationsHost, dialog_parent: QWidget, system_prompt: str,
-                 undo_ms: int = UNDO_MS, erase_ms: int = ERASE_MS) -> None:
+    def __init__(self, host: ConversationsHost, screen: ChatScreen, dialog_parent: QWidget,
+                 system_prompt: str, undo_ms: int = UNDO_MS, erase_ms: int = ERASE_MS) -> None:
         super().__init__(dialog_parent)
         self.host = host
+        self.screen = screen
         self._dialogs = dialog_parent
         self.chat = Chat(Conversation(system_prompt))
         self.private = False
@@ -264,7 +272,7 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
             self._waiting_chats.append(self.chat)
         self.chat = Chat(Conversation(system_prompt))
         self.host.memory_panel.new_chat()  # its "Compacted" counts this chat's steps
-        self.host.show_chat(None)
+        self.screen.show_chat(None)
         self.host.conversations_panel.select(None)
         if self.host.model_info is not None:  # an empty cache, 16-bit again after a compaction
             self.host.engine.submit(ClearKv())
@@ -368,7 +376,7 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
             "model_path": str(model.path) if model else "",
             "kv_mode": str(model.kv_mode) if model else self.host.setting("kv_mode"),
             "n_ctx": model.n_ctx if model else self.host.setting("n_ctx"),
-            "sampling": dataclasses.asdict(self.host.sampling()),
+            "sampling": dataclasses.asdict(self.screen.sampling()),
         }
 
     def _adopt(self, stored: list[dict[str, str]]) -> None:
@@ -379,7 +387,7 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
             if message["role"] != "system":
                 conversation.add(message["role"], message["content"])
         chat.conversation = conversation
-        self.host.show_chat(None)
+        self.screen.show_chat(None)
         self.host.statusBar().showMessage(
             "Another LazyKV Chat window added turns to this conversation; they are shown here.", 10_000)
 
@@ -445,7 +453,7 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
         if conv_id == self.current:  # (back to) the chat on screen: a read still on its way is dropped
             self._opening = None
             return
-        if not self.host.can_switch_conversation():
+        if not self.screen.can_switch_conversation():
             self.host.conversations_panel.select(self.current)
             self.host.statusBar().showMessage(
                 "Another conversation opens once the reply has ended (Stop ends it) or the model has "
@@ -469,7 +477,7 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
         self._cancel_resume()
         self.chat = Chat(conversation, SavedAs(record.id, record.uid, len(record.messages)))
         self.host.memory_panel.new_chat()
-        self.host.show_chat(record.title)
+        self.screen.show_chat(record.title)
         self.host.conversations_panel.select(record.id)
         if self.host.model_info is not None:
             self._resume(record.id, messages)
@@ -483,14 +491,14 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
             self._resume(chat.saved.id, chat.conversation.messages())
 
     def _resume(self, conv_id: int, messages: list[dict[str, str]]) -> None:
-        self.host.begin_resume()
+        self.screen.begin_resume()
         chat = self.chat
         self.resume = OpenConversation(conv_id, messages)
         self.host.engine.submit(
             self.resume,
             lambda result: self._resumed(chat, result),
             lambda failure: self._resume_failed(chat, failure),
-            lambda progress: self.host.resume_progress(*progress) if chat is self.chat else None,
+            lambda progress: self.screen.resume_progress(*progress) if chat is self.chat else None,
         )
 
     def cancel_resume(self) -> None:
@@ -507,21 +515,21 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
             self._stale_resume_ended()
             return
         self.resume = None
-        self.host.end_resume(result)
+        self.screen.end_resume(result)
         self.opened.emit(chat.saved.id, result)
 
     def _stale_resume_ended(self) -> None:
         """The resume of a chat no longer on screen answered: it ends the wait, unless the chat on
         screen is being resumed now (that one's answer will)."""
         if self.resume is None:
-            self.host.end_resume(None, Failure("", cancelled=True))
+            self.screen.end_resume(None, Failure("", cancelled=True))
 
     def _resume_failed(self, chat: Chat, failure: Failure) -> None:
         if chat is not self.chat:
             self._stale_resume_ended()
             return
         self.resume = None
-        self.host.end_resume(None, failure)
+        self.screen.end_resume(None, failure)
 
     # -- rename, delete, export, import ----------------------------------------------------------------
 
@@ -541,7 +549,7 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
         if conv_id == self._opening:
             self._opening = None
         if conv_id == self.current:
-            self.host.stop_reply()
+            self.screen.stop_reply()
             self.new_chat(self.chat.conversation.system_prompt)
 
         def done(deleted: Deleted) -> None:

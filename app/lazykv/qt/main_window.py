@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, QObject, Qt, QThread, QTimer, Signal, Slot
-from PySide6.QtGui import QResizeEvent
+from PySide6.QtGui import QCloseEvent, QDragEnterEvent, QDropEvent, QResizeEvent
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -25,10 +25,9 @@ from PySide6.QtWidgets import (
 )
 
 from lazykv.core.chat.conversation import Conversation
-from lazykv.core.chat.turns import PendingReply
 from lazykv.core.engine import memory
 from lazykv.core.engine.engine import EngineSession
-from lazykv.core.engine.types import ConversionEvent, KvStatus, ModelInfo
+from lazykv.core.engine.types import KvStatus, ModelInfo
 from lazykv.core.history.store import Database
 from lazykv.core.idle import IDLE_DELAY_S
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
@@ -45,10 +44,8 @@ from lazykv.qt.elided_label import ElidedLabel, StatusBar
 from lazykv.qt.local_server import LOCAL_SERVER_SETTINGS, LocalServerSwitch
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.model_loading import ModelLoading
-from lazykv.qt.models_dialog import ModelsDialog
 from lazykv.qt.notice_banner import NoticeBanner, wrap_without_widening
 from lazykv.qt.operations import EngineClient, Operations
-from lazykv.qt.reply_stats import ReplyClock
 from lazykv.qt.settings_dialog import SettingsDialog
 from lazykv.qt.shortcuts_dialog import ShortcutsDialog
 from lazykv.qt.transcript import TranscriptView
@@ -57,7 +54,6 @@ from lazykv.qt.window_close import Closing
 from lazykv.qt.worker import (
     EngineWorker,
     Failure,
-    Reply,
     Request,
     SaveSnapshot,
     failure,
@@ -82,13 +78,17 @@ class Timings:
     shutdown_deadline_ms: int = SHUTDOWN_DEADLINE_MS
 
 
-class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
+class MainWindow(QMainWindow):
     """Sends engine requests to an EngineWorker on its own QThread and never waits on it.
 
     ``overrides`` (from the command line) take precedence over the saved settings for this
     session only; changing that setting in the dialog drops the override. ``session`` replaces
     the real EngineSession (tests use a fake one), ``timings`` the delays. ``reopen_last``: once
     the list has loaded, open the most recent conversation (the app does; tests start blank).
+
+    Its parts are objects of their own, each seeing the window through a small protocol of what it uses:
+    ``chat`` (ChatFlow: send, stream, versions, compaction, resuming), ``loading`` (ModelLoading),
+    ``closing`` (Closing) and ``conversations`` (the chat on screen, saved; its list and protection).
     """
 
     model_loaded = Signal(object)  # ModelInfo, after the window took it
@@ -110,24 +110,22 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
     ) -> None:
         super().__init__()
         self.settings = settings if settings is not None else Settings.load()
-        self._overrides = {k: SETTINGS_BY_NAME[k].validate(v) for k, v in (overrides or {}).items()}
+        self.overrides = {k: SETTINGS_BY_NAME[k].validate(v) for k, v in (overrides or {}).items()}
         self.default_model = default_model
         self.timings = timings or Timings()
         self.model_info: ModelInfo | None = None
         self.kv: KvStatus | None = None
         self._state = UiState.NO_MODEL
-        self._editing: int | None = None  # index of the user turn being edited
-        self._reply: Reply | None = None  # the reply streaming now
-        self._replying = PendingReply()  # the reply streaming: its text so far, the lines to put under it
-        self.reply_clock = ReplyClock()
-        self.resume_note = ""
-        self._shut_down: bool | None = None  # after shutdown_engine: whether everything ended in time
-        self._losing_unsaved_ok = False  # the user chose to quit although turns are not saved
-        self._resuming = False  # the chat on screen is being resumed (its snapshot, or re-read)
-        self._drop_oldest_once = False  # the next reply drops the oldest turns to fit (a retry)
-        self._conversion_from: KvStatus | None = None  # the cache's status when a conversion started
-        self._models_dialog: ModelsDialog | None = None  # File > Models…, made when first opened
         self.about_dialog: AboutDialog | None = None  # Help > About, made when first opened
+        self.chat = ChatFlow(self, self.timings.idle_delay_ms, self)
+        self.loading = ModelLoading(self, self)
+        self.closing = Closing(self, self, self.timings.shutdown_deadline_ms)
+        for signal, forwarded in ((self.chat.reply_finished, self.reply_finished),
+                                  (self.chat.reply_failed, self.reply_failed),
+                                  (self.chat.converted, self.converted),
+                                  (self.chat.conversion_shown, self.conversion_shown),
+                                  (self.loading.model_loaded, self.model_loaded)):
+            signal.connect(forwarded)
         self.ops = Operations(self)
         self.background = Background(self, self.ops)
         self.background.unhandled.connect(lambda what, err: self.show_exception(f"{what} failed", err))
@@ -142,19 +140,15 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
                 Qt.Orientation.Horizontal))  # once shown: before, the docks' size hints win
         self._start_worker(session)
         self.local_server = LocalServerSwitch(self)
-        self.conversations = Conversations(self, self, self.setting("system_prompt"), self.timings.undo_ms,
-                                           self.timings.erase_ms)
+        self.conversations = Conversations(self, self.chat, self, self.setting("system_prompt"),
+                                           self.timings.undo_ms, self.timings.erase_ms)
         self._connect_conversations()
-        self._idle_timer = QTimer(self)
-        self._idle_timer.setSingleShot(True)
-        self._idle_timer.setInterval(self.timings.idle_delay_ms)
-        self._idle_timer.timeout.connect(self._convert_while_idle)
         self._sampler = QTimer(self)
         self._sampler.timeout.connect(self._sample_memory)
         self._sampler.start(self.timings.sample_interval_ms)
-        self._set_state(UiState.NO_MODEL)
+        self.set_state(UiState.NO_MODEL)
         self._sample_memory()
-        self.show_chat(None)
+        self.chat.show_chat(None)
         if reopen_last:
             self.conversations_panel.listed.connect(self._open_last_conversation)
         self.conversations.setup_crypto()  # then the history, opened with the scheme's key, is listed
@@ -167,18 +161,14 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         """The transcript on screen (owned by ``conversations``)."""
         return self.conversations.chat.conversation
 
-    @property
-    def idle_conversion_pending(self) -> bool:
-        return self._idle_timer.isActive()
-
     def setting(self, name: str) -> Any:
-        return self._overrides[name] if name in self._overrides else self.settings[name]
+        return self.overrides[name] if name in self.overrides else self.settings[name]
 
     def apply_settings(self, changed: dict[str, Any]) -> None:
         """Take new values (e.g. from the dialog), save them off the GUI thread, reload if needed."""
         reload = False
         for name, value in changed.items():
-            self._overrides.pop(name, None)
+            self.overrides.pop(name, None)
             if self.settings.set(name, value) and SETTINGS_BY_NAME[name].reloads_engine:
                 reload = True
         self.save_settings()
@@ -187,7 +177,7 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         if "snapshot_encryption" in changed:
             self.conversations.setup_crypto()
         if reload and self.model_info is not None and self._state is UiState.READY:
-            self.open_model(self.model_info.path)
+            self.loading.open_model(self.model_info.path)
         if LOCAL_SERVER_SETTINGS.intersection(changed):
             self.local_server.sync()
 
@@ -201,9 +191,8 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         return self._worker
 
     @property
-    def reply_request(self) -> Reply | None:
-        """The reply streaming now, if any."""
-        return self._reply
+    def engine_thread(self) -> QThread:
+        return self._thread
 
     @property
     def state(self) -> UiState:
@@ -216,14 +205,14 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
 
         self.system_edit = QLineEdit()
         self.system_edit.setPlaceholderText("System prompt of this chat (optional)")
-        self.system_edit.editingFinished.connect(self._system_prompt_edited)
+        self.system_edit.editingFinished.connect(self.chat.system_prompt_edited)
         system_row = QHBoxLayout()
         system_row.addWidget(QLabel("System:"))
         system_row.addWidget(self.system_edit, 1)
 
         self.transcript = TranscriptView()
-        self.transcript.edit_requested.connect(self.edit_message)
-        self.transcript.regenerate_requested.connect(self.regenerate)
+        self.transcript.edit_requested.connect(self.chat.edit_message)
+        self.transcript.regenerate_requested.connect(self.chat.regenerate)
         self.transcript.code_copied.connect(lambda: self.statusBar().showMessage("Code copied", 3000))
         self.banner = ConversionBanner()
         self.banner.stop_requested.connect(lambda: self.conversations.cancel_resume())
@@ -237,7 +226,7 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         wrap_without_widening(self.edit_label)
         wrap_without_widening(self.banner.label)
         cancel_edit = QPushButton("Cancel edit")
-        cancel_edit.clicked.connect(self.cancel_edit)
+        cancel_edit.clicked.connect(self.chat.cancel_edit)
         edit_row = QHBoxLayout(self.edit_bar)
         edit_row.setContentsMargins(0, 0, 0, 0)
         edit_row.addWidget(self.edit_label, 1)
@@ -246,13 +235,13 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         self._build_versions_bar()
 
         self.input = ChatInput()
-        self.input.submitted.connect(self._send)
-        self.input.escaped.connect(self._escape_in_input)
+        self.input.submitted.connect(self.chat.send)
+        self.input.escaped.connect(self.chat.escape_in_input)
         self.send_button = QPushButton("Send")
         self.send_button.setDefault(True)
-        self.send_button.clicked.connect(self._send)
+        self.send_button.clicked.connect(self.chat.send)
         self.stop_button = QPushButton("Stop")
-        self.stop_button.clicked.connect(self._stop)
+        self.stop_button.clicked.connect(self.chat.stop_reply)
         buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
@@ -305,18 +294,35 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         self.statusBar().addPermanentWidget(self.model_label)
         self._build_actions()
 
+    def _build_versions_bar(self) -> None:
+        """Under a regenerated reply: which version is shown, and the way to the others."""
+        self.versions_bar = QFrame()
+        self.versions_bar.setObjectName("versions-bar")
+        self.versions_label = QLabel()
+        self.previous_version = QPushButton("‹ Previous")
+        self.previous_version.clicked.connect(lambda: self.chat.show_version(-1))
+        self.next_version = QPushButton("Next ›")
+        self.next_version.clicked.connect(lambda: self.chat.show_version(1))
+        row = QHBoxLayout(self.versions_bar)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.versions_label)
+        row.addWidget(self.previous_version)
+        row.addWidget(self.next_version)
+        row.addStretch()
+        self.versions_bar.hide()
+
     def _build_actions(self) -> None:
         """The menus and the toolbar, from the actions' declaration (lazykv.qt.actions): each declared
         action is the window's ``<name>_action`` (the recent models' submenu ``recent_menu``)."""
         self.declared_actions = actions.build(self)
-        self.conversations_panel.new_requested.connect(self.new_chat)
+        self.conversations_panel.new_requested.connect(self.chat.new_chat)
         self.input.setFocus()
 
     # the declaration's checks (ActionSpec.check) and handlers that are not methods of their own elsewhere
 
     def engine_free(self) -> bool:
         """No reply, no load, nothing else on its way to the engine (a snapshot save, a compaction)."""
-        return not self.engine_busy()
+        return not self.loading.engine_busy()
 
     def has_model(self) -> bool:
         return self.model_info is not None
@@ -344,21 +350,22 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         self._thread.finished.connect(self._worker.deleteLater)
         self.shutdown_requested.connect(self._worker.shutdown)
         self._worker.kv_status.connect(self._on_kv_status)
-        self._worker.conversion.connect(self._on_conversion)
+        self._worker.conversion.connect(self.chat.show_conversion)
         self.engine = EngineClient(self._worker, self.ops, self)
         self.engine.unhandled.connect(self._on_unhandled_failure)
         self._thread.start()
 
-    # The worker's signals arrive here: slots of this QObject, so Qt queues them to the GUI thread
-    # (a method of a mix-in is no slot, and would run on the worker's thread).
+    # The worker's signals arrive at slots of QObjects of the GUI thread (this window, its ChatFlow), so
+    # Qt queues them to that thread (a plain method would run on the worker's thread).
 
     @Slot(object)
     def _on_kv_status(self, status: KvStatus) -> None:
-        self.show_kv_status(status)
-
-    @Slot(object)
-    def _on_conversion(self, event: ConversionEvent) -> None:
-        self.show_conversion(event)
+        """The KV cache's status, from the engine: the panel, the meter, the actions, the idle timer."""
+        self.kv = status
+        self.memory_panel.set_status(status)
+        self.context_meter.set_status(status)
+        self.set_state(self._state)
+        self.chat.maybe_schedule_idle_conversion()
 
     def _on_unhandled_failure(self, request: Request, failure: Failure) -> None:
         self.show_error(f"{request.what} failed", failure.message, failure.details)
@@ -366,7 +373,7 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
     def _connect_conversations(self) -> None:
         self.conversations.private_changed.connect(self._on_private_changed)
         self.conversations.undo_changed.connect(self._on_undo_changed)
-        self.ops.changed.connect(lambda _: self._set_state(self._state))
+        self.ops.changed.connect(lambda _: self.set_state(self._state))
 
     @Slot(str)
     def _on_undo_changed(self, title: str) -> None:
@@ -383,7 +390,7 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
             control.blockSignals(blocked)
         self.update_title()
 
-    def _set_state(self, state: UiState) -> None:
+    def set_state(self, state: UiState) -> None:
         self._state = state
         ready = state is UiState.READY
         idle = state in (UiState.NO_MODEL, UiState.READY)
@@ -392,21 +399,18 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
         self.stop_button.setEnabled(state is UiState.REPLYING)
         self.system_edit.setReadOnly(not idle)
         self.transcript.actions_enabled = ready
-        self._update_versions_bar()
-        self._update_compact_action()
+        self.chat.state_changed(state)  # the versions bar, the compact action's tip, the idle timer
         # deleting a conversation while its snapshot is written would orphan the file (issue 16)
         self.conversations_panel.set_saving(
             {r.conv_id for r in self.engine.pending() if isinstance(r, SaveSnapshot)})
-        if state is not UiState.READY:
-            self._idle_timer.stop()
 
-    def _idle_state(self) -> UiState:
+    def idle_state(self) -> UiState:
         return UiState.READY if self.model_info is not None else UiState.NO_MODEL
 
     @Slot()
-    def _open_settings(self) -> None:
+    def open_settings(self) -> None:
         meta = self.model_info.meta if self.model_info else None
-        dialog = SettingsDialog(self.settings.copy(self._overrides), meta, self,
+        dialog = SettingsDialog(self.settings.copy(self.overrides), meta, self,
                                 keyring_works=not self.conversations.keyring_failed,
                                 gpus=self.model_info.gpus if self.model_info else ())
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
@@ -482,11 +486,41 @@ class MainWindow(ChatFlow, ModelLoading, Closing, QMainWindow):
             parts.append("private")
         self.setWindowTitle(" — ".join([*parts, APP_TITLE]))
 
-    def can_switch_conversation(self) -> bool:
-        """Idle; re-reading a conversation (the one chosen replaces it); or loading the first model (the
-        chat chosen is resumed once it has loaded). Not while a reply streams or a model reloads."""
-        first_load = self._state is UiState.LOADING and self.model_info is None
-        return self._state in (UiState.NO_MODEL, UiState.READY) or self._resuming or first_load
+    # the entry point's: the model to open at start, and the end
+
+    def open_configured_model(self) -> None:
+        self.loading.open_configured_model()
+
+    def choose_another_model(self, message: str) -> None:
+        self.loading.choose_another_model(message)
+
+    def shutdown_engine(self) -> bool:
+        """See ``Closing.shutdown_engine``: the engine, disk jobs and database ended within the deadline."""
+        return self.closing.shutdown_engine()
+
+    def stop_activity(self) -> None:
+        """Quitting: a download stops, the timers stop, a reply streaming is kept as far as it got."""
+        self.loading.stop_downloads()
+        self._sampler.stop()
+        self.chat.stop_idle()
+        self.chat.keep_cut_reply()
+
+    # Qt's events, handled by the parts they concern
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt's name
+        if self.closing.asked_before_losing_turns():
+            event.ignore()
+            return
+        window_state.save(self)
+        self.closing.remember_last_conversation()
+        self.closing.shutdown_engine()
+        super().closeEvent(event)
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 - Qt's name
+        self.loading.drag_enter(event)
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 - Qt's name
+        self.loading.drop(event)
 
     # -- dock widths through a small window ------------------------------------------------------------
 

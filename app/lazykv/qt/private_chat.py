@@ -98,7 +98,7 @@ class PrivateChat:
         self.private = False
         self.private_changed.emit(False)
         self.host.conversations_panel.select(None)  # listed and selected once written
-        self.persist(snapshot=self.host.reply_request is None)  # a streaming reply saves one when done
+        self.persist(snapshot=self.screen.reply_request is None)  # a streaming reply saves one when done
         self.host.statusBar().showMessage(
             "The private chat is saved as a new chat; it is saved as usual from now on.", 10_000)
 
@@ -107,7 +107,7 @@ class PrivateChat:
         n = len(self.chat.conversation)
         self.private = False
         self.private_changed.emit(False)
-        self.host.stop_reply()
+        self.screen.stop_reply()
         self.new_chat(self.host.setting("system_prompt"))
         self.host.statusBar().showMessage(
             f"Private chat discarded: its {n} messages were not saved. This is a new chat, saved as usual.",
