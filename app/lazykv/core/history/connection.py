@@ -30,7 +30,7 @@ from lazykv.core.history.records import (
 )
 from lazykv.core.paths import DB_FILE, PRIVATE_FILE, SNAPSHOTS_DIR, data_dir, private_dir, restrict
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 DB_KEY_BYTES = 32
 _PLAIN_HEADER = b"SQLite format 3\x00"
 
@@ -123,6 +123,25 @@ _SCHEMA_V5 = """
 ALTER TABLE snapshots ADD COLUMN wrapped_key BLOB;
 """
 
+# v6: a snapshot's state is stored as pieces shared between snapshots (``pieces``): each piece once, its
+# own key wrapped by the master key (NULL: unencrypted), and which snapshots hold it (the reference
+# count; a piece's row, and with it its key, goes with its last reference). Snapshots saved before stay
+# readable (format 3 files hold the whole state) and are saved as pieces next time.
+_SCHEMA_V6 = """
+CREATE TABLE pieces (
+    address TEXT PRIMARY KEY,  -- keyed hash of its bytes
+    file TEXT NOT NULL UNIQUE,  -- its file in the snapshots folder's pieces/
+    size INTEGER NOT NULL,  -- bytes on disk
+    wrapped_key BLOB
+);
+CREATE TABLE snapshot_pieces (
+    conv_id INTEGER NOT NULL REFERENCES snapshots(conv_id) ON DELETE CASCADE,
+    address TEXT NOT NULL REFERENCES pieces(address),
+    PRIMARY KEY (conv_id, address)
+);
+CREATE INDEX snapshot_pieces_address ON snapshot_pieces(address);
+"""
+
 
 def _execute_script(db: sqlite3.Connection, script: str) -> None:
     """Run the statements of ``script`` one by one, inside the caller's transaction (unlike
@@ -144,6 +163,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     2: lambda db: _execute_script(db, _SCHEMA_V3),
     3: lambda db: _execute_script(db, _SCHEMA_V4),
     4: lambda db: _execute_script(db, _SCHEMA_V5),
+    5: lambda db: _execute_script(db, _SCHEMA_V6),
 }
 
 
@@ -243,9 +263,9 @@ def _private_dir(path: Path) -> None:
     private_dir(path, own=True)  # and each folder made above it
 
 
-# carries a snapshot's wrapped key (its row's conversation id given) over to a new master key; None
-# drops the snapshot's row (its key cannot follow: to or from no encryption)
-Rewrap = Callable[[bytes, int], "bytes | None"]
+# carries a snapshot's wrapped key (its row's conversation id given; for a piece, its address) over to a
+# new master key; None drops the snapshot's row (its key cannot follow: to or from no encryption)
+Rewrap = Callable[[bytes, "int | str"], "bytes | None"]
 
 
 def reencrypt(path: Path, old_key: bytes | None, new_key: bytes | None, rewrap: Rewrap | None = None) -> None:
@@ -305,10 +325,35 @@ def _rewrap_snapshot_keys(db: Any, rewrap: Rewrap) -> None:
                 db.execute("DELETE FROM target.snapshots WHERE conv_id = ?", (conv_id,))
             else:
                 db.execute("UPDATE target.snapshots SET wrapped_key = ? WHERE conv_id = ?", (new, conv_id))
+        if _has_table(db, "target", "pieces"):
+            _rewrap_piece_keys(db, rewrap)
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
         raise
+
+
+def _has_table(db: Any, schema: str, name: str) -> bool:
+    return db.execute(f"SELECT 1 FROM {schema}.sqlite_master WHERE type = 'table' AND name = ?",
+                      (name,)).fetchone() is not None  # fmt: skip
+
+
+def _rewrap_piece_keys(db: Any, rewrap: Rewrap) -> None:
+    """The pieces' keys rewrapped; a snapshot gone above, or holding a piece whose key cannot follow,
+    loses its references, and a piece no snapshot holds loses its row (its file is an orphan)."""
+    db.execute("DELETE FROM target.snapshot_pieces"
+               " WHERE conv_id NOT IN (SELECT conv_id FROM target.snapshots)")
+    for address, wrapped in db.execute("SELECT address, wrapped_key FROM target.pieces").fetchall():
+        new = None if wrapped is None else rewrap(bytes(wrapped), address)
+        if new is None:
+            holders = "SELECT conv_id FROM target.snapshot_pieces WHERE address = ?"
+            db.execute(f"DELETE FROM target.snapshots WHERE conv_id IN ({holders})", (address,))
+            db.execute(f"DELETE FROM target.snapshot_pieces WHERE conv_id IN ({holders})", (address,))
+        else:
+            db.execute("UPDATE target.pieces SET wrapped_key = ? WHERE address = ?", (new, address))
+    db.execute("DELETE FROM target.snapshot_pieces"
+               " WHERE conv_id NOT IN (SELECT conv_id FROM target.snapshots)")
+    db.execute("DELETE FROM target.pieces WHERE address NOT IN (SELECT address FROM target.snapshot_pieces)")
 
 
 class Connection:

@@ -33,8 +33,21 @@ from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.fingerprint import model_sha256
 from lazykv.core.engine.types import KvRestoreError
 from lazykv.core.history.keys import KEY_BYTES, UnlockedPassphrase, database_key, wrapping_key
-from lazykv.core.history.records import Change, OpChanges, SnapshotRef
+from lazykv.core.history.pieces import (
+    Piece,
+    PieceError,
+    address_key,
+    assemble,
+    pack_manifest,
+    split,
+    sync_folder,
+    unpack_manifest,
+    write_piece,
+)
+from lazykv.core.history.records import Change, OpChanges, PieceRow, SnapshotRef
 from lazykv.core.history.snapshot import (
+    MAX_PAYLOAD_BYTES,
+    WHOLE_STATE_VERSION,
     Binding,
     Encryption,
     SnapshotAuthError,
@@ -48,9 +61,10 @@ from lazykv.core.history.snapshot import (
     transcript_digest,
     write_snapshot,
 )
-from lazykv.core.history.snapshot_budget import PENDING_PREFIX, SNAPSHOT_SUFFIX, Cleanup
+from lazykv.core.history.snapshot_budget import PENDING_PREFIX, PIECE_SUFFIX, SNAPSHOT_SUFFIX, Cleanup
 from lazykv.core.history.store import Database, Store
 from lazykv.core.kinds import KvPhase
+from lazykv.core.paths import private_dir
 
 NOTE_MAX_CHARS = 200
 _NONCE_BYTES = 12
@@ -58,6 +72,10 @@ _NONCE_BYTES = 12
 
 def _wrap_aad(conv_id: int) -> bytes:
     return b"lazykv snapshot key v1|%d" % conv_id
+
+
+def _piece_aad(address: str) -> bytes:
+    return b"lazykv piece key v1|" + address.encode()
 
 
 class SnapshotsOffError(SnapshotError):
@@ -122,6 +140,30 @@ class Crypto:
             raise SnapshotAuthError(
                 "its key does not open under this key (another keyring or passphrase)") from None
 
+    def wrap_piece(self, key: bytes, address: str) -> bytes:
+        """A piece's own key, wrapped under the master key for the piece ``address``."""
+        master = self.master()
+        if master is None:
+            raise ValueError("no master key: an unencrypted piece has no key to wrap")
+        nonce = os.urandom(_NONCE_BYTES)
+        return nonce + AESGCM(wrapping_key(master)).encrypt(nonce, key, _piece_aad(address))
+
+    def piece_keys(self) -> Callable[[bytes, str], bytes]:
+        """Unwraps pieces' keys (``wrap_piece``), the wrapping key derived once for all of them;
+        SnapshotAuthError under another master key or for another piece."""
+        master = self.master()
+        if master is None:
+            raise SnapshotError("it is encrypted, and no key is available now")
+        aead = AESGCM(wrapping_key(master))
+
+        def unwrap(wrapped: bytes, address: str) -> bytes:
+            try:
+                return aead.decrypt(wrapped[:_NONCE_BYTES], wrapped[_NONCE_BYTES:], _piece_aad(address))
+            except (InvalidTag, ValueError):
+                raise SnapshotAuthError("a piece's key does not open under this key") from None
+
+        return unwrap
+
     def database_key(self) -> bytes | None:
         """The conversation database's key under this scheme (None: the history is not encrypted)."""
         key = self.master()
@@ -156,6 +198,7 @@ class SaveResult:
     pruned: list[str]  # snapshots dropped by the budget (least recently used first)
     cleanup: Cleanup  # leftovers removed (orphaned files, unfinished saves): not pruned snapshots
     changes: OpChanges
+    written: int = 0  # bytes this save wrote: the pieces not stored before, and the snapshot file
 
 
 @dataclass(frozen=True)
@@ -167,13 +210,16 @@ class OpenResult:
     details: str = ""  # the technical reason (e.g. the engine's), for a "details" disclosure
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """A snapshot that is not restored: ``note`` for the user, ``details`` for whoever asks."""
 
     def __init__(self, note: str, details: str = "") -> None:
         super().__init__(note)
         self.note = note
         self.details = details or note
+
+
+_Refused = Refused
 
 
 class Persistence:
@@ -202,11 +248,13 @@ class Persistence:
         this keeps the crypto it had, and the change can be tried again."""
         old = self._crypto
 
-        def rewrap(wrapped: bytes, conv_id: int) -> bytes | None:
+        def rewrap(wrapped: bytes, owner: int | str) -> bytes | None:  # a snapshot's, or a piece's
             if old is None or old.master() is None or new.master() is None:
                 return None
             try:
-                return new.wrap(old.unwrap(wrapped, conv_id), conv_id)
+                if isinstance(owner, str):
+                    return new.wrap_piece(old.piece_keys()(wrapped, owner), owner)
+                return new.wrap(old.unwrap(wrapped, owner), owner)
             except SnapshotError:
                 return None
 
@@ -233,18 +281,24 @@ class Persistence:
         pending = self.db.snapshots_dir / f"{PENDING_PREFIX}{uuid.uuid4().hex}{SNAPSHOT_SUFFIX}"
         key = None if crypto.master() is None else os.urandom(KEY_BYTES)  # this file's own key
         wrapped = None if key is None else crypto.wrap(key, conv_id)
-        sha = write_snapshot(pending, header, kv.tokens, kv.state, key)
-        final = self.db.snapshots_dir / f"{sha}{SNAPSHOT_SUFFIX}"
+        (stored, parts), written = self._write_pieces(kv.state, crypto)
         try:
-            os.replace(pending, final)
-        except OSError:
-            pending.unlink(missing_ok=True)
+            manifest = pack_manifest(parts)
+            sha = write_snapshot(pending, header, kv.tokens, manifest, key)
+            final = self.db.snapshots_dir / f"{sha}{SNAPSHOT_SUFFIX}"
+            try:
+                os.replace(pending, final)
+            except OSError:
+                pending.unlink(missing_ok=True)
+                raise
+        except BaseException:
+            self._remove_pieces(written)
             raise
         size = final.stat().st_size
         header_json = json.dumps(asdict(header))
 
         def record(store: Store) -> tuple[list[str], Cleanup]:
-            previous = store.set_snapshot(conv_id, sha, size, len(kv.tokens), header_json, wrapped)
+            previous = store.set_snapshot(conv_id, sha, size, len(kv.tokens), header_json, wrapped, stored)
             if previous and previous != sha and store.unreferenced(previous):
                 store.snapshot_path(previous).unlink(missing_ok=True)
             if budget_bytes <= 0:
@@ -252,9 +306,52 @@ class Persistence:
             pruned = store.prune_snapshots(budget_bytes, keep=sha)
             return pruned.pruned, pruned.cleanup
 
-        pruned, cleanup = self.db.call(record)
+        try:
+            pruned, cleanup = self.db.call(record)
+        except BaseException:
+            self._remove_pieces(written)  # none of them is counted: the rows were not written
+            raise
         changes = OpChanges(kinds=frozenset({Change.SNAPSHOT}), conv_ids=frozenset({conv_id}))
-        return SaveResult(sha, size, len(kv.tokens), time.perf_counter() - t0, pruned, cleanup, changes)
+        total = size + sum(p.size for p in stored)
+        new_bytes = size + sum(p.size for p in stored if p.file in written)
+        return SaveResult(sha, total, len(kv.tokens), time.perf_counter() - t0, pruned, cleanup, changes,
+                          new_bytes)
+
+    def _write_pieces(self, state: bytes, crypto: Crypto) -> tuple[tuple[tuple[PieceRow, ...], list[Piece]],
+                                                                    set[str]]:
+        """The state cut into pieces (``pieces.split``); those not stored yet written, each under a key
+        of its own, and made durable. Returns (the rows of the pieces it is made of, each once; the
+        pieces in order) and the files written."""
+        master = crypto.master()
+        parts = split(state, address_key(master, b"history"))
+        order = list(dict.fromkeys(p.address for p in parts))
+        known = self.db.call(lambda store: store.piece_rows(order))
+        folder = self.db.snapshots_dir / "pieces"
+        private_dir(folder, own=True)
+        view = memoryview(state)
+        rows: dict[str, PieceRow] = {}
+        written: set[str] = set()
+        try:
+            for part in parts:
+                if part.address in known or part.address in rows:
+                    continue
+                key = None if master is None else os.urandom(KEY_BYTES)
+                name = f"{uuid.uuid4().hex}{PIECE_SUFFIX}"
+                written.add(name)
+                size = write_piece(folder, name, part.address, view[part.start : part.end], key)
+                rows[part.address] = PieceRow(part.address, name, size,
+                                              None if key is None else crypto.wrap_piece(key, part.address))
+            if written:
+                sync_folder(folder, sorted(written))
+        except BaseException:
+            self._remove_pieces(written)
+            raise
+        stored = tuple(known.get(a) or rows[a] for a in order)
+        return (stored, parts), written
+
+    def _remove_pieces(self, files: set[str]) -> None:
+        for name in files:
+            (self.db.snapshots_dir / "pieces" / name).unlink(missing_ok=True)
 
     def _header(
         self, layout: dict[str, object], n_tokens: int, crypto: Crypto, conv_id: int,
@@ -344,6 +441,8 @@ class Persistence:
         try:
             header, tokens, state = read_snapshot(ref.path, key, binding, check=check,
                                                   sha256=ref.sha256 if plain else None)  # fmt: skip
+            if header.format_version != WHOLE_STATE_VERSION:  # the state is in pieces
+                state = self._assembled(state, ref, crypto, plain)
             refusal = self.engine.kv_refusal(tokens, state)  # before the cache changes
             if refusal is not None:
                 raise self.layout_refusal(header, refusal)
@@ -351,6 +450,31 @@ class Persistence:
         except (SnapshotError, KvRestoreError, OSError) as err:
             raise _refusal(err) from err
         return len(tokens)
+
+    def restore(self, conv_id: int, messages: Sequence[dict[str, str]]) -> int:
+        """Restore the conversation's snapshot, which must hold exactly ``messages``; returns its tokens.
+        Refused (the cache maybe emptied) when it cannot be; nothing is re-read."""
+        record = self.db.call(lambda store: store.conversation(conv_id))
+        if record.snapshot is None:
+            raise Refused("no snapshot was saved")
+        n = self._restore(record.snapshot, conv_id, messages)
+        self.db.call(lambda store: store.touch_snapshot(conv_id))
+        return n
+
+    def _assembled(self, manifest: memoryview, ref: SnapshotRef, crypto: Crypto, plain: bool) -> memoryview:
+        """The state from the pieces an authenticated manifest lists, each authenticated (or, unencrypted,
+        checked against its address) as it is read."""
+        rows = {p.address: p for p in ref.pieces}
+        unwrap = None if plain else crypto.piece_keys()
+        folder = self.db.snapshots_dir / "pieces"
+
+        def locate(address: str) -> tuple[Path, bytes | None]:
+            row = rows.get(address)
+            if row is None or (row.wrapped_key is None) != plain:
+                raise PieceError("a piece of the snapshot is not recorded for it", address)
+            return folder / row.file, None if unwrap is None else unwrap(row.wrapped_key, address)
+
+        return assemble(unpack_manifest(manifest, MAX_PAYLOAD_BYTES), locate)
 
 
 def _check_binding(header: SnapshotHeader, recorded: dict, binding: Binding, n_messages: int) -> None:
@@ -376,6 +500,7 @@ def _recorded_header(header_json: str) -> dict:
 _REFUSAL_NOTES: tuple[tuple[type[Exception], str], ...] = (
     (SnapshotVersionError, "its snapshot was saved by a newer LazyKV Chat"),
     (SnapshotBindingError, "its snapshot belongs to another conversation or another version of it"),
+    (PieceError, "a piece of its snapshot is missing or damaged"),
     (SnapshotOldFormatError, "its snapshot was saved by an older LazyKV Chat"),
     (SnapshotAuthError,
      "its snapshot could not be authenticated (wrong key, or the file was modified or damaged)"),

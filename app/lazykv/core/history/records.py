@@ -114,6 +114,17 @@ class ConversationSummary:
 
 
 @dataclass(frozen=True)
+class PieceRow:
+    """A stored piece of snapshot state (``pieces``): its address, file, size on disk and own key,
+    wrapped by the master key (None: unencrypted)."""
+
+    address: str
+    file: str
+    size: int
+    wrapped_key: bytes | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
 class SnapshotRef:
     sha256: str
     path: Path
@@ -122,6 +133,7 @@ class SnapshotRef:
     header_json: str
     last_used: float
     wrapped_key: bytes | None = field(default=None, repr=False)  # the file's own key, wrapped (None: plain)
+    pieces: tuple[PieceRow, ...] = field(default=(), repr=False)  # what it holds of the shared pieces
 
 
 @dataclass

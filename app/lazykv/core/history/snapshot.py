@@ -13,7 +13,8 @@ Layout::
                               recorded instead)
 
     compressed payload = zlib(payload, COMPRESS_LEVEL)
-    payload            = u32 LE n_tokens | n_tokens * i32 LE | engine state bytes
+    payload            = u32 LE n_tokens | n_tokens * i32 LE | engine state bytes (format 3)
+                         or the list of the state's pieces (format 4, ``pieces.pack_manifest``)
 
 The binding is (conversation id, sha256 of the transcript the tokens were made from): a file read
 for another conversation, or for another version of it, fails authentication. A file is read once:
@@ -56,7 +57,11 @@ MAGIC = b"LKVSNAP\x00"
 # 3: the binding is in the associated data, each file has its own key (wrapped by the master key in
 #    the database row), no KDF salt (the passphrase record keeps it). Older files are refused as older:
 #    the transcript is re-read and saved again in the current format.
-FORMAT_VERSION = 3
+# 4: the state is stored as pieces shared between snapshots (``pieces``): the payload holds their list
+#    in place of the state. Format 3 files (the whole state) are still read.
+FORMAT_VERSION = 4
+WHOLE_STATE_VERSION = 3  # the last format whose payload is the state itself
+READ_VERSIONS = (WHOLE_STATE_VERSION, FORMAT_VERSION)
 
 
 class Encryption(StrEnum):
@@ -197,7 +202,7 @@ class SnapshotHeader:
                 f"This snapshot was made by a newer LazyKV Chat (snapshot format {version}; "
                 f"this version reads format {FORMAT_VERSION}). Update LazyKV Chat to open it."
             )
-        if _is_int(version) and 0 < version < FORMAT_VERSION:
+        if _is_int(version) and 0 < version < WHOLE_STATE_VERSION:
             raise SnapshotOldFormatError(
                 f"This snapshot was made by an older LazyKV Chat (snapshot format {version}), "
                 "before each snapshot had its own key bound to its conversation; it is not opened."
@@ -248,7 +253,7 @@ def _check_fields(obj: dict[str, Any]) -> None:
         if obj[name] not in allowed or not isinstance(obj[name], str):
             raise _Invalid(f"{name} is not one of {', '.join(allowed)}")
 
-    if obj["format_version"] != FORMAT_VERSION or not _is_int(obj["format_version"]):
+    if obj["format_version"] not in READ_VERSIONS or not _is_int(obj["format_version"]):
         raise _Invalid("unknown format version")
     text("app_version")
     text("engine_version")

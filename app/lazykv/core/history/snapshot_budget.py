@@ -16,13 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lazykv.core.history.connection import Connection
-from lazykv.core.history.records import Change, OpChanges, SnapshotRef, check_sha256
+from lazykv.core.history.records import Change, OpChanges, PieceRow, SnapshotRef, StoreError, check_sha256
 
 SNAPSHOT_SUFFIX = ".lkv"
+PIECES_DIR = "pieces"  # the shared pieces of snapshot states (``pieces``), one file each
+PIECE_SUFFIX = ".lkvp"
+_SQL_VARS = 500  # addresses per query (SQLite's bound on parameters)
 PENDING_PREFIX = "pending-"  # a snapshot being written: pending-<uuid>.lkv, then renamed to <sha256>.lkv
 ORPHAN_GRACE_S = 60.0  # a leftover younger than this may belong to a save still in progress
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_PIECE_NAME = re.compile(r"[0-9a-f]{32}" + re.escape(PIECE_SUFFIX))
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,53 @@ class SnapshotBudget(Connection):
     def snapshot_path(self, sha256: str) -> Path:
         return self.snapshots_dir / f"{check_sha256(sha256)}{SNAPSHOT_SUFFIX}"
 
+    @property
+    def pieces_dir(self) -> Path:
+        return self.snapshots_dir / PIECES_DIR
+
+    def piece_rows(self, addresses: list[str]) -> dict[str, PieceRow]:
+        """The stored pieces among ``addresses``, by address."""
+        found: dict[str, PieceRow] = {}
+        with self._read() as db:
+            for start in range(0, len(addresses), _SQL_VARS):
+                part = addresses[start : start + _SQL_VARS]
+                marks = ",".join("?" * len(part))
+                for row in db.execute(f"SELECT address, file, size, wrapped_key FROM pieces WHERE address IN"
+                                      f" ({marks})", part):  # fmt: skip
+                    found[row[0]] = _piece(row)
+        return found
+
+    @staticmethod
+    def _pieces_of(db: sqlite3.Connection, conv_id: int) -> tuple[PieceRow, ...]:
+        rows = db.execute("SELECT p.address, p.file, p.size, p.wrapped_key FROM snapshot_pieces s"
+                          " JOIN pieces p ON p.address = s.address WHERE s.conv_id = ?", (conv_id,))  # fmt: skip
+        return tuple(_piece(row) for row in rows)
+
+    @staticmethod
+    def _drop_unreferenced(db: sqlite3.Connection) -> list[str]:
+        """Delete the rows (and so the keys) of the pieces no snapshot holds; returns their files."""
+        unheld = "FROM pieces WHERE address NOT IN (SELECT address FROM snapshot_pieces)"
+        files = [row[0] for row in db.execute(f"SELECT file {unheld}")]
+        db.execute(f"DELETE {unheld}")
+        return files
+
+    def _unlink_pieces(self, files: list[str]) -> None:
+        for name in files:
+            self._unlink(self.pieces_dir / name)
+
+    @staticmethod
+    def _stored_bytes(db: sqlite3.Connection) -> int:
+        """The snapshot files and the pieces they hold, each piece counted once."""
+        files = db.execute("SELECT coalesce(sum(size), 0) FROM (SELECT max(size) AS size FROM snapshots"
+                           " GROUP BY sha256)").fetchone()[0]  # fmt: skip
+        pieces = db.execute("SELECT coalesce(sum(size), 0) FROM pieces").fetchone()[0]
+        return int(files) + int(pieces)
+
+    def stored_bytes(self) -> int:
+        """What the snapshots take on disk (shared pieces once): what the budget bounds."""
+        with self._read() as db:
+            return self._stored_bytes(db)
+
     def _snapshot(self, db: sqlite3.Connection, conv_id: int) -> SnapshotRef | None:
         row = db.execute(
             "SELECT sha256, size, n_tokens, header_json, last_used, wrapped_key FROM snapshots"
@@ -66,27 +117,45 @@ class SnapshotBudget(Connection):
             return None
         sha256, size, n_tokens, header_json, last_used, wrapped = row
         return SnapshotRef(sha256, self.snapshot_path(sha256), size, n_tokens, header_json, last_used,
-                           None if wrapped is None else bytes(wrapped))  # fmt: skip
+                           None if wrapped is None else bytes(wrapped),
+                           self._pieces_of(db, conv_id))  # fmt: skip
 
     def set_snapshot(
         self, conv_id: int, sha256: str, size: int, n_tokens: int, header_json: str,
-        wrapped_key: bytes | None = None,
+        wrapped_key: bytes | None = None, pieces: tuple[PieceRow, ...] = (),
     ) -> str | None:  # fmt: skip
         """Point the conversation at the snapshot file ``snapshot_path(sha256)`` (``wrapped_key``: the
-        file's own key, wrapped by the master key; None for an unencrypted file); returns the sha256 it
-        pointed at before (delete that file if ``unreferenced`` says nothing else uses it)."""
+        file's own key, wrapped by the master key; None for an unencrypted file) and the ``pieces`` its
+        state is made of (a piece already stored keeps its row, file and key: a save that wrote it again
+        finds its own file removed); returns the sha256 it pointed at before (delete that file if
+        ``unreferenced`` says nothing else uses it). The pieces only the previous snapshot held go,
+        rows (their keys) and files. StoreError, nothing changed, when a piece's file is gone."""
         check_sha256(sha256)
         if size < 0 or n_tokens < 0:
             raise ValueError(f"snapshot size and token count must not be negative ({size}, {n_tokens})")
         with self._write() as db:
             self._require(db, conv_id)
             previous = db.execute("SELECT sha256 FROM snapshots WHERE conv_id = ?", (conv_id,)).fetchone()
+            db.execute("DELETE FROM snapshot_pieces WHERE conv_id = ?", (conv_id,))
             db.execute(
                 "INSERT OR REPLACE INTO snapshots"
                 " (conv_id, sha256, size, n_tokens, header_json, last_used, wrapped_key)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (conv_id, sha256, int(size), int(n_tokens), header_json, self._now(), wrapped_key),
             )
+            db.executemany("INSERT OR IGNORE INTO pieces (address, file, size, wrapped_key)"
+                           " VALUES (?, ?, ?, ?)",
+                           [(p.address, p.file, p.size, p.wrapped_key) for p in pieces])  # fmt: skip
+            db.executemany("INSERT OR IGNORE INTO snapshot_pieces (conv_id, address) VALUES (?, ?)",
+                           [(conv_id, p.address) for p in pieces])  # fmt: skip
+            stored = self._pieces_of(db, conv_id)
+            for piece in stored:
+                if not (self.pieces_dir / piece.file).is_file():
+                    raise StoreError("a piece of an earlier snapshot was removed while this one was saved; "
+                                     "it is saved again after the next reply")
+            dropped = self._drop_unreferenced(db)
+        kept = {p.file for p in stored}
+        self._unlink_pieces(dropped + [p.file for p in pieces if p.file not in kept])
         return previous[0] if previous else None
 
     def touch_snapshot(self, conv_id: int) -> None:
@@ -106,21 +175,24 @@ class SnapshotBudget(Connection):
         older than ORPHAN_GRACE_S go (``clean_up``), counted apart from the pruned snapshots."""
         with self._write() as db:
             by_age = db.execute(
-                "SELECT sha256, max(size) FROM snapshots GROUP BY sha256 ORDER BY max(last_used), sha256"
+                "SELECT sha256 FROM snapshots GROUP BY sha256 ORDER BY max(last_used), sha256"
             ).fetchall()
-            total = sum(size for _, size in by_age)
+            total = self._stored_bytes(db)  # a piece held by several snapshots counts once
             pruned: list[str] = []
-            for sha256, size in by_age:
+            dropped: list[str] = []
+            for (sha256,) in by_age:
                 if total <= budget_bytes:
                     break
                 if sha256 == keep:
                     continue
-                db.execute("DELETE FROM snapshots WHERE sha256 = ?", (sha256,))
+                db.execute("DELETE FROM snapshots WHERE sha256 = ?", (sha256,))  # its references cascade
+                dropped += self._drop_unreferenced(db)  # only what no other snapshot holds
                 pruned.append(sha256)
-                total -= size
+                total = self._stored_bytes(db)
         # references are gone before the files: a crash in between leaves orphans, removed next time
         for sha256 in pruned:
             self._unlink(self.snapshot_path(sha256))
+        self._unlink_pieces(dropped)
         cleanup = self.clean_up(ORPHAN_GRACE_S)
         conv_kinds = frozenset({Change.SNAPSHOT}) if pruned else frozenset()
         return Pruned(pruned=pruned, cleanup=cleanup, kinds=conv_kinds)
@@ -132,13 +204,17 @@ class SnapshotBudget(Connection):
         saving). Files of other names are not ours and stay."""
         if self.read_only:
             return Cleanup()
+        with self._write() as db:  # a crash between a delete and its erase: those pieces' rows
+            self._drop_unreferenced(db)
         with self._errors():
             referenced = {row[0] for row in self._db.execute("SELECT DISTINCT sha256 FROM snapshots")}
+            held = {row[0] for row in self._db.execute("SELECT file FROM pieces")}
+        total = self._clean_pieces(held, grace_s)
         try:
             entries = list(os.scandir(self.snapshots_dir))
         except OSError:
             return Cleanup()
-        now, total = time.time(), Cleanup()
+        now = time.time()
         for entry in entries:
             try:
                 if not entry.is_file(follow_symlinks=False):
@@ -161,6 +237,33 @@ class SnapshotBudget(Connection):
                 total += found
         return total
 
+    def _clean_pieces(self, held: set[str], grace_s: float) -> Cleanup:
+        """Piece files no row names and unfinished ones, older than ``grace_s``."""
+        total = Cleanup()
+        try:
+            entries = list(os.scandir(self.pieces_dir))
+        except OSError:
+            return total
+        now = time.time()
+        for entry in entries:
+            try:
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if now - info.st_mtime < grace_s:
+                continue
+            if _is_temp_name(entry.name):
+                found = Cleanup(unfinished=1, freed_bytes=info.st_size)
+            elif _PIECE_NAME.fullmatch(entry.name) and entry.name not in held:
+                found = Cleanup(orphans=1, freed_bytes=info.st_size)
+            else:
+                continue
+            if self._unlink(Path(entry.path)):
+                total += found
+        return total
+
     @staticmethod
     def _unlink(path: Path) -> bool:
         """Delete a file; one that cannot be deleted now (e.g. open on Windows) is left for next time."""
@@ -169,3 +272,8 @@ class SnapshotBudget(Connection):
         except OSError:
             return False
         return True
+
+
+def _piece(row: tuple) -> PieceRow:
+    address, file, size, wrapped = row
+    return PieceRow(address, file, int(size), None if wrapped is None else bytes(wrapped))

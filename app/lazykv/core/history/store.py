@@ -124,6 +124,7 @@ class Store(Listing, SnapshotBudget):
         with self._write() as db:
             record = self._record(db, conv_id)
             db.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
+            self._drop_unreferenced(db)  # the keys of pieces only it held: in ``record`` alone now
         return Deleted(record=record, **change_fields(op_changes(conv_id, *Change)))
 
     def undelete(self, record: ConversationRecord) -> OpChangesWithId:
@@ -146,7 +147,8 @@ class Store(Listing, SnapshotBudget):
             write_stats(db, conv_id, record.stats)
             write_versions(db, conv_id, record.versions)
             snap = record.snapshot
-            if snap is not None and self.snapshot_path(snap.sha256).exists():
+            if snap is not None and self.snapshot_path(snap.sha256).exists() and all(
+                    (self.pieces_dir / p.file).is_file() for p in snap.pieces):  # fmt: skip
                 db.execute(
                     "INSERT INTO snapshots"
                     " (conv_id, sha256, size, n_tokens, header_json, last_used, wrapped_key)"
@@ -154,6 +156,12 @@ class Store(Listing, SnapshotBudget):
                     (conv_id, snap.sha256, snap.size, snap.n_tokens, snap.header_json, snap.last_used,
                      snap.wrapped_key),  # fmt: skip
                 )
+                # a piece saved again since keeps its newer row: the snapshot names pieces by address
+                db.executemany("INSERT OR IGNORE INTO pieces (address, file, size, wrapped_key)"
+                               " VALUES (?, ?, ?, ?)",
+                               [(p.address, p.file, p.size, p.wrapped_key) for p in snap.pieces])  # fmt: skip
+                db.executemany("INSERT INTO snapshot_pieces (conv_id, address) VALUES (?, ?)",
+                               [(conv_id, p.address) for p in snap.pieces])  # fmt: skip
         return OpChangesWithId(id=conv_id, **change_fields(op_changes(conv_id, *Change)))
 
     def erase(self, record: ConversationRecord) -> OpChanges:
@@ -171,8 +179,11 @@ class Store(Listing, SnapshotBudget):
                 db.execute(f"INSERT INTO {index}({index}) VALUES ('optimize')")
             orphan = snap is not None and db.execute(
                 "SELECT 1 FROM snapshots WHERE sha256 = ?", (snap.sha256,)).fetchone() is None  # fmt: skip
+            held = {row[0] for row in db.execute("SELECT file FROM pieces")}
         if orphan and snap is not None:
             self._unlink(snap.path)
+        if snap is not None:  # the pieces no other snapshot holds (their keys went with the delete)
+            self._unlink_pieces([p.file for p in snap.pieces if p.file not in held])
         with self._errors():
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         return OpChanges()
