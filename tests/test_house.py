@@ -8,6 +8,8 @@ inside core as docs/architecture.md draws them, and no Qt below the window, in a
 from __future__ import annotations
 
 import ast
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +109,27 @@ def test_the_rooms_report_lists_every_room() -> None:
                          timeout=60, check=True).stdout
     for room in ("core/engine", "core/history", "core/chat", "core/models", "qt", "server", "cli"):
         assert f"| {room} |" in out
+
+
+def test_no_class_of_the_window_mixes_in_more_than_one_non_qt_class() -> None:
+    """The window's parts are objects it holds (``chat``, ``loading``, ``closing``; Conversations'
+    ``prompts``, ``private_chat``, ``files``), each seeing its host through a small Protocol: no class of
+    lazykv.qt inherits from more than one class that is not Qt's (no mix-ins spreading one class over
+    several files)."""
+    names = sorted(n for n in modules() if n.startswith("lazykv.qt."))
+    code = ("import importlib, inspect, json\n"
+            "def qt(base):\n"
+            "    return any(k.__module__.split('.')[0] in ('PySide6', 'shiboken6') for k in base.__mro__)\n"
+            "found = {}\n"
+            f"for name in {names!r}:\n"
+            "    module = importlib.import_module(name)\n"
+            "    for cls in vars(module).values():\n"
+            "        if inspect.isclass(cls) and cls.__module__ == name:\n"
+            "            found[f'{name}.{cls.__qualname__}'] = [b.__qualname__ for b in cls.__bases__\n"
+            "                                                   if b is not object and not qt(b)]\n"
+            "print(json.dumps(found))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=True, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    bases = json.loads(out.stdout)
+    assert "lazykv.qt.main_window.MainWindow" in bases and "lazykv.qt.conversations.Conversations" in bases
+    assert {cls: plain for cls, plain in bases.items() if len(plain) > 1} == {}

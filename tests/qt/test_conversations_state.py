@@ -175,7 +175,7 @@ def test_dropping_the_key_leaves_no_key_for_reading_either(
         w.chat.send_text("Encrypted")
     conv = w.conversations.current
     w.chat.new_chat()
-    w.conversations.use_passphrase("")  # "no passphrase": snapshots are neither written nor read now
+    w.conversations.prompts.use_passphrase("")  # "no passphrase": snapshots are neither written nor read now
     with qtbot.waitSignal(w.conversations.opened, timeout=WAIT_MS) as opened:
         w.conversations.open(conv)
     assert opened.args[1].how == "rebuilt" and "keyring key" in w.chat.resume_note

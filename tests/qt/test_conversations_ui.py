@@ -87,17 +87,17 @@ def test_export_and_import_json(qtbot: QtBot, fake_window: FakeWindow, tmp_path:
     w = fake_window()
     chat(qtbot, w, "Export me.")
     out = tmp_path / "c.json"
-    w.conversations.export_to(w.conversations.current, ExportFormat.JSON, out)
+    w.conversations.files.export_to(w.conversations.current, ExportFormat.JSON, out)
     md = tmp_path / "c.md"
-    w.conversations.export_to(w.conversations.current, ExportFormat.MARKDOWN, md)
+    w.conversations.files.export_to(w.conversations.current, ExportFormat.MARKDOWN, md)
     settle(qtbot, w)
     assert json.loads(out.read_text())["messages"][0] == {"role": "user", "content": "Export me."}
     assert "Export me." in md.read_text()
-    w.conversations.import_from(out)
+    w.conversations.files.import_from(out)
     qtbot.waitUntil(lambda: len(w.conversations_panel.ids()) == 2, timeout=WAIT_MS)
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    w.conversations.import_from(bad)
+    w.conversations.files.import_from(bad)
     qtbot.waitUntil(lambda: error_box(w) is not None, timeout=WAIT_MS)
     assert "not a conversation export" in error_box(w).text()
 
@@ -173,7 +173,7 @@ def test_a_history_locked_by_another_key_is_a_banner_and_nothing_is_lost(
     chat(qtbot, w, "Typed while locked")  # the chat goes on
     assert w.conversations.history_locked and error_box(w) is None
     keyring.set_keyring(own)  # the key that opens it: the next scheme choice opens the history
-    w.conversations.setup_crypto()  # opened: the turns typed while locked are written at once
+    w.conversations.prompts.setup_crypto()  # opened: the turns typed while locked are written at once
     qtbot.waitUntil(lambda: len(w.conversations_panel.ids()) == 2, timeout=WAIT_MS)
     chat(qtbot, w, "And after")
     assert [title for title, _ in stored(w)] == ["Typed while locked", "Kept under the first key"]

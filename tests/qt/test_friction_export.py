@@ -48,11 +48,11 @@ def test_export_offers_the_documents_folder_and_the_chat_s_title(
     conv = w.conversations.current
     folder = home / "Documents" if documents else home
     monkeypatch.setattr(_Chooser, "answer", str(folder / "chosen.md"))
-    w.conversations.export(conv, ExportFormat.MARKDOWN)
+    w.conversations.files.export(conv, ExportFormat.MARKDOWN)
     assert _Chooser.offered == [str(folder / "Plans for 2025 26 a draft.md")]
     qtbot.waitUntil(lambda: (folder / "chosen.md").exists())
     assert "Plans for 2025/26" in (folder / "chosen.md").read_text(encoding="utf-8")
-    w.conversations.export(conv, ExportFormat.JSON)
+    w.conversations.files.export(conv, ExportFormat.JSON)
     assert _Chooser.offered[-1] == str(folder / "Plans for 2025 26 a draft.json")
 
 

@@ -74,7 +74,7 @@ def test_a_late_keyring_answer_applies_only_to_the_choice_it_answers(
         w.apply_settings({"snapshot_encryption": "passphrase"})
         give_passphrase(qtbot, w)
         backend.release.set()  # the first choice's answer arrives now
-        qtbot.waitUntil(lambda: not w.conversations._keyring._carriers, timeout=WAIT_MS)
+        qtbot.waitUntil(lambda: not w.conversations.prompts._keyring._carriers, timeout=WAIT_MS)
         settle(qtbot, w)
         assert w.conversations.snapshots_on and not w.conversations.keyring_failed
         assert not w.keyring_notice.isVisible() and not w.history_notice.isVisible()

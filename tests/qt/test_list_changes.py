@@ -82,7 +82,7 @@ def test_an_import_adds_one_row_and_rebuilds_nothing(
     s = scrolled_window(qtbot, fake_window)
     export = tmp_path / "c.json"
     export.write_text(json.dumps(s.w.database.call(lambda store: store.export_json(s.middle))))
-    s.w.conversations.import_from(export)
+    s.w.conversations.files.import_from(export)
     settle(qtbot, s.w)
     [imported] = set(s.w.conversations_panel.ids()) - set(range(N_CONVERSATIONS + 1))
     s.assert_only_rows_changed({imported})

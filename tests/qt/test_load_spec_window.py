@@ -38,7 +38,7 @@ def test_an_export_records_the_loaded_context_not_the_setting(qtbot: QtBot, fake
     assert loaded is not None and loaded.n_ctx != 4096
     chat(qtbot, w, "hello")
     out = tmp_path / "chat.json"
-    w.conversations.export_to(w.conversations.current, ExportFormat.JSON, out)
+    w.conversations.files.export_to(w.conversations.current, ExportFormat.JSON, out)
     settle(qtbot, w)
     recorded = json.loads(out.read_text())["settings"]
     assert (recorded["n_ctx"], recorded["kv_mode"]) == (loaded.n_ctx, "f16")

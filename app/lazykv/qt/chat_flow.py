@@ -173,7 +173,7 @@ class ChatFlow(QObject):
         if self.host.state not in (UiState.NO_MODEL, UiState.READY):
             return
         self.host.conversations.new_chat(self.host.settings["system_prompt"])
-        self.host.conversations.set_private(True)
+        self.host.conversations.private_chat.set_private(True)
         self.host.statusBar().showMessage("New private chat: nothing of it is saved", 5000)
 
     def show_chat(self, title: str | None) -> None:

@@ -1,5 +1,6 @@
 """A conversation exported to a file (Markdown or JSON) and a JSON export imported, for
-``Conversations``: the file choosers here, the formats in core (``lazykv.core.history.exchange``).
+``Conversations`` (its ``files``): the file choosers here, the formats in core
+(``lazykv.core.history.exchange``).
 
 Export suggests the user's documents folder (the home folder where there is none) and the chat's
 title as the file's name, made safe for every file system."""
@@ -9,11 +10,14 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 from PySide6.QtCore import QStandardPaths
 from PySide6.QtWidgets import (
     QFileDialog,
+    QWidget,
 )
 
 from lazykv.core.files import write_text_atomic
@@ -23,6 +27,8 @@ from lazykv.core.history.records import (
 )
 from lazykv.core.history.store import Store
 from lazykv.core.kinds import ExportFormat
+from lazykv.qt.conversations_panel import ConversationsPanel
+from lazykv.qt.elided_label import StatusBar
 
 EXPORT_NAME_MAX_CHARS = 80  # a suggested file name (a chat's title) is cut to this, before its suffix
 EXPORT_NAME_MAX_BYTES = 200  # and to this in UTF-8: file systems take 255 bytes a name
@@ -63,9 +69,31 @@ def export_folder() -> Path:
     return Path(docs) if docs and Path(docs).is_dir() else Path.home()
 
 
+class FilesWindow(Protocol):
+    """What export and import use of the window: the list's titles, the status bar."""
+
+    conversations_panel: ConversationsPanel
+
+    def statusBar(self) -> StatusBar: ...  # noqa: N802 - Qt's name
+
+
+class DatabaseJobs(Protocol):
+    """The database calls of ``Conversations``, on its background thread."""
+
+    def call(self, fn: Callable[[Store], Any], on_done: Callable[[Any], None] | None = None,
+             what: str = ..., on_error: Callable[[Exception], None] | None = None) -> None: ...
+    def execute(self, op: Callable[[Store], Any], on_done: Callable[[Any], None] | None,
+                what: str) -> None: ...
+
+
 class ConversationFiles:
-    """The export and import part of ``Conversations`` (mixed into it: it uses its dialogs' parent and
-    its database calls)."""
+    """Export and import for ``Conversations``: the file choosers (window-modal on ``dialog_parent``),
+    the writing and reading as its database jobs (``jobs``)."""
+
+    def __init__(self, dialog_parent: QWidget, window: FilesWindow, jobs: DatabaseJobs) -> None:
+        self._dialogs = dialog_parent
+        self.window = window
+        self.jobs = jobs
 
     def export(self, conv_id: int, fmt: ExportFormat) -> None:
         path, _ = QFileDialog.getSaveFileName(
@@ -76,7 +104,7 @@ class ConversationFiles:
 
     def export_suggestion(self, conv_id: int, fmt: ExportFormat) -> Path:
         """Where Export offers to write: the documents folder, the chat's title as the name."""
-        name = safe_file_name(self.host.conversations_panel.title(conv_id))
+        name = safe_file_name(self.window.conversations_panel.title(conv_id))
         return export_folder() / f"{name}{fmt.suffix}"
 
     def export_to(self, conv_id: int, fmt: ExportFormat, path: Path) -> None:
@@ -89,9 +117,9 @@ class ConversationFiles:
             return path
 
         def done(written: Path) -> None:
-            self.host.statusBar().showMessage(f"Exported to {written}", 5000)
+            self.window.statusBar().showMessage(f"Exported to {written}", 5000)
 
-        self.call(job, done, "Exporting")
+        self.jobs.call(job, done, "Exporting")
 
     def ask_import(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self._dialogs, "Import conversation", "", "JSON (*.json)")
@@ -111,4 +139,4 @@ class ConversationFiles:
                 raise StoreError(f"{path.name} is not a conversation export LazyKV Chat can read ({err}). "
                                  "Choose a file saved with Export (JSON).") from err
 
-        self.execute(job, None, f"Importing {path.name}")
+        self.jobs.execute(job, None, f"Importing {path.name}")

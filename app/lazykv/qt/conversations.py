@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
+    QInputDialog,
     QLabel,
+    QLineEdit,
     QMessageBox,
     QPushButton,
     QWidget,
@@ -56,6 +57,7 @@ from lazykv.qt.elided_label import StatusBar
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.notice_banner import NoticeBanner
 from lazykv.qt.operations import EngineClient
+from lazykv.qt.passphrase_prompt import FIELD_MIN_WIDTH
 from lazykv.qt.private_chat import PrivateChat
 from lazykv.qt.protection_prompts import ProtectionPrompts
 from lazykv.qt.worker import ClearKv, Failure, OpenConversation, Reply, SaveSnapshot
@@ -76,7 +78,8 @@ def title_from(turns: list[dict[str, str]]) -> str:
 
 
 class ConversationsHost(Protocol):
-    """What Conversations needs from its window (the window satisfies it; no import of it here)."""
+    """What Conversations and its parts need from the window (the window satisfies it; no import of it
+    here): each part names its own share (``ProtectionWindow``, ``PrivateWindow``, ``FilesWindow``)."""
 
     conversations_panel: ConversationsPanel
     memory_panel: MemoryPanel
@@ -133,9 +136,11 @@ class Chat:
     unsaved_private_turns: bool = False
 
 
-class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
+class Conversations(QObject):
     """Owns the chat on screen and asks for the snapshot protection (the key itself lives only in the
-    engine worker's Persistence: the GUI knows whether snapshots are on, not the key)."""
+    engine worker's Persistence: the GUI knows whether snapshots are on, not the key). Its parts:
+    ``prompts`` (the protection's questions), ``private_chat`` (the Private switch), ``files`` (export,
+    import)."""
 
     private_changed = Signal(bool)
     undo_changed = Signal(str)  # the title of the conversation a delete's undo would restore ("": none)
@@ -146,7 +151,6 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
     # after each database operation: its OpChanges, and {conversation id: its list row now, or None
     # when it is gone} for the conversations whose row it changed
     operation_did_execute = Signal(object, object)
-    _keyring_answered = Signal(int, object)  # the choice it answers, Future[bytes]: after its timeout
 
     def __init__(self, host: ConversationsHost, screen: ChatScreen, dialog_parent: QWidget,
                  system_prompt: str, undo_ms: int = UNDO_MS, erase_ms: int = ERASE_MS) -> None:
@@ -157,25 +161,26 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
         self.chat = Chat(Conversation(system_prompt))
         self.private = False
         self.protection = Protection()  # the session's choices of protection (no key is kept here)
-        self._history_open = False  # opened with the scheme's key: turns can be written
+        self.history_open = False  # opened with the scheme's key: turns can be written
         self._waiting_chats: list[Chat] = []  # left (New chat) with turns to write once it opens
         self.snapshots_on = False
         self.last_saved: SaveResult | None = None
-        self._keyring = Background(self)  # its own thread: a keyring that hangs holds up no database job
         self._deleted: ConversationRecord | None = None
         self._opening: int | None = None  # the id being read from the database to open
         self.resume: OpenConversation | None = None  # the engine request resuming the chat on screen
         self._undo_ms = undo_ms
+        self.prompts = ProtectionPrompts(self, host, self.protection, dialog_parent)
+        self.private_chat = PrivateChat(self, host, screen, dialog_parent)
+        self.files = ConversationFiles(dialog_parent, host, self)
         panel = host.conversations_panel
         panel.open_requested.connect(self.open)
         panel.rename_requested.connect(self.ask_rename)
         panel.delete_requested.connect(self.delete)
-        panel.export_requested.connect(self.export)
-        panel.import_requested.connect(self.ask_import)
+        panel.export_requested.connect(self.files.export)
+        panel.import_requested.connect(self.files.ask_import)
         panel.search_changed.connect(self.refresh)
-        panel.private_toggled.connect(self.set_private)
+        panel.private_toggled.connect(self.private_chat.set_private)
         self.operation_did_execute.connect(self._show_changes)
-        self._keyring_answered.connect(self._use_late_key)
         # "Deleted “title”  [Undo]" in the status bar for a while: its own label, so the button never
         # covers the words; Chat > Undo delete (Ctrl+Z) stays until the next delete
         self.undo_bar = QFrame()
@@ -251,7 +256,7 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
         when the history is read-only."""
         def done(answer: tuple[Cleanup, str]) -> None:
             cleanup, notice = answer
-            self._history_opened()
+            self.history_opened()
             if notice:
                 self.host.show_error("The conversation history is read-only", notice)
             elif cleanup.orphans or cleanup.unfinished:
@@ -261,14 +266,14 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
                     f"({fmt_bytes(cleanup.freed_bytes)} freed)", 10_000)
 
         self.call(lambda s: (s.clean_up(), s.notice), done, "Opening the conversation history",
-                  self._history_failed)
+                  self.prompts.history_failed)
 
     # -- the chat on screen -------------------------------------------------------------------------
 
     def new_chat(self, system_prompt: str) -> None:
         self._cancel_resume()
         self._opening = None
-        if not self._history_open and self._unwritten(self.chat):  # written once the history opens
+        if not self.history_open and self._unwritten(self.chat):  # written once the history opens
             self._waiting_chats.append(self.chat)
         self.chat = Chat(Conversation(system_prompt))
         self.host.memory_panel.new_chat()  # its "Compacted" counts this chat's steps
@@ -285,14 +290,14 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
         if self.private:
             chat.unsaved_private_turns = chat.unsaved_private_turns or len(chat.conversation) > 0
             return
-        if self._history_open:
+        if self.history_open:
             self._write(chat, snapshot)
         # else kept here, written once the history opens (locked, or its key has not come yet)
 
     def unsaved_turns(self) -> int:
         """How many turns on screen or in chats left since are waiting for the history to open (it is
         locked, or its key has not come): a quit now loses them. Private turns are never saved."""
-        if self._history_open:
+        if self.history_open:
             return 0
         chats = [*self._waiting_chats, *([] if self.private else [self.chat])]
         return sum(self._unwritten(chat) for chat in chats)
@@ -309,9 +314,9 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
     def _unwritten(chat: Chat) -> int:
         return max(0, len(chat.conversation) - chat.first_saved - chat.saved.synced)
 
-    def _history_opened(self) -> None:
+    def history_opened(self) -> None:
         """The history opened with the scheme's key: what waited for it is written now, in order."""
-        self._history_open, self.protection.history_locked = True, False
+        self.history_open, self.protection.history_locked = True, False
         self.host.history_notice.hide()  # it only ever says that the history is locked
         waiting, self._waiting_chats = self._waiting_chats, []
         for chat in waiting:
@@ -428,7 +433,7 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
             panel.set_conversations(items, self.current)
 
         self.call(lambda s: s.search(query) if query.strip() else s.list_conversations(), shown,
-                  "Listing the conversations", self._history_failed)
+                  "Listing the conversations", self.prompts.history_failed)
 
     def _show_changes(self, changes: OpChanges, rows: dict[int, ConversationSummary | None]) -> None:
         """The list's side of ``operation_did_execute``: only the changed rows. While a search is shown,
@@ -538,6 +543,22 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
                        lambda title: self.rename(conv_id, title),
                        text=self.host.conversations_panel.title(conv_id) or "")
 
+    def _ask_text(self, name: str, title: str, label: str, on_text: Callable[[str], None],
+                  text: str = "") -> QInputDialog:
+        """A window-modal text question starting with ``text``, deleted when closed; ``on_text`` gets
+        the accepted text."""
+        dialog = QInputDialog(self._dialogs)
+        dialog.setObjectName(name)
+        dialog.setWindowTitle(title)
+        dialog.setLabelText(label)
+        dialog.setTextValue(text)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.textValueSelected.connect(on_text)
+        dialog.open()
+        for field in dialog.findChildren(QLineEdit):  # made by open(); the dialog's layout follows it
+            field.setMinimumWidth(FIELD_MIN_WIDTH)  # its title whole, and room for a long name to edit
+        return dialog
+
     def rename(self, conv_id: int, title: str) -> None:
         self.execute(lambda s: s.rename(conv_id, title), None, "Renaming")
 
@@ -604,11 +625,3 @@ class Conversations(ProtectionPrompts, PrivateChat, ConversationFiles, QObject):
         self._erase_timer.stop()
         if record is not None:
             self.host.database.submit(lambda s: s.erase(record))
-
-    def _use_late_key(self, choice: int, answer: Future[bytes]) -> None:
-        """The keyring answered after its timeout (e.g. once unlocked): its key is used now, unless
-        another choice was made meanwhile; a history it locked opens and what waited is written."""
-        if not self.protection.takes_late_key(choice, self.host.setting("snapshot_encryption")):
-            return
-        if answer.exception() is None:
-            self._use_keyring_key(answer.result())

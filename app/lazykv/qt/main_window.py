@@ -151,7 +151,7 @@ class MainWindow(QMainWindow):
         self.chat.show_chat(None)
         if reopen_last:
             self.conversations_panel.listed.connect(self._open_last_conversation)
-        self.conversations.setup_crypto()  # then the history, opened with the scheme's key, is listed
+        self.conversations.prompts.setup_crypto()  # then the history, opened with the scheme's key, is listed
         if self.settings.problems:
             QTimer.singleShot(0, lambda: self.show_error("Some settings were reset", "\n".join(
                 self.settings.problems)))
@@ -175,7 +175,7 @@ class MainWindow(QMainWindow):
         if "theme" in changed:
             theme.apply(QApplication.instance(), self.setting("theme"))
         if "snapshot_encryption" in changed:
-            self.conversations.setup_crypto()
+            self.conversations.prompts.setup_crypto()
         if reload and self.model_info is not None and self._state is UiState.READY:
             self.loading.open_model(self.model_info.path)
         if LOCAL_SERVER_SETTINGS.intersection(changed):
@@ -340,7 +340,7 @@ class MainWindow(QMainWindow):
         self.conversations.undo_delete()
 
     def _set_private(self, on: bool) -> None:
-        self.conversations.set_private(on)
+        self.conversations.private_chat.set_private(on)
 
     def _start_worker(self, session: EngineSession | None) -> None:
         self._thread = QThread(self)

@@ -1,20 +1,17 @@
-"""The questions and notices of the history's protection, for ``Conversations``: which protection
-is chosen (the setting), the keyring's key read off the GUI thread, the passphrase asked (twice when it
-is new) and checked off the GUI thread in a prompt that says in itself why an answer was refused
-(``passphrase_prompt``), banners instead of modal questions. The choices themselves and
-what a key means for the database are kept in core (``lazykv.core.history.protection``)."""
+"""The questions and notices of the history's protection, for ``Conversations`` (its ``prompts``):
+which protection is chosen (the setting), the keyring's key read off the GUI thread, the passphrase
+asked (twice when it is new) and checked off the GUI thread in a prompt that says in itself why an
+answer was refused (``passphrase_prompt``), banners instead of modal questions. The choices themselves
+and what a key means for the database are kept in core (``lazykv.core.history.protection``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (
-    QInputDialog,
-    QLineEdit,
-)
+from PySide6.QtCore import QObject, Signal, SignalInstance, Slot
+from PySide6.QtWidgets import QMessageBox, QWidget
 
 from lazykv.core.history.keys import (
     KeyringTimeoutError,
@@ -29,6 +26,7 @@ from lazykv.core.history.protection import (
     NO_ENCRYPTION,
     PASSPHRASE,
     HistoryKey,
+    Protection,
     keyring_crypto,
     keyring_problem,
     no_encryption,
@@ -39,13 +37,62 @@ from lazykv.core.history.protection import (
 from lazykv.core.history.records import (
     StoreLockedError,
 )
-from lazykv.qt.passphrase_prompt import FIELD_MIN_WIDTH, PassphrasePrompt, PromptState
+from lazykv.core.history.store import Database
+from lazykv.core.settings import Settings
+from lazykv.qt.background import Background
+from lazykv.qt.notice_banner import NoticeBanner
+from lazykv.qt.operations import EngineClient
+from lazykv.qt.passphrase_prompt import PassphrasePrompt, PromptState
 from lazykv.qt.worker import ChangeCrypto, Failure, SetCrypto, failure
 
 
-class ProtectionPrompts:
-    """The protection part of ``Conversations`` (mixed into it: it uses its host, database, banners
-    and ``protection``)."""
+class ProtectionOwner(Protocol):
+    """What the protection's questions use of ``Conversations``: whether the history is open, the
+    snapshots' switch, and the history opened (or listed) once a key is chosen."""
+
+    history_open: bool  # opened with the scheme's key: turns can be written
+    snapshots_on: bool
+    snapshots_changed: SignalInstance
+
+    def start_up(self) -> None: ...
+    def refresh(self) -> None: ...
+    def history_opened(self) -> None: ...
+
+
+class ProtectionWindow(Protocol):
+    """What the protection's questions use of the window: the setting, the banners, the engine (whose
+    Persistence holds the key) and the database."""
+
+    settings: Settings
+    engine: EngineClient
+    database: Database
+    background: Background
+    keyring_notice: NoticeBanner  # non-modal: the chat goes on while they are shown
+    history_notice: NoticeBanner
+
+    def setting(self, name: str) -> Any: ...
+    def apply_settings(self, changed: dict[str, Any]) -> None: ...
+    def save_settings(self) -> None: ...
+    def show_error(self, title: str, message: str, details: str = "") -> QMessageBox: ...
+    def show_exception(self, title: str, err: BaseException) -> QMessageBox: ...
+
+
+class ProtectionPrompts(QObject):
+    """Asks for the history's protection for ``Conversations`` (``owner``), its prompts window-modal on
+    ``dialog_parent``; ``protection`` is the session's choices (shared with the owner). A QObject of the
+    GUI thread: the keyring's late answer comes from its own thread to a slot here."""
+
+    _keyring_answered = Signal(int, object)  # the choice it answers, Future[bytes]: after its timeout
+
+    def __init__(self, owner: ProtectionOwner, window: ProtectionWindow, protection: Protection,
+                 dialog_parent: QWidget) -> None:
+        super().__init__(dialog_parent)
+        self.owner = owner
+        self.host = window
+        self.protection = protection
+        self._dialogs = dialog_parent
+        self._keyring = Background(self)  # its own thread: a keyring that hangs holds up no database job
+        self._keyring_answered.connect(self._use_late_key)
 
     def setup_crypto(self) -> None:
         """How snapshots are protected, from the setting; asks when the keyring is missing. Each call
@@ -58,7 +105,7 @@ class ProtectionPrompts:
         elif scheme == PASSPHRASE:
             self.ask_passphrase()
         else:
-            self._keyring.run(load_or_create_key, self._for_this_choice(self._use_keyring_key),
+            self._keyring.run(load_or_create_key, self._for_this_choice(self.use_keyring_key),
                               self._for_this_choice(self._keyring_missing), "Reading the keyring")
 
     def _for_this_choice(self, answer: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -71,7 +118,7 @@ class ProtectionPrompts:
 
         return current
 
-    def _use_keyring_key(self, key: bytes) -> None:
+    def use_keyring_key(self, key: bytes) -> None:
         self.protection.keyring_failed = self.protection.keyring_late = False
         self.host.keyring_notice.hide()
         self._use(keyring_crypto(key))
@@ -84,9 +131,9 @@ class ProtectionPrompts:
             assert crypto is not None
             self._change_protection(crypto, key_id)
             return
-        self.snapshots_on = crypto is not None
+        self.owner.snapshots_on = crypto is not None
         self.host.engine.submit(SetCrypto(crypto))
-        self.snapshots_changed.emit(self.snapshots_on)
+        self.owner.snapshots_changed.emit(self.owner.snapshots_on)
         if crypto is None:
             self._keep_typed_text_here()
             return
@@ -94,8 +141,8 @@ class ProtectionPrompts:
         if what is HistoryKey.OPEN:  # the session's first choice: opened with its key, listed
             self.protection.opened(key_id, scheme)
             self.host.database.set_key(key)  # queued before the list and every later job
-            self.start_up()
-            self.refresh()
+            self.owner.start_up()
+            self.owner.refresh()
         else:
             self.protection.scheme_in_use = scheme
 
@@ -103,7 +150,7 @@ class ProtectionPrompts:
         """No protection is chosen (no keyring, no passphrase given): a history that is not open yet
         stays closed, never opened in plain text; what is typed is kept in this window, and the banner
         says so. One already open stays under its key."""
-        if self._history_open or self.protection.history_locked:
+        if self.owner.history_open or self.protection.history_locked:
             return
         self.host.history_notice.show_choices(
             f"{why} Your conversations are not saved yet: choose how to protect them. Until then what you "
@@ -122,8 +169,8 @@ class ProtectionPrompts:
 
         def changed(_: object) -> None:
             self.protection.rekeyed(key_id, chosen)
-            self.snapshots_on = True
-            self.snapshots_changed.emit(True)
+            self.owner.snapshots_on = True
+            self.owner.snapshots_changed.emit(True)
 
         def failed(failure: Failure) -> None:
             self.host.show_error(
@@ -145,12 +192,12 @@ class ProtectionPrompts:
             self.protection.keyring_late = True
             choice = self.protection.choice
             err.late.add_done_callback(lambda answer: self._keyring_answered_late(choice, answer))
-            if not self._history_open:
+            if not self.owner.history_open:
                 self._wait_for_the_keyring(err)
                 return
         first, details = keyring_problem(err)
         self._use(None)
-        if not self._history_open:  # never opened without its key: the typed text is kept here
+        if not self.owner.history_open:  # never opened without its key: the typed text is kept here
             self._keep_typed_text_here(first, details)
             return
         self.host.keyring_notice.show_choices(
@@ -164,9 +211,9 @@ class ProtectionPrompts:
         """The keyring has not answered and the history is not open: it stays closed (never opened
         without its key, so nothing is written in plain text meanwhile); the chat goes on, its turns
         kept here and written when the keyring answers, or once another choice opens the history."""
-        self.snapshots_on = False
+        self.owner.snapshots_on = False
         self.host.engine.submit(SetCrypto(None))
-        self.snapshots_changed.emit(False)
+        self.owner.snapshots_changed.emit(False)
         self.host.history_notice.show_choices(
             "Your saved conversations stay closed until your system's keyring answers (it may be waiting "
             "for you to unlock it). You can chat: what you type is kept here and saved as soon as it "
@@ -185,16 +232,16 @@ class ProtectionPrompts:
     def _choose_scheme(self, scheme: str) -> None:
         self.host.apply_settings({"snapshot_encryption": scheme})
 
-    def _history_failed(self, err: Exception) -> None:
+    def history_failed(self, err: Exception) -> None:
         """Opening or listing the history failed. Encrypted under another key: said in a banner (the
         chat goes on, its turns kept here and written once the history opens); else an error."""
         if not isinstance(err, StoreLockedError):
             self.host.show_exception("The conversation history could not be opened", err)
-            self._history_opened()  # not locked: saves try again, and say their own errors
+            self.owner.history_opened()  # not locked: saves try again, and say their own errors
             return
         if self.protection.history_locked:
             return  # opening and listing both failed: one banner
-        self._history_open = False
+        self.owner.history_open = False
         self.protection.locked()  # the next scheme chosen opens it anew (set_key, not change_key)
         self.host.history_notice.show_choices(
             "Your saved conversations are locked: they were protected with another key (another "
@@ -278,18 +325,11 @@ class ProtectionPrompts:
         prompt.open()
         return prompt
 
-    def _ask_text(self, name: str, title: str, label: str, on_text: Callable[[str], None],
-                  text: str = "") -> QInputDialog:
-        """A window-modal text question starting with ``text``, deleted when closed; ``on_text`` gets
-        the accepted text."""
-        dialog = QInputDialog(self._dialogs)
-        dialog.setObjectName(name)
-        dialog.setWindowTitle(title)
-        dialog.setLabelText(label)
-        dialog.setTextValue(text)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.textValueSelected.connect(on_text)
-        dialog.open()
-        for field in dialog.findChildren(QLineEdit):  # made by open(); the dialog's layout follows it
-            field.setMinimumWidth(FIELD_MIN_WIDTH)  # its title whole, and room for a long name to edit
-        return dialog
+    @Slot(int, object)
+    def _use_late_key(self, choice: int, answer: Future[bytes]) -> None:
+        """The keyring answered after its timeout (e.g. once unlocked): its key is used now, unless
+        another choice was made meanwhile; a history it locked opens and what waited is written."""
+        if not self.protection.takes_late_key(choice, self.host.setting("snapshot_encryption")):
+            return
+        if answer.exception() is None:
+            self.use_keyring_key(answer.result())
