@@ -74,14 +74,14 @@ def main(argv: list[str] | None = None) -> int:
         new_uid(), long_conversation(LONG_CONVERSATION), 0, title="A long conversation", create=True)).id
     for run in range(args.runs):
         if run:  # away from it (its re-read stopped), to open it again
-            window.new_chat()
-            _wait_until(window.can_switch_conversation, pause)
+            window.chat.new_chat()
+            _wait_until(window.chat.can_switch_conversation, pause)
         measure(f"open a saved {LONG_CONVERSATION:,}-message conversation (read, shown, resume started; "
                 "1.5 s)", lambda: window.conversations.open(long_id), _timer_signal(app, 1500))
     measure(f"scroll to the top of the {LONG_CONVERSATION:,}-message conversation, 20 times",
             lambda: _scroll_to_top(window.transcript, 20), _timer_signal(app, 1500))
     window.conversations.cancel_resume()
-    _wait_until(window.can_switch_conversation, pause)
+    _wait_until(window.chat.can_switch_conversation, pause)
     huge_id = window.database.call(lambda store: store.sync_transcript(
         new_uid(), long_conversation(HUGE_CONVERSATION), 0, title="A huge import", create=True)).id
     measure(f"open a saved {HUGE_CONVERSATION:,}-message conversation (read, shown, resume started; 3 s)",
@@ -109,18 +109,18 @@ def _engine_and_stream_scenarios(window, measure) -> None:  # noqa: ANN001 - Mai
     """Replies (f16, across the breakpoint), the idle conversion and a canned Markdown stream."""
     from tools.screenshots import wait_for
 
-    measure("reply, 64 tokens, f16 phase", lambda: window.send_text("Tell me about the sea."),
+    measure("reply, 64 tokens, f16 phase", lambda: window.chat.send_text("Tell me about the sea."),
             window.reply_finished)
     items = ", ".join(f"item {i}" for i in range(200))  # ~1100 tokens: crosses the 1024-cell view
     measure("reply whose prompt crosses the breakpoint (conversion inside)",
-            lambda: window.send_text(f"Here is a list: {items}. Which item comes last?"),
+            lambda: window.chat.send_text(f"Here is a list: {items}. Which item comes last?"),
             window.reply_finished)
     window.open_configured_model()  # a fresh cache
     wait_for(window.model_loaded)
-    window.new_chat()  # the story's prompt alone fills the f16 view; with the turns before, the context
-    window.send_text("Write a long story about a lighthouse keeper. " * 40)
+    window.chat.new_chat()  # the story's prompt alone fills the f16 view; with the turns before, the context
+    window.chat.send_text("Write a long story about a lighthouse keeper. " * 40)
     wait_for(window.reply_finished)
-    measure("idle-time conversion (kv_lazy_convert)", window.convert_now, window.converted)
+    measure("idle-time conversion (kv_lazy_convert)", window.chat.convert_now, window.converted)
     stream = _CannedStream(window.transcript, code_heavy_reply())
     measure(f"code-heavy Markdown reply streamed ({len(stream.pieces)} pieces, {len(stream.text) // 1024} KB,"
             f" {stream.text.count('```') // 2} code blocks, a piece every {TOKEN_INTERVAL_MS} ms)",

@@ -112,13 +112,13 @@ def shoot_all() -> int:
 
     window.system_edit.setText("You are a friendly assistant. Answer briefly.")
     window.system_edit.editingFinished.emit()
-    window.send_text("What is a KV cache in a language model, in two sentences?")
+    window.chat.send_text("What is a KV cache in a language model, in two sentences?")
     wait_for(window.reply_finished)
     pause(300)
     shoot(window, "screenshot-chatting.png")
 
     window.settings.set("max_reply_tokens", 160)
-    window.send_text("Write a short Python function that reverses a string, in a code block, "
+    window.chat.send_text("Write a short Python function that reverses a string, in a code block, "
                      "then one sentence about it.")
     wait_for(window.reply_finished)
     pause(300)
@@ -127,7 +127,7 @@ def shoot_all() -> int:
     pause(300)
     shoot(window, "screenshot-dark.png")
     theme.apply(app, "system")
-    window.new_chat()
+    window.chat.new_chat()
     pause(200)
 
     # a long message crosses the 512-cell f16 view: grab the window while the banner shows progress
@@ -141,7 +141,7 @@ def shoot_all() -> int:
 
     window.conversion_shown.connect(during)  # after the window's own handler: the banner is set
     items = ", ".join(f"item {i}" for i in range(110))
-    window.send_text(f"Here is a list: {items}. Which item comes last?")
+    window.chat.send_text(f"Here is a list: {items}. Which item comes last?")
     wait_for(window.reply_finished)
     window.conversion_shown.disconnect(during)
     pause(1200)
@@ -234,15 +234,15 @@ def shoot_ladder(window) -> bool:  # noqa: ANN001 - a MainWindow
     shoot(dialog, "screenshot-ladder-settings.png")
     dialog.accept()
     wait_for(window.model_loaded)
-    window.new_chat()
+    window.chat.new_chat()
     pause(200)
-    window.send_text("What is a KV cache in a language model, in two sentences?")
+    window.chat.send_text("What is a KV cache in a language model, in two sentences?")
     wait_for(window.reply_finished)
     pause(300)
     shoot(window, "screenshot-ladder-f16.png")
 
     items = ", ".join(f"item {i}" for i in range(110))  # ~600 tokens: past the 16-bit step
-    window.send_text(f"Here is a list: {items}. Which item comes last?")
+    window.chat.send_text(f"Here is a list: {items}. Which item comes last?")
     wait_for(window.reply_finished)
     pause(1200)
     shoot(window, "screenshot-ladder-8bit.png")
@@ -259,7 +259,7 @@ def shoot_ladder(window) -> bool:  # noqa: ANN001 - a MainWindow
     wait_for(window.converted)
     window.conversion_shown.disconnect(during)
     pause(300)
-    window.send_text("Which item comes first?")
+    window.chat.send_text("Which item comes first?")
     wait_for(window.reply_finished)
     pause(1200)
     shoot(window, "screenshot-ladder-4bit.png")
