@@ -4,10 +4,12 @@ own (tests, the benchmark)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
 import time
+from collections.abc import Generator
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -37,6 +39,19 @@ def open_cache(settings: ServerSettings, session: EngineSession, crypto: Crypto 
                        settings.cache_min_tokens)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, but a SIGTERM or Ctrl+C it handled is not raised again once it stopped: uvicorn
+    re-raises it, and the default SIGTERM handler then ended the process before the engine's thread could
+    finish the snapshot it was writing after the last reply (``Service.run`` waits for it)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        with super().capture_signals():
+            yield
+            self.stopped_by = tuple(self._captured_signals)
+            self._captured_signals.clear()
+
+
 class HttpServer:
     """uvicorn serving ``app`` as ``settings`` say: in the foreground, or on a thread of its own."""
 
@@ -45,7 +60,7 @@ class HttpServer:
         self._config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                                       lifespan="off", access_log=log_level == "debug",
                                       timeout_graceful_shutdown=5)
-        self._server = uvicorn.Server(self._config)
+        self._server = _Server(self._config)
         self._thread: threading.Thread | None = None
         self.port = settings.port
 
@@ -104,12 +119,17 @@ class Service:
         self.app = create_app(settings, self.access, info.name, int(time.time()))
         self.http = HttpServer(settings, self.app, log_level)
 
-    def run(self) -> None:
-        """Serve until Ctrl+C / SIGTERM, then cancel the running request and free the queue."""
+    def run(self, stop_timeout: float = 120.0) -> None:
+        """Serve until Ctrl+C / SIGTERM, then cancel what waits and let the engine's thread finish what it
+        runs: a reply already answered finishes its snapshot (every file of it complete, then the index),
+        within ``stop_timeout`` seconds; past that the process may end inside it, and what it left is
+        never counted (unfinished files are removed at the next start)."""
         try:
             self.http.run()
         finally:
-            self.access.close()
+            if not self.access.close(stop_timeout):
+                log.warning("the engine did not stop within %g s; its last snapshot may be lost",
+                            stop_timeout)
 
     def start(self, timeout: float = 30.0) -> str:
         return self.http.start(timeout)

@@ -341,6 +341,28 @@ class EngineSession:
         self._eval_or_cancel(llama, tokens[n_reused:])
         return len(tokens) - n_reused
 
+    def keep_kv_prefix(self, n: int) -> bool:
+        """Keep the first ``n`` cached tokens and remove the cells after them (sequence 0), as a branch of
+        the conversation at that point needs. False, the cache unchanged, when it holds fewer tokens, or
+        when a sliding-window model's cache no longer holds the window the next token attends to (its
+        older cells went as the window moved on): only a re-read gives that point then."""
+        llama, _ = self._require()
+        if n > llama.n_tokens:
+            return False
+        n_swa = llama_cpp.llama_model_n_swa(llama.model)
+        if n_swa > 0 and n > 0:
+            pos_min = llama_cpp.llama_memory_seq_pos_min(llama_cpp.llama_get_memory(llama.ctx), 0)
+            if pos_min > max(0, n - n_swa):
+                return False
+        llama._ctx.kv_cache_seq_rm(-1, n, -1)
+        llama.n_tokens = n
+        return True
+
+    def transcript_tokens(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The tokens a re-read of ``messages`` puts in the cache (rebuild_kv's, without a reply's prompt)."""
+        _, info = self._require()
+        return self._head_tokens(messages, max(0, info.n_ctx - 1))
+
     def clear_kv(self) -> None:
         """Empty the KV cache (a lazy cache returns to its f16 phase)."""
         llama, _ = self._require()
