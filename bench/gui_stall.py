@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     meter = StallMeter()
     rows: list[tuple[str, list[float], list[float], float]] = []
     conversions: list = []
-    window.conversion_shown.connect(lambda e: conversions.append(e) if e.stage == "end" else None)
+    window.step_shown.connect(lambda e: conversions.append(e) if e.stage == "end" else None)
 
     def measure(label: str, action: Callable[[], None], until) -> None:  # noqa: ANN001 - a Qt signal
         meter.start()

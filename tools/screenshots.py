@@ -22,7 +22,7 @@ from PySide6.QtCore import QEventLoop, QObject, QTimer, Signal
 from PySide6.QtWidgets import QApplication, QWidget
 
 if TYPE_CHECKING:
-    from lazykv.core.engine.engine import ConversionEvent
+    from lazykv.core.engine.engine import StepEvent
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 TIMEOUT_MS = 120_000
@@ -134,16 +134,16 @@ def shoot_all() -> int:
     window.settings.set("max_reply_tokens", 40)
     shots: list[bool] = []
 
-    def during(event: ConversionEvent) -> None:
+    def during(event: StepEvent) -> None:
         if event.stage == "progress" and event.fraction >= 0.4 and not shots:
             shots.append(True)
             shoot(window, "screenshot-converting.png")
 
-    window.conversion_shown.connect(during)  # after the window's own handler: the banner is set
+    window.step_shown.connect(during)  # after the window's own handler: the banner is set
     items = ", ".join(f"item {i}" for i in range(110))
     window.chat.send_text(f"Here is a list: {items}. Which item comes last?")
     wait_for(window.reply_finished)
-    window.conversion_shown.disconnect(during)
+    window.step_shown.disconnect(during)
     pause(1200)
     shoot(window.memory_dock, "screenshot-memory.png")
 
@@ -249,15 +249,15 @@ def shoot_ladder(window) -> bool:  # noqa: ANN001 - a MainWindow
 
     shots: list[bool] = []
 
-    def during(event: ConversionEvent) -> None:
+    def during(event: StepEvent) -> None:
         if event.target == "q4_0" and event.stage == "progress" and event.fraction >= 0.4 and not shots:
             shots.append(True)
             shoot(window, "screenshot-ladder-converting.png")
 
-    window.conversion_shown.connect(during)
+    window.step_shown.connect(during)
     window.compact_action.trigger()  # "Compact context memory now": one step, to 4-bit
     wait_for(window.converted)
-    window.conversion_shown.disconnect(during)
+    window.step_shown.disconnect(during)
     pause(300)
     window.chat.send_text("Which item comes first?")
     wait_for(window.reply_finished)

@@ -189,16 +189,16 @@ def _check_engine_session(model: Path, n_ctx: int, tmp: Path, origin: float) -> 
         _report("first token", f"{first_token:.2f} s after start; reply {reply!r}")
         _report("lazy cache", f"f16 view, {status.n_cells_used} of {status.n_cells_capacity} cells in use")
 
-        if not session.convert_kv_now():
-            raise SelfTestError("conversion: convert_kv_now() had nothing to do")
+        if not session.step_kv_now():
+            raise SelfTestError("conversion: step_kv_now() had nothing to do")
         status = session.kv_status()
-        if status.phase != "q8_0" or status.n_conversions < 1:
+        if status.phase != "q8_0" or status.n_steps < 1:
             raise SelfTestError(f"conversion: the cache is {status.phase} after a forced conversion")
         messages = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": "Again."}]
         reply, _, n_reused = _reply(session, messages)
         if n_reused == 0:
             raise SelfTestError("conversion: the reply after it did not reuse the converted cache")
-        _report("conversion", f"forced to q8_0 in {status.last_conversion_s * 1000:.1f} ms; "
+        _report("conversion", f"forced to q8_0 in {status.last_step_s * 1000:.1f} ms; "
                 f"next reply reused {n_reused} tokens: {reply!r}")
 
         messages = [*messages, {"role": "assistant", "content": reply}]

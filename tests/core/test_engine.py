@@ -13,13 +13,13 @@ from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.model_load import check_model_file
 from lazykv.core.engine.types import (
     CancelledError,
-    ConversionEvent,
     KvModeError,
     ModelNotFoundError,
     NoModelError,
     NotGGUFError,
     ReplyResult,
     SamplingSettings,
+    StepEvent,
 )
 from lazykv.core.errors import ContextFullError, EngineError
 from lazykv.core.kinds import KvMode
@@ -201,7 +201,7 @@ def test_kv_status_of_a_plain_cache(smollm2_path: Path, kv_mode: str) -> None:
         s.load(LoadSpec(smollm2_path, n_ctx=512, kv_mode=kv_mode, kv_recent=0))
         empty = s.kv_status()
         assert (empty.phase, empty.n_cells_used, empty.n_cells_total) == (kv_mode, 0, 512)
-        assert not s.convert_kv_now()
+        assert not s.step_kv_now()
         _, result = run(s.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=4))
         status = s.kv_status()
         assert status.n_cells_used == result.n_prompt + 3  # the last sampled token is not decoded
@@ -212,23 +212,23 @@ def test_kv_status_of_a_plain_cache(smollm2_path: Path, kv_mode: str) -> None:
 
 def test_lazy_cache_status_and_idle_conversion_with_progress(smollm2_path: Path) -> None:
     s = EngineSession()
-    events: list[tuple[ConversionEvent, str]] = []
-    s.set_conversion_listener(lambda e: events.append((e, threading.current_thread().name)))
+    events: list[tuple[StepEvent, str]] = []
+    s.set_step_listener(lambda e: events.append((e, threading.current_thread().name)))
     try:
         s.load(LoadSpec(smollm2_path, n_ctx=1024, kv_mode="lazy", kv_recent=0))
         run(s.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=4))
         before = s.kv_status()
         assert (before.phase, before.n_cells_capacity, before.n_cells_total) == ("f16", 512, 1024)
-        assert s.convert_kv_now()
+        assert s.step_kv_now()
         after = s.kv_status()
-        assert (after.phase, after.n_cells_capacity, after.n_conversions) == ("q8_0", 1024, 1)
+        assert (after.phase, after.n_cells_capacity, after.n_steps) == ("q8_0", 1024, 1)
         assert after.n_cells_used == before.n_cells_used and after.kv_bytes == before.kv_bytes
         stages = [e.stage for e, _ in events]
         assert stages[0] == "start" and stages[-1] == "end" and set(stages[1:-1]) == {"progress"}
         assert [e.done for e, _ in events] == sorted(e.done for e, _ in events)
         assert events[-1][0].fraction == 1.0 and events[-1][0].n_cells == before.n_cells_used
         assert {name for _, name in events} == {threading.current_thread().name}
-        assert not s.convert_kv_now()
+        assert not s.step_kv_now()
         # the conversation goes on in q8_0
         assert "".join(s.stream_reply(HELLO, GREEDY, threading.Event(), max_tokens=4)).strip()
     finally:

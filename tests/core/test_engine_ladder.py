@@ -11,8 +11,8 @@ import pytest
 from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.memory import MiB, context_for_budget, kv_bytes
-from lazykv.core.engine.types import ContextBudgetError, ConversionEvent, KvRestoreError, SamplingSettings
-from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
+from lazykv.core.engine.types import ContextBudgetError, KvRestoreError, SamplingSettings, StepEvent
+from lazykv.core.kinds import KvMode, KvPhase, StepStage
 from tests.core.test_engine_snapshot import LONG, MEDIUM, SHORT, first_turn, reply
 
 GREEDY = SamplingSettings(temperature=0.0, seed=1)
@@ -20,15 +20,15 @@ N_CTX = 1024  # steps: 16-bit 256 cells, 8-bit 512, 4-bit all 1,024
 LADDER = (KvPhase.F16, KvPhase.Q8_0, KvPhase.Q4_0)
 
 
-def _targets(events: list[ConversionEvent]) -> list[KvPhase]:
+def _targets(events: list[StepEvent]) -> list[KvPhase]:
     """The step each conversion went to, once per conversion."""
-    return [e.target for e in events if e.stage is ConversionStage.END]
+    return [e.target for e in events if e.stage is StepStage.END]
 
 
 def test_a_ladder_conversation_fills_each_step_and_keeps_answering(model_path: Path) -> None:
     s = EngineSession()
-    events: list[ConversionEvent] = []
-    s.set_conversion_listener(events.append)
+    events: list[StepEvent] = []
+    s.set_step_listener(events.append)
     try:
         s.load(LoadSpec(model_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER, kv_recent=0))
         empty = s.kv_status()
@@ -40,7 +40,7 @@ def test_a_ladder_conversation_fills_each_step_and_keeps_answering(model_path: P
         assert text.strip() and _targets(events) == [KvPhase.Q8_0]
         middle = s.kv_status()
         assert (middle.phase, middle.target, middle.next_rung) == (KvPhase.Q8_0, KvPhase.Q8_0, KvPhase.Q4_0)
-        assert (middle.n_cells_capacity, middle.n_cells_next) == (512, 1024) and middle.n_conversions == 1
+        assert (middle.n_cells_capacity, middle.n_cells_next) == (512, 1024) and middle.n_steps == 1
         assert 256 < middle.n_cells_used < 512
 
         conversation += [{"role": "assistant", "content": text}, {"role": "user", "content": MEDIUM}]
@@ -48,14 +48,14 @@ def test_a_ladder_conversation_fills_each_step_and_keeps_answering(model_path: P
         assert text.strip() and reused >= middle.n_cells_used - 1
         assert _targets(events) == [KvPhase.Q8_0, KvPhase.Q4_0]
         last = s.kv_status()
-        assert (last.phase, last.target, last.next_rung, last.n_conversions) == (KvPhase.Q4_0, KvPhase.Q4_0,
+        assert (last.phase, last.target, last.next_rung, last.n_steps) == (KvPhase.Q4_0, KvPhase.Q4_0,
                                                                                  None, 2)
         assert last.n_cells_capacity == last.n_cells_next == 1024 and 512 < last.n_cells_used < 1024
         assert last.kv_bytes == empty.kv_bytes  # each step converts in place
-        starts = [e for e in events if e.stage is ConversionStage.START]
+        starts = [e for e in events if e.stage is StepStage.START]
         assert [e.target for e in starts] == [KvPhase.Q8_0, KvPhase.Q4_0]
         assert starts[1].n_cells == middle.n_cells_used  # the step took what the 8-bit step held
-        assert not s.convert_kv_now()  # the last step: nothing left to compact
+        assert not s.step_kv_now()  # the last step: nothing left to compact
         s.clear_kv()
         emptied = s.kv_status()
         assert (emptied.phase, emptied.n_cells_capacity) == (KvPhase.F16, 256)  # emptied: 16-bit again
@@ -73,7 +73,7 @@ def _two_turns(model: Path, second: str, compact_between: bool) -> tuple[str, Kv
         text, _ = reply(s, conversation)
         conversation += [{"role": "assistant", "content": text}, {"role": "user", "content": second}]
         if compact_between:
-            assert s.convert_kv_now() and s.kv_status().phase is KvPhase.Q4_0
+            assert s.step_kv_now() and s.kv_status().phase is KvPhase.Q4_0
         text, _ = reply(s, conversation)
         return text, s.kv_status().phase
     finally:
@@ -98,18 +98,18 @@ def test_the_step_a_prompt_takes_answers_as_the_step_taken_just_before_it(
 
 def test_compact_now_goes_one_step_at_a_time(smollm2_path: Path) -> None:
     s = EngineSession()
-    events: list[ConversionEvent] = []
-    s.set_conversion_listener(events.append)
+    events: list[StepEvent] = []
+    s.set_step_listener(events.append)
     try:
         s.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER, kv_recent=0))
         conversation = first_turn(s, SHORT)
         assert s.kv_status().phase is KvPhase.F16
-        assert s.convert_kv_now()
+        assert s.step_kv_now()
         assert s.kv_status().phase is KvPhase.Q8_0 and _targets(events) == [KvPhase.Q8_0]
-        assert s.convert_kv_now()
+        assert s.step_kv_now()
         assert s.kv_status().phase is KvPhase.Q4_0 and _targets(events) == [KvPhase.Q8_0, KvPhase.Q4_0]
-        assert not s.convert_kv_now()
-        progress = [e for e in events if e.stage is ConversionStage.PROGRESS]
+        assert not s.step_kv_now()
+        progress = [e for e in events if e.stage is StepStage.PROGRESS]
         assert {e.target for e in progress} == {KvPhase.Q8_0, KvPhase.Q4_0} and events[-1].fraction == 1.0
         text, reused = reply(s, conversation)
         assert text.strip() and reused > 0  # the conversation goes on from the 4-bit cache

@@ -20,7 +20,6 @@ from lazykv.core.engine.model_load import budget_n_ctx, read_checked_meta
 from lazykv.core.engine.remote import probe_all
 from lazykv.core.engine.types import (
     CancelledError,
-    ConversionEvent,
     KvLayout,
     KvSnapshot,
     KvStatus,
@@ -28,8 +27,9 @@ from lazykv.core.engine.types import (
     NoModelError,
     ReplyResult,
     SamplingSettings,
+    StepEvent,
 )
-from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
+from lazykv.core.kinds import FinishReason, KvMode, KvPhase, StepStage
 
 HOLD_LIMIT_S = 10.0  # a test that forgets to release fails instead of hanging
 N_CTX = 256
@@ -46,7 +46,7 @@ class _Kv:
     tokens: list[int]
     phase: KvPhase = KvPhase.F16
     target: KvPhase | None = None  # the last rung converted to
-    n_conversions: int = 0
+    n_steps: int = 0
 
 
 class FakeSession:
@@ -58,7 +58,7 @@ class FakeSession:
         self._info: ModelInfo | None = None
         self._kv = _Kv([])
         self._cancel: threading.Event | None = None
-        self._listener: Callable[[ConversionEvent], None] | None = None
+        self._listener: Callable[[StepEvent], None] | None = None
         self.reply: tuple[str, ...] = REPLY
         self.finish_reason = FinishReason.STOP  # how a reply that is not stopped ends (LENGTH: cut off)
         self.convert_error: Exception | None = None
@@ -97,7 +97,7 @@ class FakeSession:
 
     # -- EngineSession -----------------------------------------------------------------------------------
 
-    def set_conversion_listener(self, fn: Callable[[ConversionEvent], None] | None) -> None:
+    def set_step_listener(self, fn: Callable[[StepEvent], None] | None) -> None:
         self._listener = fn
 
     @contextmanager
@@ -145,7 +145,7 @@ class FakeSession:
         at = steps.index(self._kv.phase) if steps else 0
         following = steps[at + 1] if at + 1 < len(steps) else self._kv.phase
         return KvStatus(info.kv_mode, self._kv.phase, n, capacity.get(self._kv.phase, info.n_ctx), info.n_ctx,
-                        1024, self._kv.n_conversions, 0.01 if self._kv.n_conversions else 0.0, tuple(steps),
+                        1024, self._kv.n_steps, 0.01 if self._kv.n_steps else 0.0, tuple(steps),
                         capacity.get(following, 0), self._kv.target)
 
     def count_tokens(self, messages: Sequence[dict[str, str]]) -> int:
@@ -204,7 +204,7 @@ class FakeSession:
         self._reply_ended = True
         return ReplyResult("".join(pieces), finish, len(tokens), n_reused)
 
-    def convert_kv_now(self) -> bool:
+    def step_kv_now(self) -> bool:
         info = self._require()
         self.calls.append("convert")
         self._step()
@@ -215,12 +215,12 @@ class FakeSession:
             return False
         target = steps[steps.index(self._kv.phase) + 1]
         n = len(self._kv.tokens)
-        for done, stage in enumerate(ConversionStage):
+        for done, stage in enumerate(StepStage):
             if self._listener is not None:
-                duration = 0.01 if stage is ConversionStage.END else 0.0
-                self._listener(ConversionEvent(stage, done, len(ConversionStage) - 1, n, duration, target))
+                duration = 0.01 if stage is StepStage.END else 0.0
+                self._listener(StepEvent(stage, done, len(StepStage) - 1, n, duration, target))
         self._kv.phase, self._kv.target = target, target
-        self._kv.n_conversions += 1
+        self._kv.n_steps += 1
         return True
 
     def rebuild_kv(self, messages: Sequence[dict[str, str]], on_progress: Callable[[int, int], None],

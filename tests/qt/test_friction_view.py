@@ -10,8 +10,8 @@ from PySide6.QtWidgets import QApplication, QWidget
 from pytestqt.qtbot import QtBot
 
 from lazykv.qt import theme
-from lazykv.qt.conversion_banner import ConversionBanner
 from lazykv.qt.notice_banner import NoticeBanner
+from lazykv.qt.step_banner import StepBanner
 from lazykv.qt.transcript import TranscriptView
 from tests.qt.conftest import FakeWindow
 
@@ -65,7 +65,7 @@ def contrast(a: QColor, b: QColor) -> float:
 @pytest.mark.parametrize("name", ["light", "dark"])
 def test_banners_take_their_colours_from_the_theme(qtbot: QtBot, name: str) -> None:
     app = QApplication.instance()
-    notice, conversion = NoticeBanner("test-banner"), ConversionBanner()
+    notice, conversion = NoticeBanner("test-banner"), StepBanner()
     notice.show_choices("The history could not be opened.", [("Retry", lambda: None)])
     conversion.show_progress("Reading the conversation again… 40%", 0.4)
     try:

@@ -12,14 +12,14 @@ from pytestqt.qtbot import QtBot
 
 from lazykv.core.engine.memory import MiB, context_for_budget, kv_bytes
 from lazykv.core.engine.model_meta import read_model_meta
-from lazykv.core.engine.types import ConversionEvent, KvStatus
-from lazykv.core.idle import wants_idle_conversion
-from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
+from lazykv.core.engine.types import KvStatus, StepEvent
+from lazykv.core.idle import wants_idle_step
+from lazykv.core.kinds import KvMode, KvPhase, StepStage
 from lazykv.core.settings import Settings
 from lazykv.qt.main_window import MainWindow, UiState
 from lazykv.qt.settings_dialog import SettingsDialog
 from lazykv.qt.stall_meter import StallMeter
-from lazykv.qt.worker import Convert
+from lazykv.qt.worker import Step
 from tests.core.test_engine_budget import _meta
 from tests.core.test_engine_snapshot import MEDIUM
 from tests.qt.conftest import FakeWindow
@@ -33,10 +33,10 @@ N_CTX = 1024  # the fake ladder's rungs: 16-bit 288 cells, 8-bit 542, 4-bit all 
 IDLE_MS = 1000  # long enough for a reply and its saves on the fake engine to finish first
 
 
-def _compact(qtbot: QtBot, w: MainWindow, to: KvPhase) -> list[tuple[ConversionStage, str]]:
+def _compact(qtbot: QtBot, w: MainWindow, to: KvPhase) -> list[tuple[StepStage, str]]:
     """Compact one step with the toolbar's action; the banner's text at each event, as the user saw it."""
-    seen: list[tuple[ConversionStage, str]] = []
-    w.conversion_shown.connect(lambda e: seen.append((e.stage, w.banner.label.text())))
+    seen: list[tuple[StepStage, str]] = []
+    w.step_shown.connect(lambda e: seen.append((e.stage, w.banner.label.text())))
     with qtbot.waitSignal(w.converted, timeout=WAIT_MS) as converted:
         w.compact_action.trigger()
     assert converted.args == [True]
@@ -63,7 +63,7 @@ def test_a_ladder_conversation_shows_each_step_and_compacts_one_step_at_a_time(
     assert w.compact_action.toolTip() == "Compact the context memory to 8-bit now"
 
     seen = _compact(qtbot, w, KvPhase.Q8_0)
-    assert [stage for stage, _ in seen] == list(ConversionStage)
+    assert [stage for stage, _ in seen] == list(StepStage)
     assert seen[1][1] == "Compacting context memory to 8-bit… 50%"
     assert seen[-1][1] == f"Context memory compacted to 8-bit in 10 ms at token {used}"
     assert panel.phase_label.text() == "8-bit — ladder: goes to 4-bit at 542 tokens"
@@ -118,7 +118,7 @@ def test_the_idle_timer_does_not_add_a_step_to_a_manual_one(
     with qtbot.waitSignal(w.chat.idle_timer.timeout, timeout=WAIT_MS):
         held(qtbot, fake, w.compact_action.trigger)
     assert not w.chat.idle_conversion_pending
-    assert sum(isinstance(r, Convert) for r in w.engine.pending()) == 1
+    assert sum(isinstance(r, Step) for r in w.engine.pending()) == 1
     fake.release()
     # the status after the step comes after its request is done: wait for it, not only for the requests
     qtbot.waitUntil(lambda: w.kv is not None and w.kv.phase is KvPhase.Q8_0, timeout=WAIT_MS)
@@ -131,7 +131,7 @@ def test_a_step_in_progress_names_its_target_in_the_panel_and_the_indicator(
 ) -> None:
     w = fake_window(kv_mode=KvMode.LADDER, n_ctx=N_CTX)
     chat(qtbot, w, "Hello")
-    w.chat.show_conversion(ConversionEvent(ConversionStage.START, 0, 4, 300, target=KvPhase.Q4_0))
+    w.chat.show_step(StepEvent(StepStage.START, 0, 4, 300, target=KvPhase.Q4_0))
     assert w.memory_panel.phase_label.text() == "compacting to 4-bit…"
     assert w.memory_panel.rung_label.text() == "compacting to 4-bit… at 300 tokens"
     assert w.context_meter.label.text() == "Context 300 / 1,024 tokens · compacting to 4-bit…"
@@ -143,11 +143,11 @@ def test_idle_compaction_takes_every_step_but_the_last() -> None:
         return KvStatus(KvMode.LADDER, phase, used, capacity, 1024, 1, rungs=rungs, n_cells_next=1024)
 
     ladder = (KvPhase.F16, KvPhase.Q8_0, KvPhase.Q4_0)
-    assert wants_idle_conversion(status(KvPhase.F16, 270, 288, ladder))
-    assert not wants_idle_conversion(status(KvPhase.F16, 200, 288, ladder))
-    assert wants_idle_conversion(status(KvPhase.Q8_0, 500, 542, ladder))
-    assert not wants_idle_conversion(status(KvPhase.Q4_0, 1000, 1024, ladder))
-    assert not wants_idle_conversion(status(KvPhase.Q8_0, 1000, 1024, ()))  # a plain q8_0 cache
+    assert wants_idle_step(status(KvPhase.F16, 270, 288, ladder))
+    assert not wants_idle_step(status(KvPhase.F16, 200, 288, ladder))
+    assert wants_idle_step(status(KvPhase.Q8_0, 500, 542, ladder))
+    assert not wants_idle_step(status(KvPhase.Q4_0, 1000, 1024, ladder))
+    assert not wants_idle_step(status(KvPhase.Q8_0, 1000, 1024, ()))  # a plain q8_0 cache
 
 
 def test_the_kv_mode_says_what_the_ladder_trades(qtbot: QtBot) -> None:
@@ -257,8 +257,8 @@ def test_a_ladder_conversation_on_the_real_engine_shows_each_step(
     try:
         qtbot.waitUntil(lambda: w.kv is not None)
         assert w.memory_panel.rung_label.text() == "16-bit: 0 of 256 tokens · next 8-bit: 512"
-        seen: list[ConversionEvent] = []
-        w.conversion_shown.connect(seen.append)
+        seen: list[StepEvent] = []
+        w.step_shown.connect(seen.append)
         meter = StallMeter()
         meter.start()
         with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as finished:
@@ -274,7 +274,7 @@ def test_a_ladder_conversation_on_the_real_engine_shows_each_step(
             w.compact_action.trigger()
         qtbot.waitUntil(lambda: w.kv.phase is KvPhase.Q4_0, timeout=WAIT_MS)
         meter.stop()
-        assert seen[-1].target is KvPhase.Q4_0 and seen[-1].stage is ConversionStage.END
+        assert seen[-1].target is KvPhase.Q4_0 and seen[-1].stage is StepStage.END
         assert w.memory_panel.rung_label.text() == f"4-bit: {used} of 1,024 tokens · the last level"
         assert w.banner.label.text().startswith("Context memory compacted to 4-bit in ")
         assert not w.compact_action.isEnabled()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine.types import ConversionEvent
-from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
+from lazykv.core.engine.types import StepEvent
+from lazykv.core.kinds import KvMode, KvPhase, StepStage
 from lazykv.core.settings import SETTINGS, Settings
 from lazykv.qt.main_window import MainWindow, UiState
 from lazykv.qt.settings_dialog import EDITORS, SettingsDialog
@@ -31,8 +31,8 @@ def test_a_conversion_during_a_reply_shows_progress_then_the_phase_change(
         qtbot.waitUntil(lambda: w.kv is not None)
         assert w.memory_panel.phase_label.text().startswith("16-bit")
         assert "/ 512 (f16 view)" in w.memory_panel.cells_bar.format()
-        seen: list[tuple[ConversionEvent, UiState, bool]] = []
-        w.conversion_shown.connect(lambda e: seen.append((e, w.state, w.banner.isVisible())))
+        seen: list[tuple[StepEvent, UiState, bool]] = []
+        w.step_shown.connect(lambda e: seen.append((e, w.state, w.banner.isVisible())))
         meter = StallMeter()
         meter.start()
         with qtbot.waitSignal(w.reply_finished, timeout=60_000) as finished:
@@ -40,7 +40,7 @@ def test_a_conversion_during_a_reply_shows_progress_then_the_phase_change(
         meter.stop()
         assert 512 < finished.args[0].n_prompt < 1000 and finished.args[0].text
         stages = [e.stage for e, _, _ in seen]
-        assert stages[0] is ConversionStage.START and stages[-1] is ConversionStage.END and len(stages) >= 3
+        assert stages[0] is StepStage.START and stages[-1] is StepStage.END and len(stages) >= 3
         assert {state for _, state, _ in seen} == {UiState.REPLYING} and all(shown for _, _, shown in seen)
         assert "8-bit" in w.banner.label.text() and "ms at token" in w.banner.label.text()
         qtbot.waitUntil(lambda: w.kv.phase is KvPhase.Q8_0, timeout=10_000)

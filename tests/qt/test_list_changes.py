@@ -17,7 +17,7 @@ from lazykv.core.history.records import new_uid
 from lazykv.core.history.store import Store
 from lazykv.core.paths import data_dir
 from lazykv.qt.main_window import MainWindow
-from lazykv.qt.worker import Convert, SaveSnapshot
+from lazykv.qt.worker import SaveSnapshot, Step
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import WAIT_MS, chat, held, settle
@@ -137,7 +137,7 @@ def test_a_conversation_cannot_be_deleted_while_its_snapshot_is_written(
     w = fake_window()  # snapshots on, unencrypted
     chat(qtbot, w, "Keep my snapshot")
     conv = w.conversations.current
-    held(qtbot, fake, lambda: w.engine.submit(Convert()))  # the engine is busy: the save waits behind
+    held(qtbot, fake, lambda: w.engine.submit(Step()))  # the engine is busy: the save waits behind
     w.conversations.persist(snapshot=True)
     qtbot.waitUntil(lambda: any(isinstance(r, SaveSnapshot) for r in w.engine.pending()), timeout=WAIT_MS)
     panel = w.conversations_panel

@@ -14,7 +14,7 @@ from lazykv.core.errors import EngineError
 from lazykv.core.kinds import DEFAULT_KV_MODE
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings, load_spec
 from lazykv.qt.main_window import MainWindow, Timings, UiState
-from lazykv.qt.worker import Convert
+from lazykv.qt.worker import Step
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import FAST, WAIT_MS, chat, error_box, held, settle, stored
@@ -70,7 +70,7 @@ def test_a_failure_is_reported_against_its_own_request(
     w = fake_window()
     held(qtbot, fake, lambda: w.chat.send_text("Hello"))
     fake.convert_error = EngineError("no")
-    w.engine.submit(Convert())  # no failure handler: reported as what it was
+    w.engine.submit(Step())  # no failure handler: reported as what it was
     fake.release()
     with qtbot.waitSignal(w.reply_finished, timeout=WAIT_MS) as reply:
         pass
@@ -114,7 +114,7 @@ def test_close_drops_queued_requests_hides_first_and_waits_with_a_deadline(
     w.loading.open_model(fake_model)  # type: ignore[arg-type]
     qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)
     for _ in range(3):
-        w.engine.submit(Convert())
+        w.engine.submit(Step())
     hidden_before_wait: list[bool] = []
     w.ops.changed.connect(lambda _: hidden_before_wait.append(not w.isVisible()))
     started = time.monotonic()

@@ -13,8 +13,8 @@ from pytestqt.qtbot import QtBot
 from lazykv.core.engine.memory import plan_context
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.engine.planner import estimate
-from lazykv.core.engine.types import ConversionEvent
-from lazykv.core.kinds import ConversionStage, FinishReason, KvMode, KvPhase
+from lazykv.core.engine.types import StepEvent
+from lazykv.core.kinds import FinishReason, KvMode, KvPhase, StepStage
 from lazykv.core.settings import Settings
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.settings_dialog import SettingsDialog
@@ -167,15 +167,15 @@ def test_a_step_taken_before_the_step_was_full_says_what_did_not_fit(
     capacity = w.kv.n_cells_capacity
     w.set_state(UiState.REPLYING)  # the prompt is being read: the reply has no text yet
     w._reply_text = ""
-    for stage in (ConversionStage.START, ConversionStage.END):  # as the engine reports it
-        w.chat.show_conversion(ConversionEvent(stage, 1, 1, 0, 0.01, KvPhase.Q8_0))
+    for stage in (StepStage.START, StepStage.END):  # as the engine reports it
+        w.chat.show_step(StepEvent(stage, 1, 1, 0, 0.01, KvPhase.Q8_0))
     w.set_state(UiState.READY)
     [marker] = w.conversation.markers()
     assert marker.label == ("Context memory went to 8-bit before the conversation was read: it no longer "
                             f"fit the 16-bit level ({capacity:,} tokens)")
     assert "at token 0" not in w.transcript.toPlainText()
-    for stage in (ConversionStage.START, ConversionStage.END):  # idle or Compact now: early by choice
-        w.chat.show_conversion(ConversionEvent(stage, 1, 1, 20, 0.01, KvPhase.Q8_0))
+    for stage in (StepStage.START, StepStage.END):  # idle or Compact now: early by choice
+        w.chat.show_step(StepEvent(stage, 1, 1, 20, 0.01, KvPhase.Q8_0))
     assert w.conversation.markers()[-1].label == "Context compacted to 8-bit here (at token 20)"
 
 

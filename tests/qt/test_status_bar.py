@@ -12,8 +12,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage, QPainter
 from pytestqt.qtbot import QtBot
 
-from lazykv.core.engine.types import ConversionEvent, KvRestoreError
-from lazykv.core.kinds import ConversionStage, KvMode, KvPhase
+from lazykv.core.engine.types import KvRestoreError, StepEvent
+from lazykv.core.kinds import KvMode, KvPhase, StepStage
 from tests.qt.conftest import FakeWindow
 from tests.qt.fake_engine import FakeSession
 from tests.qt.helpers import WAIT_MS, chat, saved_then_new_chat, settle
@@ -67,9 +67,9 @@ def test_a_long_message_is_shortened_with_an_ellipsis_and_whole_in_the_tooltip(
 def _clear_keeping_count(fake: FakeSession) -> None:
     """As the real engine: a context counts its conversions for its whole life, an empty cache too."""
     def clear() -> None:
-        n = fake._kv.n_conversions
+        n = fake._kv.n_steps
         fake._kv = fake._empty_kv()
-        fake._kv.n_conversions = n
+        fake._kv.n_steps = n
 
     fake.clear_kv = clear  # type: ignore[method-assign]
 
@@ -90,7 +90,7 @@ def test_compacted_counts_the_chat_on_screen_only(
     w.chat.new_chat()
     settle(qtbot, w)
     qtbot.waitUntil(lambda: w.kv is not None and w.kv.n_cells_used == 0, timeout=WAIT_MS)
-    assert w.kv.n_conversions == 2  # the engine's own count goes on
+    assert w.kv.n_steps == 2  # the engine's own count goes on
     assert w.memory_panel.conversion_label.text() == "none yet"
     chat(qtbot, w, "A new chat")
     with qtbot.waitSignal(w.converted, timeout=WAIT_MS):
@@ -108,8 +108,8 @@ def _stepping_down_first(fake: FakeSession, method: str, to: Sequence[KvPhase]) 
     def stepping(*args: object, **kwargs: object) -> object:
         for target in to:
             assert fake._listener is not None
-            for stage in (ConversionStage.START, ConversionStage.END):
-                fake._listener(ConversionEvent(stage, int(stage is ConversionStage.END), 1, 0, 0.01, target))
+            for stage in (StepStage.START, StepStage.END):
+                fake._listener(StepEvent(stage, int(stage is StepStage.END), 1, 0, 0.01, target))
         result = original(*args, **kwargs)
         fake._kv.phase = fake._kv.target = to[-1]
         return result
@@ -170,7 +170,7 @@ def test_with_the_real_engine_a_relaunch_resumes_with_true_lines_and_compacted_p
     first.chat.new_chat()
     settle(qtbot, first)
     qtbot.waitUntil(lambda: first.kv is not None and first.kv.n_cells_used == 0, timeout=WAIT_MS)
-    assert first.kv.n_conversions == 1 and first.memory_panel.conversion_label.text() == "none yet"
+    assert first.kv.n_steps == 1 and first.memory_panel.conversion_label.text() == "none yet"
     first.close()
 
     w = open_window(qtbot, smollm2_path, kv_mode="lazy", snapshot_encryption="none")

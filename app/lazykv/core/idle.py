@@ -12,6 +12,6 @@ IDLE_FILL = 0.9  # the rung in use (the f16 view, a ladder's 8-bit rung) is at l
 IDLE_DELAY_S = 2.0  # and the engine has been idle this long
 
 
-def wants_idle_conversion(status: KvStatus | None) -> bool:
+def wants_idle_step(status: KvStatus | None) -> bool:
     """True when a lazy cache below its last rung is full enough that the next reply would likely convert."""
     return status is not None and status.next_rung is not None and status.fill >= IDLE_FILL

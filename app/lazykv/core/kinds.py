@@ -117,7 +117,7 @@ PHASE_WORDS = {  # (in words, as the memory panel names it)
 }
 
 
-class ConversionStage(StrEnum):
+class StepStage(StrEnum):
     START = "start"
     PROGRESS = "progress"
     END = "end"

@@ -20,26 +20,26 @@ from PySide6.QtWidgets import (
 from lazykv.core.chat import turns
 from lazykv.core.chat.conversation import Conversation
 from lazykv.core.chat.turns import PendingReply
-from lazykv.core.engine.types import ConversionEvent, KvStatus, ModelInfo, ReplyResult, SamplingSettings
+from lazykv.core.engine.types import KvStatus, ModelInfo, ReplyResult, SamplingSettings, StepEvent
 from lazykv.core.history.persistence import OpenHow, OpenResult
-from lazykv.core.idle import wants_idle_conversion
-from lazykv.core.kinds import ContextFullPolicy, ConversionStage, FinishReason, KvPhase
+from lazykv.core.idle import wants_idle_step
+from lazykv.core.kinds import ContextFullPolicy, FinishReason, KvPhase, StepStage
 from lazykv.core.settings import Settings
 from lazykv.qt.chat_input import ChatInput
 from lazykv.qt.context_meter import ContextMeter
 from lazykv.qt.conversations_panel import ConversationsPanel
-from lazykv.qt.conversion_banner import ConversionBanner, compacted_text, marker_label
 from lazykv.qt.elided_label import StatusBar
 from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.operations import EngineClient
 from lazykv.qt.reply_stats import ReplyClock
+from lazykv.qt.step_banner import StepBanner, compacted_text, marker_label
 from lazykv.qt.transcript import TranscriptView
 from lazykv.qt.ui_state import UiState
 from lazykv.qt.worker import (
-    Convert,
     Failure,
     Reply,
     ReplyOptions,
+    Step,
     SyncKv,
 )
 
@@ -56,7 +56,7 @@ class ChatFlowHost(Protocol):
     model_info: ModelInfo | None
     kv: KvStatus | None  # the engine's last word on the KV cache
     transcript: TranscriptView
-    banner: ConversionBanner
+    banner: StepBanner
     system_edit: QLineEdit
     input: ChatInput
     edit_bar: QFrame
@@ -90,7 +90,7 @@ class ChatFlow(QObject):
     reply_finished = Signal(object)  # ReplyResult, after the window showed it
     reply_failed = Signal(object)  # Failure, after the turn was taken back
     converted = Signal(bool)  # an idle/manual conversion answered (after the window showed it)
-    conversion_shown = Signal(object)  # ConversionEvent, after the window showed it
+    step_shown = Signal(object)  # StepEvent, after the window showed it
 
     def __init__(self, host: ChatFlowHost, idle_delay_ms: int, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -104,7 +104,7 @@ class ChatFlow(QObject):
         self._drop_oldest_once = False  # the next reply drops the oldest turns to fit (a retry)
         self._conversion_from: KvStatus | None = None  # the cache's status when a conversion started
         # the cache's steps while the chat on screen is resumed, with its status before each
-        self._resume_steps: tuple[tuple[ConversionEvent, KvStatus | None], ...] = ()
+        self._resume_steps: tuple[tuple[StepEvent, KvStatus | None], ...] = ()
         self.idle_timer = QTimer(self)  # idle time before compacting a nearly full lazy cache
         self.idle_timer.setSingleShot(True)
         self.idle_timer.setInterval(idle_delay_ms)
@@ -442,7 +442,7 @@ class ChatFlow(QObject):
 
     def convert_now(self) -> None:
         if self.host.model_info is not None and self.host.model_info.kv_mode.is_lazy:
-            self.host.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
+            self.host.engine.submit(Step(), self._on_stepped, self._on_step_failed)
 
     def _next_rung(self) -> KvPhase | None:
         """The rung a compaction would go to, if any."""
@@ -467,43 +467,43 @@ class ChatFlow(QObject):
 
     def _compacting(self) -> bool:
         """A compaction (manual or idle) is on its way to the engine."""
-        return any(isinstance(r, Convert) for r in self.host.engine.pending())
+        return any(isinstance(r, Step) for r in self.host.engine.pending())
 
     def _convert_while_idle(self) -> None:
-        wanted = (wants_idle_conversion(self.host.kv) and self.host.setting("idle_conversion")
+        wanted = (wants_idle_step(self.host.kv) and self.host.setting("idle_conversion")
                   and not self._compacting())
         if self.host.state is UiState.READY and wanted:
             self.host.statusBar().showMessage("Compacting context memory while idle…", 3000)
-            self.host.engine.submit(Convert(), self._on_converted, self._on_convert_failed)
+            self.host.engine.submit(Step(), self._on_stepped, self._on_step_failed)
 
     def maybe_schedule_idle_conversion(self) -> None:
         if (self.host.state is UiState.READY and self.host.setting("idle_conversion")
-                and wants_idle_conversion(self.host.kv) and not self.idle_timer.isActive()):
+                and wants_idle_step(self.host.kv) and not self.idle_timer.isActive()):
             self.idle_timer.start()
 
-    def _on_converted(self, converted: bool) -> None:
+    def _on_stepped(self, converted: bool) -> None:
         self.converted.emit(converted)
 
-    def _on_convert_failed(self, failure: Failure) -> None:
+    def _on_step_failed(self, failure: Failure) -> None:
         """An idle or manual conversion failed: said as such; the conversation is not touched."""
         if not failure.cancelled:
             self.host.show_error("Compacting the context memory failed", failure.message, failure.details)
 
     @Slot(object)
-    def show_conversion(self, event: ConversionEvent) -> None:
+    def show_step(self, event: StepEvent) -> None:
         """A conversion of the KV cache began or ended (the worker's signal, queued to this thread)."""
         self.host.banner.on_event(event)
-        if event.stage is ConversionStage.START:
+        if event.stage is StepStage.START:
             self._conversion_from = self.host.kv  # the rung it leaves, for the marker at its end
-        if event.stage is ConversionStage.START and self.host.kv is not None:
+        if event.stage is StepStage.START and self.host.kv is not None:
             converting = replace(self.host.kv, phase=KvPhase.CONVERTING, n_cells_used=event.n_cells,
                                  target=event.target)
             self.host.memory_panel.set_status(converting)
             self.host.context_meter.set_status(converting)
-        if event.stage is ConversionStage.END and self.resuming:  # said once it is known how it resumed
+        if event.stage is StepStage.END and self.resuming:  # said once it is known how it resumed
             self._resume_steps = (*self._resume_steps, (event, self._conversion_from))
             self.host.statusBar().showMessage(compacted_text(event), 10_000)
-        elif event.stage is ConversionStage.END:
+        elif event.stage is StepStage.END:
             in_reply = self.host.state is UiState.REPLYING and bool(self._replying.text)
             reading = self.host.state is not UiState.READY and not in_reply  # a prompt or a transcript
             label = marker_label(event, during_reply=in_reply,
@@ -515,7 +515,7 @@ class ChatFlow(QObject):
             before_reply = self.host.state is UiState.REPLYING and not in_reply
             self.host.transcript.mark_here(label, before_reply=before_reply)
             self.host.statusBar().showMessage(compacted_text(event), 10_000)
-        self.conversion_shown.emit(event)
+        self.step_shown.emit(event)
 
     # -- resuming a saved chat's context memory ---------------------------------------------
 

@@ -39,7 +39,6 @@ from lazykv.qt.chat_input import ChatInput
 from lazykv.qt.context_meter import ContextMeter
 from lazykv.qt.conversations import ERASE_MS, UNDO_MS, Conversations
 from lazykv.qt.conversations_panel import ConversationsPanel
-from lazykv.qt.conversion_banner import ConversionBanner
 from lazykv.qt.elided_label import ElidedLabel, StatusBar
 from lazykv.qt.local_server import LOCAL_SERVER_SETTINGS, LocalServerSwitch
 from lazykv.qt.memory_panel import MemoryPanel
@@ -48,6 +47,7 @@ from lazykv.qt.notice_banner import NoticeBanner, wrap_without_widening
 from lazykv.qt.operations import EngineClient, Operations
 from lazykv.qt.settings_dialog import SettingsDialog
 from lazykv.qt.shortcuts_dialog import ShortcutsDialog
+from lazykv.qt.step_banner import StepBanner
 from lazykv.qt.transcript import TranscriptView
 from lazykv.qt.ui_state import APP_TITLE, UiState
 from lazykv.qt.window_close import Closing
@@ -95,7 +95,7 @@ class MainWindow(QMainWindow):
     reply_finished = Signal(object)  # ReplyResult, after the window showed it
     reply_failed = Signal(object)  # Failure, after the turn was taken back
     converted = Signal(bool)  # an idle/manual conversion answered (after the window showed it)
-    conversion_shown = Signal(object)  # ConversionEvent, after the window showed it
+    step_shown = Signal(object)  # StepEvent, after the window showed it
     shutdown_requested = Signal()  # to the worker: free the model, end the thread
 
     def __init__(
@@ -123,7 +123,7 @@ class MainWindow(QMainWindow):
         for signal, forwarded in ((self.chat.reply_finished, self.reply_finished),
                                   (self.chat.reply_failed, self.reply_failed),
                                   (self.chat.converted, self.converted),
-                                  (self.chat.conversion_shown, self.conversion_shown),
+                                  (self.chat.step_shown, self.step_shown),
                                   (self.loading.model_loaded, self.model_loaded)):
             signal.connect(forwarded)
         self.ops = Operations(self)
@@ -214,7 +214,7 @@ class MainWindow(QMainWindow):
         self.transcript.edit_requested.connect(self.chat.edit_message)
         self.transcript.regenerate_requested.connect(self.chat.regenerate)
         self.transcript.code_copied.connect(lambda: self.statusBar().showMessage("Code copied", 3000))
-        self.banner = ConversionBanner()
+        self.banner = StepBanner()
         self.banner.stop_requested.connect(lambda: self.conversations.cancel_resume())
         self.keyring_notice = NoticeBanner("keyring-banner")
         self.history_notice = NoticeBanner("history-banner")
@@ -350,7 +350,7 @@ class MainWindow(QMainWindow):
         self._thread.finished.connect(self._worker.deleteLater)
         self.shutdown_requested.connect(self._worker.shutdown)
         self._worker.kv_status.connect(self._on_kv_status)
-        self._worker.conversion.connect(self.chat.show_conversion)
+        self._worker.conversion.connect(self.chat.show_step)
         self.engine = EngineClient(self._worker, self.ops, self)
         self.engine.unhandled.connect(self._on_unhandled_failure)
         self._thread.start()

@@ -116,7 +116,7 @@ class MemoryPanel(QWidget):
 
     def new_chat(self) -> None:
         """Another chat is on screen from now on: "Compacted" counts its own steps only."""
-        self._conversions_before = self.status.n_conversions if self.status is not None else 0
+        self._conversions_before = self.status.n_steps if self.status is not None else 0
         if self.status is not None:
             self._show_conversions(self.status)
 
@@ -144,11 +144,11 @@ class MemoryPanel(QWidget):
         self._show_conversions(status)
 
     def _show_conversions(self, status: KvStatus) -> None:
-        if status.n_conversions < self._conversions_before:  # a context made since (a model loaded)
+        if status.n_steps < self._conversions_before:  # a context made since (a model loaded)
             self._conversions_before = 0
-        n = status.n_conversions - self._conversions_before
+        n = status.n_steps - self._conversions_before
         if n:
-            self.conversion_label.setText(f"{n}× (last {1000 * status.last_conversion_s:.0f} ms)")
+            self.conversion_label.setText(f"{n}× (last {1000 * status.last_step_s:.0f} ms)")
         elif not status.kv_mode.is_lazy:
             self.conversion_label.setText("not a lazy cache")
         else:

@@ -21,14 +21,14 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.load_spec import LoadSpec
-from lazykv.core.engine.types import CancelledError, ConversionEvent, ReplyResult, SamplingSettings
+from lazykv.core.engine.types import CancelledError, ReplyResult, SamplingSettings, StepEvent
 from lazykv.core.errors import ContextFullError, EngineError
 from lazykv.core.history.keys import KeyringUnavailableError, PassphraseError
 from lazykv.core.history.persistence import Crypto, Persistence
 from lazykv.core.history.records import StoreError
 from lazykv.core.history.snapshot import SnapshotError
 from lazykv.core.history.store import Database
-from lazykv.core.kinds import ContextFullPolicy, ConversionStage
+from lazykv.core.kinds import ContextFullPolicy, StepStage
 from lazykv.core.paths import fingerprints_file
 
 STATUS_INTERVAL_S = 0.1  # kv_status while streaming, at most this often
@@ -69,7 +69,7 @@ class Reply(Request):
 
 
 @dataclass(eq=False)
-class Convert(Request):
+class Step(Request):
     """Compact a lazy cache now (idle time); answers whether anything was converted."""
 
     what: ClassVar[str] = "Compacting the context memory"
@@ -160,20 +160,20 @@ class EngineWorker(QObject):
     failed = Signal(object, object)  # Request, Failure
     progress = Signal(object, object)  # Request, a reply's piece of text | (done, total) tokens re-read
     kv_status = Signal(object)  # KvStatus, after each request and while streaming
-    conversion = Signal(object)  # ConversionEvent, also when a conversion happens inside a reply
+    conversion = Signal(object)  # StepEvent, also when a conversion happens inside a reply
     _queued = Signal(object)
 
     def __init__(self, database: Database, session: EngineSession | None = None) -> None:
         super().__init__()
         self._session = session if session is not None else EngineSession()
-        self._session.set_conversion_listener(self._on_conversion)
+        self._session.set_step_listener(self._on_step)
         # owns the snapshot crypto (None: snapshots are not saved, no key kept); the database is the
         # process's one (the window's)
         self._persistence = Persistence(database, self._session, fingerprints_file())
         self._closing = threading.Event()
         self._running: Request | None = None
         self._handlers: dict[type[Request], Callable[[Any], Any]] = {
-            LoadModel: self._load, Reply: self._reply, Convert: self._convert, SetCrypto: self._set_crypto,
+            LoadModel: self._load, Reply: self._reply, Step: self._convert, SetCrypto: self._set_crypto,
             SaveSnapshot: self._save_snapshot, OpenConversation: self._open, ClearKv: self._clear_kv,
             SyncKv: self._sync_kv,
             Borrow: self._borrow,
@@ -239,8 +239,8 @@ class EngineWorker(QObject):
                 last_status = now
                 self._emit_status()
 
-    def _convert(self, request: Convert) -> bool:
-        return self._session.convert_kv_now()
+    def _convert(self, request: Step) -> bool:
+        return self._session.step_kv_now()
 
     def _clear_kv(self, request: ClearKv) -> None:
         self._session.clear_kv()
@@ -287,9 +287,9 @@ class EngineWorker(QObject):
         except EngineError:
             pass  # no model loaded: nothing to show
 
-    def _on_conversion(self, event: ConversionEvent) -> None:
+    def _on_step(self, event: StepEvent) -> None:
         self.conversion.emit(event)
-        if event.stage is ConversionStage.END:
+        if event.stage is StepStage.END:
             self._emit_status()
 
 

@@ -35,7 +35,6 @@ from lazykv.core.engine.model_meta import KvSupport
 from lazykv.core.engine.planner import AUTO
 from lazykv.core.engine.types import (
     CancelledError,
-    ConversionEvent,
     KvLayout,
     KvModeError,
     KvRestoreError,
@@ -47,13 +46,14 @@ from lazykv.core.engine.types import (
     PromptError,
     ReplyResult,
     SamplingSettings,
+    StepEvent,
 )
 from lazykv.core.errors import EngineError
 from lazykv.core.kinds import (
     ContextFullPolicy,
-    ConversionStage,
     FinishReason,
     KvPhase,
+    StepStage,
 )
 
 HEAD_MESSAGES = 64  # a re-read formats this many messages first, then twice as many while they fall short
@@ -78,8 +78,8 @@ class EngineSession:
         self._llama: llama_cpp.Llama | None = None
         self._info: ModelInfo | None = None
         self._formatter: _ChatFormat | None = None
-        self._on_conversion: Callable[[ConversionEvent], None] | None = None
-        self._conversion_cells = 0
+        self._on_step: Callable[[StepEvent], None] | None = None
+        self._step_cells = 0
         self._last_prompt: tuple[object, tuple[list[int], list[str]]] | None = None
         self._abort: AbortWatch | None = None
         self._cancel: threading.Event | None = None  # the token of the request running (see cancellable)
@@ -155,7 +155,7 @@ class EngineSession:
         self._formatter, self._last_prompt = chat_format, None
         self._abort = AbortWatch(llama.ctx, lambda: self._cancel)
         if kv_mode.is_lazy:
-            llama.set_kv_lazy_progress_callback(self._conversion_progress)
+            llama.set_kv_lazy_progress_callback(self._step_progress)
         return info
 
     @contextmanager
@@ -173,9 +173,9 @@ class EngineSession:
             raise NoModelError("no model is loaded")
         return self._info
 
-    def set_conversion_listener(self, fn: Callable[[ConversionEvent], None] | None) -> None:
+    def set_step_listener(self, fn: Callable[[StepEvent], None] | None) -> None:
         """``fn`` is called on the decoding thread at the start, progress and end of each conversion."""
-        self._on_conversion = fn
+        self._on_step = fn
 
     def kv_status(self) -> KvStatus:
         llama, info = self._require()
@@ -190,14 +190,14 @@ class EngineSession:
             n_cells_capacity=lazy.n_cells_capacity,
             n_cells_total=lazy.n_cells_total,
             kv_bytes=lazy.kv_bytes,
-            n_conversions=lazy.n_conversions,
-            last_conversion_s=lazy.last_conversion_s,
+            n_steps=lazy.n_conversions,
+            last_step_s=lazy.last_conversion_s,
             rungs=tuple(KvPhase(rung) for rung in lazy.rungs),
             n_cells_next=lazy.n_cells_next,
             target=KvPhase(lazy.target) if lazy.target else None,
         )
 
-    def convert_kv_now(self) -> bool:
+    def step_kv_now(self) -> bool:
         """Compact a lazy cache one step now (to 8-bit, then on a ladder to 4-bit), e.g. while the user
         reads; False if there was nothing to do (the last rung, or an empty cache)."""
         llama, info = self._require()
@@ -539,24 +539,24 @@ class EngineSession:
         self._last_prompt = (key, (tokens, stop))
         return tokens, stop
 
-    def _conversion_progress(self, lazy: llama_cpp.KvLazyInfo) -> None:
+    def _step_progress(self, lazy: llama_cpp.KvLazyInfo) -> None:
         if lazy.phase == KvPhase.CONVERTING and lazy.progress_done == 0:
-            self._conversion_cells = lazy.n_cells_used
-            stage = ConversionStage.START
+            self._step_cells = lazy.n_cells_used
+            stage = StepStage.START
         elif lazy.phase == KvPhase.CONVERTING:
-            stage = ConversionStage.PROGRESS
+            stage = StepStage.PROGRESS
         else:
-            stage = ConversionStage.END
-        event = ConversionEvent(
+            stage = StepStage.END
+        event = StepEvent(
             stage=stage,
             done=lazy.progress_done,
             total=lazy.progress_total,
-            n_cells=self._conversion_cells,
-            duration_s=lazy.last_conversion_s if stage is ConversionStage.END else 0.0,
+            n_cells=self._step_cells,
+            duration_s=lazy.last_conversion_s if stage is StepStage.END else 0.0,
             target=KvPhase(lazy.target) if lazy.target else KvPhase.Q8_0,
         )
-        if self._on_conversion is not None:
-            self._on_conversion(event)
+        if self._on_step is not None:
+            self._on_step(event)
 
 
 class _ChatFormat:

@@ -13,10 +13,10 @@ from lazykv.core.engine.planner import Device, Plan
 from lazykv.core.engine.remote import Unreachable
 from lazykv.core.errors import EngineError
 from lazykv.core.kinds import (
-    ConversionStage,
     FinishReason,
     KvMode,
     KvPhase,
+    StepStage,
 )
 
 if TYPE_CHECKING:  # chat_template reaches llama_cpp, which these records need not load
@@ -111,8 +111,8 @@ class KvStatus:
     n_cells_capacity: int  # cells the current storage holds (the f16 view while lazy is in f16)
     n_cells_total: int  # cells of the cache (as q8_0 for a lazy cache, as q4_0 for the ladder)
     kv_bytes: int  # allocated for K and V
-    n_conversions: int = 0
-    last_conversion_s: float = 0.0
+    n_steps: int = 0
+    last_step_s: float = 0.0
     rungs: tuple[KvPhase, ...] = ()  # a lazy cache's steps in order (f16, q8_0[, q4_0]); () when plain
     n_cells_next: int = 0  # cells the next rung holds (== n_cells_capacity on the last; 0 when plain)
     target: KvPhase | None = None  # the rung being converted to, else the last one converted to
@@ -136,10 +136,10 @@ class KvStatus:
 
 
 @dataclass(frozen=True)
-class ConversionEvent:
+class StepEvent:
     """A lazy cache compacting one step (to ``target``): ``start``, ``progress`` per tensor, ``end``."""
 
-    stage: ConversionStage
+    stage: StepStage
     done: int
     total: int
     n_cells: int  # cells (token positions) in use when it started

@@ -6,21 +6,21 @@ from __future__ import annotations
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy, QWidget
 
-from lazykv.core.engine.types import ConversionEvent, KvStatus
-from lazykv.core.kinds import ConversionStage
+from lazykv.core.engine.types import KvStatus, StepEvent
+from lazykv.core.kinds import StepStage
 from lazykv.qt.notice_banner import Banner
 
 BAR_MAX_WIDTH, BAR_MIN_WIDTH = 220, 60  # px: the progress bar's
 SHOW_DONE_MS = 2500  # the finished note stays this long (a conversion itself often takes < 100 ms)
 
 
-def compacted_text(event: ConversionEvent) -> str:
+def compacted_text(event: StepEvent) -> str:
     """The one sentence for a finished conversion step (banner and status bar)."""
     return (f"Context memory compacted to {event.target.words} in {1000 * event.duration_s:.0f} ms at token "
             f"{event.n_cells}")
 
 
-def marker_label(event: ConversionEvent, during_reply: bool = False, before: KvStatus | None = None) -> str:
+def marker_label(event: StepEvent, during_reply: bool = False, before: KvStatus | None = None) -> str:
     """The line the transcript shows where the cache went a step down (to 8-bit, to 4-bit): under the
     message it followed, or under the reply it happened in. ``before``: the cache's status before a
     step taken while text was read; taken before the rung in use was full, it means that what was
@@ -36,7 +36,7 @@ def marker_label(event: ConversionEvent, during_reply: bool = False, before: KvS
     return f"Context compacted to {event.target.words} {where} (at token {event.n_cells})"
 
 
-class ConversionBanner(Banner):
+class StepBanner(Banner):
     """Progress of a long engine task; ``stop_requested`` when its Stop button is pressed (only shown
     for tasks that can stop: re-reading a conversation)."""
 
@@ -101,12 +101,12 @@ class ConversionBanner(Banner):
         self.details_button.hide()
         self.hide()
 
-    def on_event(self, event: ConversionEvent) -> None:
+    def on_event(self, event: StepEvent) -> None:
         self.stop_button.hide()
         self.details_button.hide()
         self.bar.show()
         percent = round(100 * event.fraction)
-        if event.stage is ConversionStage.END:
+        if event.stage is StepStage.END:
             self.bar.setValue(100)
             self.label.setText(compacted_text(event))
             self._hide_timer.start(SHOW_DONE_MS)
