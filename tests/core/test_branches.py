@@ -31,7 +31,8 @@ def transcript(n_turns: int, words: int = 40) -> list[dict[str, str]]:
     for i in range(n_turns):
         topic = TOPICS[i % len(TOPICS)]
         out.append({"role": "user", "content": f"Tell me about {topic}, please ({i})."})
-        out.append({"role": "assistant", "content": " ".join(f"{topic} need care {j}." for j in range(words))})
+        text = " ".join(f"{topic} need care {j}." for j in range(words))
+        out.append({"role": "assistant", "content": text})
     return out
 
 
