@@ -1,5 +1,5 @@
 """The ladder (f16 -> q8_0 -> q4_0) through EngineSession on the real engine: its steps as KvStatus and
-ConversionEvents, a conversation that fills each step and keeps answering, compacting one step at a time,
+StepEvents, a conversation that fills each rung and keeps answering, compacting one step at a time,
 a context chosen by memory, and which saved steps restore where (issue 14)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ LADDER = (KvPhase.F16, KvPhase.Q8_0, KvPhase.Q4_0)
 
 
 def _targets(events: list[StepEvent]) -> list[KvPhase]:
-    """The step each conversion went to, once per conversion."""
+    """The rung each step went to, once per step."""
     return [e.target for e in events if e.stage is StepStage.END]
 
 
@@ -35,7 +35,7 @@ def test_a_ladder_conversation_fills_each_step_and_keeps_answering(model_path: P
         assert (empty.rungs, empty.phase, empty.next_rung) == (LADDER, KvPhase.F16, KvPhase.Q8_0)
         assert (empty.n_cells_capacity, empty.n_cells_next, empty.n_cells_total) == (256, 512, 1024)
 
-        conversation = [{"role": "user", "content": MEDIUM}]  # crosses the 16-bit step
+        conversation = [{"role": "user", "content": MEDIUM}]  # crosses the 16-bit rung
         text, _ = reply(s, conversation)
         assert text.strip() and _targets(events) == [KvPhase.Q8_0]
         middle = s.kv_status()
@@ -44,7 +44,7 @@ def test_a_ladder_conversation_fills_each_step_and_keeps_answering(model_path: P
         assert 256 < middle.n_cells_used < 512
 
         conversation += [{"role": "assistant", "content": text}, {"role": "user", "content": MEDIUM}]
-        text, reused = reply(s, conversation)  # crosses the 8-bit step
+        text, reused = reply(s, conversation)  # crosses the 8-bit rung
         assert text.strip() and reused >= middle.n_cells_used - 1
         assert _targets(events) == [KvPhase.Q8_0, KvPhase.Q4_0]
         last = s.kv_status()
@@ -54,8 +54,8 @@ def test_a_ladder_conversation_fills_each_step_and_keeps_answering(model_path: P
         assert last.kv_bytes == empty.kv_bytes  # each step converts in place
         starts = [e for e in events if e.stage is StepStage.START]
         assert [e.target for e in starts] == [KvPhase.Q8_0, KvPhase.Q4_0]
-        assert starts[1].n_cells == middle.n_cells_used  # the step took what the 8-bit step held
-        assert not s.step_kv_now()  # the last step: nothing left to compact
+        assert starts[1].n_cells == middle.n_cells_used  # the step took what the 8-bit rung held
+        assert not s.step_kv_now()  # the last rung: nothing left to compact
         s.clear_kv()
         emptied = s.kv_status()
         assert (emptied.phase, emptied.n_cells_capacity) == (KvPhase.F16, 256)  # emptied: 16-bit again
@@ -64,8 +64,8 @@ def test_a_ladder_conversation_fills_each_step_and_keeps_answering(model_path: P
 
 
 def _two_turns(model: Path, second: str, compact_between: bool) -> tuple[str, KvPhase]:
-    """A list of 70 items (~380 tokens: past the 16-bit step), its reply, then ``second`` (past the 8-bit
-    step); the last reply and the step it ended on."""
+    """A list of 70 items (~380 tokens: past the 16-bit rung), its reply, then ``second`` (past the 8-bit
+    rung); the last reply and the rung it ended on."""
     s = EngineSession()
     try:
         s.load(LoadSpec(model, n_ctx=N_CTX, kv_mode=KvMode.LADDER, kv_recent=0))
@@ -84,12 +84,12 @@ def _items(n: int) -> str:
     return "Here is a list: " + ", ".join(f"item {i}" for i in range(n)) + ". Which item comes first?"
 
 
-@pytest.mark.parametrize("n_items", [30, 45, 60])  # the 8-bit step (512 cells) crossed at ~560, ~640, ~720
+@pytest.mark.parametrize("n_items", [30, 45, 60])  # the 8-bit rung (512 cells) crossed at ~560, ~640, ~720
 def test_the_step_a_prompt_takes_answers_as_the_step_taken_just_before_it(
     smollm2_path: Path, n_items: int
 ) -> None:
-    """Crossing the 8-bit step while a prompt is read converts the cells in place, then reads the prompt on
-    the 4-bit step: the same cells and the same graph as compacting just before the prompt, so the same
+    """Crossing the 8-bit rung while a prompt is read converts the cells in place, then reads the prompt on
+    the 4-bit rung: the same cells and the same graph as compacting just before the prompt, so the same
     greedy reply (a sensible one: not empty, not from non-finite logits)."""
     inside, before = (_two_turns(smollm2_path, _items(n_items), compact) for compact in (False, True))
     assert before[1] is inside[1] is KvPhase.Q4_0 and before[0].strip()
@@ -161,9 +161,9 @@ def test_a_budget_below_the_smallest_context_is_refused_and_the_model_stays(smol
         s.close()
 
 
-SAVED_AT = {KvPhase.F16: SHORT, KvPhase.Q8_0: MEDIUM, KvPhase.Q4_0: LONG}  # LONG skips the 8-bit step
-# which saved step of a ladder each KV mode (loaded fresh) takes back: f16 rows convert on the way in,
-# a lazy cache first steps down to a step that reads the cells, 4-bit cells only go into the ladder
+SAVED_AT = {KvPhase.F16: SHORT, KvPhase.Q8_0: MEDIUM, KvPhase.Q4_0: LONG}  # LONG skips the 8-bit rung
+# which saved rung of a ladder each KV mode (loaded fresh) takes back: f16 rows convert on the way in,
+# a lazy cache first steps down to a rung that reads the cells, 4-bit cells only go into the ladder
 RESTORES = {
     KvPhase.F16: {KvMode.F16, KvMode.Q8_0, KvMode.LAZY, KvMode.LADDER},
     KvPhase.Q8_0: {KvMode.Q8_0, KvMode.LAZY, KvMode.LADDER},
@@ -171,23 +171,23 @@ RESTORES = {
 }
 
 
-@pytest.mark.parametrize("step", list(SAVED_AT))
-def test_each_saved_step_restores_where_the_app_says_it_does(smollm2_path: Path, step: KvPhase) -> None:
+@pytest.mark.parametrize("rung", list(SAVED_AT))
+def test_each_saved_rung_restores_where_the_app_says_it_does(smollm2_path: Path, rung: KvPhase) -> None:
     """The engine's check (EngineSession.kv_refusal, which changes nothing) and its restore agree, per KV
     mode, with the matrix the app documents."""
     a = EngineSession()
     a.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER, kv_recent=0))
-    conversation = first_turn(a, SAVED_AT[step])
+    conversation = first_turn(a, SAVED_AT[rung])
     saved = a.capture_kv()
     expected, _ = reply(a, conversation)
     a.close()
-    assert saved.layout.lazy_phase == step and saved.layout.type_k == step
+    assert saved.layout.lazy_phase == rung and saved.layout.type_k == rung
     for kv_mode in KvMode:
         b = EngineSession()
         try:
             b.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=kv_mode, kv_recent=0))
             refusal = b.kv_refusal(saved.tokens, saved.state)
-            assert (refusal is None) == (kv_mode in RESTORES[step]), (kv_mode, refusal)
+            assert (refusal is None) == (kv_mode in RESTORES[rung]), (kv_mode, refusal)
             if refusal is not None:
                 assert "mismatch" in refusal, refusal
                 with pytest.raises(KvRestoreError, match="mismatch"):
@@ -197,26 +197,26 @@ def test_each_saved_step_restores_where_the_app_says_it_does(smollm2_path: Path,
             got, reused = reply(b, conversation)
             assert reused >= len(saved.tokens) - 1 and got.strip()
             if kv_mode is KvMode.LADDER:
-                assert b.kv_status().phase is step and got == expected  # the same cells: the same reply
+                assert b.kv_status().phase is rung and got == expected  # the same cells: the same reply
         finally:
             b.close()
 
 
-@pytest.mark.parametrize("step", [KvPhase.F16, KvPhase.Q8_0])
-def test_a_compact_snapshot_resumes_on_the_4bit_step(smollm2_path: Path, step: KvPhase) -> None:
+@pytest.mark.parametrize("rung", [KvPhase.F16, KvPhase.Q8_0])
+def test_a_compact_snapshot_resumes_on_the_4bit_rung(smollm2_path: Path, rung: KvPhase) -> None:
     """The "compact snapshots" setting: a ladder still on 16- or 8-bit saves 4-bit cells (a smaller state, a
-    4-bit layout in the header), its own cache unchanged; the snapshot resumes on the 4-bit step and answers
+    4-bit layout in the header), its own cache unchanged; the snapshot resumes on the 4-bit rung and answers
     as the same ladder compacted to 4-bit just before saving would."""
     a = EngineSession()
     try:
         a.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=KvMode.LADDER, kv_recent=0))
-        conversation = first_turn(a, SAVED_AT[step])
-        assert a.kv_status().phase is step
+        conversation = first_turn(a, SAVED_AT[rung])
+        assert a.kv_status().phase is rung
         full, compact = a.capture_kv(), a.capture_kv(compact=True)
-        assert a.kv_status().phase is step
+        assert a.kv_status().phase is rung
         assert (compact.layout.type_k, compact.layout.lazy_phase) == ("q4_0", "q4_0")
-        assert (full.layout.type_k, full.layout.lazy_phase) == (step, step)
-        assert len(compact.state) < len(full.state) * (0.35 if step is KvPhase.F16 else 0.6)
+        assert (full.layout.type_k, full.layout.lazy_phase) == (rung, rung)
+        assert len(compact.state) < len(full.state) * (0.35 if rung is KvPhase.F16 else 0.6)
         llama, _ = a._require()
         assert llama.kv_lazy_convert("q4_0")  # the one step the compact snapshot's cells took
         expected, _ = reply(a, conversation)

@@ -64,7 +64,8 @@ class LoadSpec:
 
     @property
     def recent(self) -> int:
-        """The recent window the cache keeps: only a lazy mode has one (the planner's figures know it)."""
+        """The recent window the cache keeps: only a lazy mode has one (a plan records it; the figures per
+        KV mode, ``context`` and ``max_ctx_per_mode``, take ``kv_recent`` for the lazy modes among them)."""
         return self.kv_recent if self.kv_mode.is_lazy else 0
 
     @property
@@ -92,13 +93,13 @@ class LoadSpec:
         """The memory plan of ``meta`` loaded with this spec on ``devices`` (the RPC servers' first)."""
         n_ctx = self.context(meta).n_ctx if n_ctx is None else n_ctx
         return planner.plan(meta, n_ctx, self.kv_mode, devices, self.layers(meta, devices),
-                            self.gpu_memory_limit, available, self.kv_recent)
+                            self.gpu_memory_limit, available, self.recent)
 
     def estimate(self, meta: ModelMeta, gpus: Sequence[Device] = (),
                  available: int | None = None) -> Estimate:
         """``plan``'s host-and-remote summary, as the settings and the memory panel show it."""
         return planner.estimate(meta, self.context(meta).n_ctx, self.kv_mode, available, self.offload, gpus,
-                                self.gpu_layers, self.gpu_memory_limit, self.kv_recent)
+                                self.gpu_layers, self.gpu_memory_limit, self.recent)
 
     def max_ctx_per_mode(self, meta: ModelMeta, devices: Sequence[Device] = (),
                          available: int | None = None) -> dict[KvMode, int]:
