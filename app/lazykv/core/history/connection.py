@@ -30,7 +30,7 @@ from lazykv.core.history.records import (
 )
 from lazykv.core.paths import DB_FILE, PRIVATE_FILE, SNAPSHOTS_DIR, data_dir, private_dir, restrict
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 DB_KEY_BYTES = 32
 _PLAIN_HEADER = b"SQLite format 3\x00"
 
@@ -142,6 +142,16 @@ CREATE TABLE snapshot_pieces (
 CREATE INDEX snapshot_pieces_address ON snapshot_pieces(address);
 """
 
+# v7: a branch names its parent by uid (a deleted parent leaves the link, said as gone; an undone delete or
+# an import of the parent finds it again), the parent's title when it was made, and how many of the
+# parent's messages it began with; NULL for a conversation that is no branch
+_SCHEMA_V7 = """
+ALTER TABLE conversations ADD COLUMN parent_uid TEXT;
+ALTER TABLE conversations ADD COLUMN parent_title TEXT;
+ALTER TABLE conversations ADD COLUMN branch_at INTEGER;
+CREATE INDEX conversations_parent ON conversations(parent_uid);
+"""
+
 
 def _execute_script(db: sqlite3.Connection, script: str) -> None:
     """Run the statements of ``script`` one by one, inside the caller's transaction (unlike
@@ -164,6 +174,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     3: lambda db: _execute_script(db, _SCHEMA_V4),
     4: lambda db: _execute_script(db, _SCHEMA_V5),
     5: lambda db: _execute_script(db, _SCHEMA_V6),
+    6: lambda db: _execute_script(db, _SCHEMA_V7),
 }
 
 

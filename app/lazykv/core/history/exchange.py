@@ -7,22 +7,29 @@ what is wrong with it.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 from lazykv.core.history.records import (
-DEFAULT_TITLE,
-ConversationRecord,
-check_text,
-check_time,
-clean_title,
-settings_json,
-validate_message,
+    DEFAULT_TITLE,
+    BranchLink,
+    ConversationRecord,
+    check_text,
+    check_time,
+    clean_title,
+    settings_json,
+    validate_message,
 )
 
 EXPORT_FORMAT = "lazykv-conversation"
-EXPORT_VERSION = 1
-_EXPORT_FIELDS = {"format", "version", "title", "system_prompt", "settings", "messages", "created", "updated"}
+EXPORT_VERSION = 2  # 2: the conversation's uid, and a branch's parent (its uid, title, branch point)
+_EXPORT_FIELDS_V1 = {"format", "version", "title", "system_prompt", "settings", "messages", "created",
+                     "updated"}
+# each version's fields; its reader is ``parse_export`` (version 1: no uid, never a branch)
+_EXPORT_FIELDS = {1: _EXPORT_FIELDS_V1, 2: _EXPORT_FIELDS_V1 | {"uid", "parent"}}
+_PARENT_FIELDS = {"uid", "title", "at"}
+_UID = re.compile(r"[0-9a-f]{32}")
 
 
 def to_markdown(record: ConversationRecord) -> str:
@@ -48,6 +55,9 @@ def to_json(record: ConversationRecord) -> dict:
         "messages": record.messages,
         "created": record.created,
         "updated": record.updated,
+        "uid": record.uid,
+        "parent": None if record.branch is None else {
+            "uid": record.branch.parent_uid, "title": record.branch.parent_title, "at": record.branch.at},
     }
 
 
@@ -61,14 +71,16 @@ def parse_export(data: Any) -> dict:
             f"not a LazyKV conversation: format is {data.get('format')!r}, not {EXPORT_FORMAT!r}"
         )
     version = data.get("version")
-    if type(version) is not int or version != EXPORT_VERSION:
+    if type(version) is not int or version not in _EXPORT_FIELDS:
         raise ValueError(
-            f"unsupported conversation version {version!r} (this LazyKV Chat reads {EXPORT_VERSION})"
+            f"unsupported conversation version {version!r} (this LazyKV Chat reads "
+            f"{' and '.join(map(str, _EXPORT_FIELDS))})"
         )
-    unknown = sorted(set(data) - _EXPORT_FIELDS)
+    fields = _EXPORT_FIELDS[version]
+    unknown = sorted(set(data) - fields)
     if unknown:
         raise ValueError(f"unknown field(s) in the conversation: {', '.join(unknown)}")
-    missing = sorted(_EXPORT_FIELDS - set(data))
+    missing = sorted(fields - set(data))
     if missing:
         raise ValueError(f"missing field(s) in the conversation: {', '.join(missing)}")
     if not isinstance(data["messages"], list):
@@ -82,4 +94,26 @@ def parse_export(data: Any) -> dict:
         "messages": [validate_message(i, m) for i, m in enumerate(data["messages"])],
         "created": created,
         "updated": max(updated, created),
+        "uid": _uid("uid", data["uid"]) if version >= 2 else None,
+        "branch": _parent(data["parent"], len(data["messages"])) if version >= 2 else None,
     }
+
+
+def _uid(what: str, value: Any) -> str:
+    if not isinstance(value, str) or not _UID.fullmatch(value):
+        raise ValueError(f"{what} must be a conversation uid (32 hexadecimal digits), not {value!r}")
+    return value
+
+
+def _parent(value: Any, n_messages: int) -> BranchLink | None:
+    """A branch's parent as exported (None: the conversation is no branch)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != _PARENT_FIELDS:
+        raise ValueError("parent must be null or an object with the fields "
+                         f"{', '.join(sorted(_PARENT_FIELDS))}")
+    at = value["at"]
+    if type(at) is not int or not 0 <= at <= n_messages:
+        raise ValueError(f"parent: at must be the number of messages the branch began with (0 to "
+                         f"{n_messages}), not {at!r}")
+    return BranchLink(_uid("parent: uid", value["uid"]), clean_title(value["title"]), at)

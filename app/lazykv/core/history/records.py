@@ -104,6 +104,18 @@ class Deleted(OpChanges):
 
 
 @dataclass(frozen=True)
+class BranchLink:
+    """A branch's link to the conversation it was branched from: the parent's uid, its title when the
+    branch was made (what the branch says once the parent is gone), and how many of the parent's
+    messages the branch began with (it branched at message ``at``)."""
+
+    parent_uid: str
+    parent_title: str
+    at: int
+    parent_id: int | None = None  # the parent in this history now (None: deleted, or never imported)
+
+
+@dataclass(frozen=True)
 class ConversationSummary:
     id: int
     title: str
@@ -111,6 +123,7 @@ class ConversationSummary:
     updated: float
     n_messages: int
     snippet: str = ""  # when searching: an excerpt around the match, matched words in SNIPPET_MARKS
+    branch: BranchLink | None = None  # None: not a branch
 
 
 @dataclass(frozen=True)
@@ -151,6 +164,25 @@ class ConversationRecord:
     uid: str = field(default_factory=new_uid)
     stats: dict[int, ReplyStats] = field(default_factory=dict)  # by index in ``messages``: replies' figures
     versions: dict[int, list[str]] = field(default_factory=dict)  # by index: a regenerated reply's versions
+    branch: BranchLink | None = None  # a branch's link to its parent (None: not a branch)
+
+
+BRANCH_SUFFIX = " (branch)"
+
+
+def branch_title(parent_title: str) -> str:
+    """A new branch's title: its parent's, said to be a branch ("Title (branch)"; a branch's branch too)."""
+    title = clean_title(parent_title)
+    return title if title.endswith(BRANCH_SUFFIX) else clean_title(title + BRANCH_SUFFIX)
+
+
+def branch_link(parent_uid: Any, parent_title: Any, at: Any, parent_id: Any = None) -> BranchLink | None:
+    """A stored (or imported) link as a BranchLink; None for a conversation that is no branch, or a link
+    damaged beyond showing."""
+    if not isinstance(parent_uid, str) or not parent_uid or isinstance(at, bool) or not isinstance(at, int):
+        return None
+    title = clean_title(parent_title) if isinstance(parent_title, str) else DEFAULT_TITLE
+    return BranchLink(parent_uid, title, max(0, at), parent_id if isinstance(parent_id, int) else None)
 
 
 def op_changes(conv_id: int | None, *kinds: Change) -> OpChanges:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from lazykv.core.history.connection import Connection
-from lazykv.core.history.records import ConversationSummary, shown_time
+from lazykv.core.history.records import ConversationSummary, branch_link, shown_time
 
 SNIPPET_MARKS = ("[", "]")  # around the matched words in ConversationSummary.snippet
 SNIPPET_TOKENS = 12
-# a conversation's row of the list: id, title, created, updated, number of messages
+# a conversation's row of the list: id, title, created, updated, number of messages; a branch's link
+# (its parent's uid, title (as it is now, while it is there) and branch point, and the parent's id)
 _ROW = ("SELECT c.id, c.title, c.created, c.updated,"
-        " (SELECT count(*) FROM messages m WHERE m.conv_id = c.id) FROM conversations c")
+        " (SELECT count(*) FROM messages m WHERE m.conv_id = c.id),"
+        " c.parent_uid, coalesce(p.title, c.parent_title), c.branch_at, p.id"
+        " FROM conversations c LEFT JOIN conversations p ON p.uid = c.parent_uid")
 
 
 def _fts_query(text: str) -> str:
@@ -20,8 +23,10 @@ def _fts_query(text: str) -> str:
     return " ".join(quoted) + "*" if quoted else ""
 
 
-def _summary(conv_id: int, title: object, created: float, updated: float, n: int) -> ConversationSummary:
-    return ConversationSummary(conv_id, str(title), shown_time(created), shown_time(updated), n)
+def _summary(conv_id: int, title: object, created: float, updated: float, n: int,
+             *link: object) -> ConversationSummary:
+    return ConversationSummary(conv_id, str(title), shown_time(created), shown_time(updated), n,
+                               branch=branch_link(*link))
 
 
 class Listing(Connection):
@@ -67,6 +72,6 @@ class Listing(Connection):
                 snippets.setdefault(conv_id, snip)
             summaries = [s for s in self.list_conversations() if s.id in snippets]
         return [
-            ConversationSummary(s.id, s.title, s.created, s.updated, s.n_messages, snippets[s.id])
+            ConversationSummary(s.id, s.title, s.created, s.updated, s.n_messages, snippets[s.id], s.branch)
             for s in summaries
         ]

@@ -30,6 +30,7 @@ from lazykv.core.history import exchange
 from lazykv.core.history.connection import Rewrap, reencrypt
 from lazykv.core.history.records import (
     DEFAULT_TITLE,
+    BranchLink,
     Change,
     ConversationNotFound,
     ConversationRecord,
@@ -39,6 +40,8 @@ from lazykv.core.history.records import (
     StoreError,
     Synced,
     TranscriptConflict,
+    branch_link,
+    branch_title,
     change_fields,
     check_text,
     clean_title,
@@ -100,8 +103,9 @@ class Store(Listing, SnapshotBudget):
 
     def _record(self, db: sqlite3.Connection, conv_id: int) -> ConversationRecord:
         row = db.execute(
-            "SELECT id, title, created, updated, system_prompt, settings, uid"
-            " FROM conversations WHERE id = ?",
+            "SELECT c.id, c.title, c.created, c.updated, c.system_prompt, c.settings, c.uid, c.parent_uid,"
+            " coalesce(p.title, c.parent_title), c.branch_at, p.id FROM conversations c"
+            " LEFT JOIN conversations p ON p.uid = c.parent_uid WHERE c.id = ?",
             (conv_id,),
         ).fetchone()
         if row is None:
@@ -110,12 +114,57 @@ class Store(Listing, SnapshotBudget):
             id=row[0], title=row[1], created=shown_time(row[2]), updated=shown_time(row[3]),
             system_prompt=row[4], settings=json_dict(row[5]), messages=read_messages(db, conv_id),
             snapshot=self._snapshot(db, conv_id), uid=row[6], stats=read_stats(db, conv_id),
-            versions=read_versions(db, conv_id),
+            versions=read_versions(db, conv_id), branch=branch_link(*row[7:]),
         )  # fmt: skip
+
+    def create_branch(
+        self,
+        uid: str,
+        parent_uid: str,
+        messages: Sequence[dict],
+        *,
+        system_prompt: str = "",
+        settings: dict | None = None,
+        stats: Mapping[int, ReplyStats] | None = None,
+        versions: Mapping[int, Sequence[str]] | None = None,
+    ) -> OpChangesWithId:
+        """A new conversation ``uid`` holding ``messages``, the first messages of conversation
+        ``parent_uid`` (as its window shows them: its last sync may still be queued behind this), with
+        its system prompt and settings; titled after the parent, "Title (branch)", and linked to it.
+        The parent is not changed. ConversationNotFound when the parent is gone."""
+        if not isinstance(uid, str) or not _UID.fullmatch(uid):
+            raise ValueError(f"not a conversation uid: {uid!r}")
+        wanted = [validate_message(i, m) for i, m in enumerate(messages)]
+        with self._write() as db:
+            parent = db.execute("SELECT title FROM conversations WHERE uid = ?", (parent_uid,)).fetchone()
+            if parent is None:
+                raise ConversationNotFound(parent_uid)
+            title = parent[0]
+            conv_id = self._insert_conversation(db, uid, branch_title(title), system_prompt, settings or {})
+            self._link(db, conv_id, BranchLink(parent_uid, title, len(wanted)))
+            insert_messages(db, conv_id, wanted)
+            write_stats(db, conv_id, stats or {})
+            write_versions(db, conv_id, versions or {})
+        return OpChangesWithId(id=conv_id, **change_fields(op_changes(conv_id, Change.LIST)))
+
+    @staticmethod
+    def _branches(db: sqlite3.Connection, conv_id: int) -> set[int]:
+        """The branches of conversation ``conv_id``: their list rows show it (its title, or that it is
+        gone)."""
+        return {row[0] for row in db.execute(
+            "SELECT c.id FROM conversations c JOIN conversations p ON p.uid = c.parent_uid WHERE p.id = ?",
+            (conv_id,))}  # fmt: skip
+
+    def _link(self, db: sqlite3.Connection, conv_id: int, link: BranchLink | None) -> None:
+        if link is not None:
+            db.execute("UPDATE conversations SET parent_uid = ?, parent_title = ?, branch_at = ?"
+                       " WHERE id = ?", (link.parent_uid, clean_title(link.parent_title), link.at, conv_id))
 
     def rename(self, conv_id: int, title: str) -> OpChanges:
         """A new title; the conversation keeps its place in the list (its last turn's time)."""
-        return self._update_column(conv_id, "title", clean_title(title), Change.LIST, touch=False)
+        changes = self._update_column(conv_id, "title", clean_title(title), Change.LIST, touch=False)
+        with self._read() as db:  # its branches' rows name it
+            return OpChanges(kinds=changes.kinds, conv_ids=changes.conv_ids | self._branches(db, conv_id))
 
     def delete(self, conv_id: int) -> Deleted:
         """Remove the conversation (its rows overwritten: secure_delete); ``record`` is for undo, with
@@ -123,9 +172,10 @@ class Store(Listing, SnapshotBudget):
         restore it) until ``erase``, once the undo has passed."""
         with self._write() as db:
             record = self._record(db, conv_id)
-            db.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
+            branches = self._branches(db, conv_id)  # kept (they hold their own transcript): their rows
+            db.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))  # say it is gone
             self._drop_unreferenced(db)  # the keys of pieces only it held: in ``record`` alone now
-        return Deleted(record=record, **change_fields(op_changes(conv_id, *Change)))
+        return Deleted(record=record, kinds=frozenset(Change), conv_ids=frozenset({conv_id, *branches}))
 
     def undelete(self, record: ConversationRecord) -> OpChangesWithId:
         """Put a deleted conversation back, with its id if that is free (``id`` says which it got). The
@@ -143,6 +193,7 @@ class Store(Listing, SnapshotBudget):
                  settings_text),
             )  # fmt: skip
             conv_id = int(cursor.lastrowid)
+            self._link(db, conv_id, record.branch)
             insert_messages(db, conv_id, messages)
             write_stats(db, conv_id, record.stats)
             write_versions(db, conv_id, record.versions)
@@ -162,7 +213,8 @@ class Store(Listing, SnapshotBudget):
                                [(p.address, p.file, p.size, p.wrapped_key) for p in snap.pieces])  # fmt: skip
                 db.executemany("INSERT INTO snapshot_pieces (conv_id, address) VALUES (?, ?)",
                                [(conv_id, p.address) for p in snap.pieces])  # fmt: skip
-        return OpChangesWithId(id=conv_id, **change_fields(op_changes(conv_id, *Change)))
+            branches = self._branches(db, conv_id)  # back under it
+        return OpChangesWithId(id=conv_id, kinds=frozenset(Change), conv_ids=frozenset({conv_id, *branches}))
 
     def erase(self, record: ConversationRecord) -> OpChanges:
         """What a deleted conversation left behind, gone for good once its undo has passed: its
@@ -291,15 +343,22 @@ class Store(Listing, SnapshotBudget):
         """Add a conversation from ``export_json`` output; ValueError saying what is wrong with it."""
         conv = exchange.parse_export(data)
         with self._write() as db:
+            # its exported uid when it is free, so that its branches, imported before or after, find it
+            uid = conv["uid"] or new_uid()
+            if db.execute("SELECT 1 FROM conversations WHERE uid = ?", (uid,)).fetchone() is not None:
+                uid = new_uid()
             cursor = db.execute(
                 "INSERT INTO conversations (uid, title, created, updated, system_prompt, settings)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
-                (new_uid(), conv["title"], conv["created"], conv["updated"], conv["system_prompt"],
+                (uid, conv["title"], conv["created"], conv["updated"], conv["system_prompt"],
                  conv["settings"]),
             )  # fmt: skip
             conv_id = int(cursor.lastrowid)
+            self._link(db, conv_id, conv["branch"])
             insert_messages(db, conv_id, conv["messages"])
-        return OpChangesWithId(id=conv_id, **change_fields(op_changes(conv_id, Change.LIST)))
+            branches = self._branches(db, conv_id)  # imported before it: under it now
+        return OpChangesWithId(id=conv_id, kinds=frozenset({Change.LIST}),
+                               conv_ids=frozenset({conv_id, *branches}))
 
 
 class Database:
