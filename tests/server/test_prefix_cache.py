@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from lazykv.core.engine.types import KvSnapshot
+from lazykv.core.engine.types import KvLayout, KvSnapshot
 from lazykv.core.history.persistence import Crypto
 from lazykv.core.history.snapshot import Encryption
+from lazykv.core.kinds import KvMode
 from lazykv.server.prefix_cache import BLOCK, INDEX, SUFFIX, Binding, PrefixCache
 
 BINDING = Binding(model_sha256="ab" * 32, n_ctx=4096, kv_mode="lazy", engine_version="0.3.36+lazykv.test")
-LAYOUT = {"engine_version": BINDING.engine_version, "n_ctx": 4096, "kv_mode": "lazy", "type_k": "f16",
-          "type_v": "f16", "lazy_phase": "f16", "n_rot_k": 0, "n_rot_v": 0, "state_version": 1}
+LAYOUT = KvLayout(engine_version=BINDING.engine_version, n_ctx=4096, kv_mode=KvMode.LAZY, type_k="f16",
+                  type_v="f16", lazy_phase="f16", lazy_rungs=("f16", "q8_0"), lazy_rot_k=0, lazy_rot_v=0,
+                  n_rot_k=0, n_rot_v=0, n_rot_k_swa=0, n_rot_v_swa=0, state_version=1)
 
 
 class StandIn:

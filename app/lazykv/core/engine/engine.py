@@ -596,8 +596,11 @@ class _ChatFormat:
 
 
 def _special_tokens(llama: llama_cpp.Llama) -> list[str]:
-    """The text of the vocabulary's control and user-defined tokens (``<start_of_turn>``, ``<|im_end|>``)."""
+    """The text of the vocabulary's control and user-defined tokens (``<start_of_turn>``, ``<|im_end|>``);
+    none for a model without a vocabulary (llama.cpp asserts on the attributes of its tokens)."""
     vocab = llama_cpp.llama_model_get_vocab(llama.model)
+    if llama_cpp.llama_vocab_type(vocab) == llama_cpp.LLAMA_VOCAB_TYPE_NONE:
+        return []
     special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
     return [llama_cpp.llama_vocab_get_text(vocab, token).decode("utf-8", errors="replace")
             for token in range(llama.n_vocab()) if llama_cpp.llama_vocab_get_attr(vocab, token) & special]
