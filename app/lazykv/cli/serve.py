@@ -17,6 +17,7 @@ from lazykv.core.engine.load_spec import LoadSpec, LoadSpecError
 from lazykv.core.engine.types import ModelInfo
 from lazykv.core.models.defaults import default_model_path
 from lazykv.core.settings import Settings
+from lazykv.server.settings import DEFAULT_HOST, DEFAULT_PORT, ServerSettings, is_loopback
 
 API_KEY_ENV = "LAZYKV_API_KEY"
 PASSPHRASE_ENV = "LAZYKV_PASSPHRASE"
@@ -35,9 +36,9 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", type=Path, metavar="PATH",
                         help="GGUF model (default: the app's model, else SmolLM2-135M-Instruct)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1; any other needs --api-key)")
-    parser.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help=f"address to listen on (default {DEFAULT_HOST}; any other needs --api-key)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     parser.add_argument("--api-key", metavar="KEY",
                         help=f"require 'Authorization: Bearer KEY' on /v1 (other users can read a command "
                              f"line in the process list; ${API_KEY_ENV} they cannot)")
@@ -45,17 +46,19 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
                         help="keep API cache snapshots unencrypted (checksummed only)")
     parser.add_argument("--no-api-cache", action="store_true",
                         help="keep no KV snapshots on disk (the cache is reused in memory only)")
-    parser.add_argument("--api-cache-gib", type=float, default=2.0, metavar="GIB",
+    cache_gib = (settings or Settings())["api_cache_mb"] / 1024  # the app's Local API setting
+    parser.add_argument("--api-cache-gib", type=float, default=cache_gib, metavar="GIB",
                         help="disk budget of the API cache; the least recently used snapshots go past it "
-                             "(default 2)")
+                             f"(default {cache_gib:g}, the app's setting)")
     parser.add_argument("--api-cache-dir", type=Path, metavar="DIR",
                         help="where the API cache lives (default: the app's data folder, api-cache)")
     parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                         help="allow browser pages from ORIGIN (repeatable; CORS is off without it)")
-    parser.add_argument("--max-tokens-cap", type=int, default=4096, metavar="N",
-                        help="most tokens one reply may ask for (default 4096)")
-    parser.add_argument("--queue-size", type=int, default=8, metavar="N",
-                        help="requests running or waiting; one more is answered 429 (default 8)")
+    cap, queue = (ServerSettings.model_fields[name].default for name in ("max_tokens_cap", "queue_size"))
+    parser.add_argument("--max-tokens-cap", type=int, default=cap, metavar="N",
+                        help=f"most tokens one reply may ask for (default {cap})")
+    parser.add_argument("--queue-size", type=int, default=queue, metavar="N",
+                        help=f"requests running or waiting; one more is answered 429 (default {queue})")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     _options.add_setting_options(parser, current=settings)
     return parser
@@ -96,7 +99,6 @@ def loaded_line(info: ModelInfo, spec: LoadSpec) -> str:
 
 def _serve(args: argparse.Namespace, spec: LoadSpec) -> int:
     from lazykv.core.paths import api_cache_dir
-    from lazykv.server.settings import ServerSettings
 
     try:
         settings = ServerSettings(
@@ -130,7 +132,7 @@ def _serve(args: argparse.Namespace, spec: LoadSpec) -> int:
         if service.cache is not None:
             print(f"API cache: {service.cache.folder} ({crypto.scheme if crypto else 'none'}, budget "
                   f"{args.api_cache_gib:g} GiB)", file=sys.stderr)
-        if not _loopback(settings.host):
+        if not is_loopback(settings.host):
             print(f"Listening on {settings.host}: other machines can reach this server; every /v1 request "
                   "needs the API key.", file=sys.stderr)
         service.run()
@@ -139,12 +141,6 @@ def _serve(args: argparse.Namespace, spec: LoadSpec) -> int:
     finally:
         session.close()
     return 0
-
-
-def _loopback(host: str) -> bool:
-    from lazykv.server.settings import is_loopback
-
-    return is_loopback(host)
 
 
 def snapshot_crypto(no_encryption: bool):  # -> Crypto (imported lazily: keyring, cryptography)

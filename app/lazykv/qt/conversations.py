@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from lazykv.core.chat.conversation import Conversation
-from lazykv.core.engine.memory import fmt_bytes
+from lazykv.core.engine.memory import MiB, fmt_bytes
 from lazykv.core.engine.types import ModelInfo, SamplingSettings
 from lazykv.core.history.persistence import OpenResult, SaveResult
 from lazykv.core.history.protection import (
@@ -60,7 +60,7 @@ from lazykv.qt.operations import EngineClient
 from lazykv.qt.passphrase_prompt import FIELD_MIN_WIDTH
 from lazykv.qt.private_chat import PrivateChat
 from lazykv.qt.protection_prompts import ProtectionPrompts
-from lazykv.qt.worker import ClearKv, Failure, OpenConversation, Reply, SaveSnapshot
+from lazykv.qt.worker import ClearKv, Failure, OpenConversation, Reply, Request, SaveSnapshot
 
 UNDO_MS = 10_000  # the status bar's offer to undo a delete
 SAVED_NOTICE_MS = 5000  # "Saved: snapshot of …" beside the status bar's messages
@@ -112,7 +112,8 @@ class ChatScreen(Protocol):
     def show_chat(self, title: str | None) -> None: ...
     def begin_resume(self) -> None: ...
     def resume_progress(self, done: int, total: int) -> None: ...
-    def end_resume(self, result: OpenResult | None, failure: Failure | None = None) -> None: ...
+    def end_resume(self, result: OpenResult | None, failure: Failure | None = None,
+                   restored: str = "") -> None: ...
 
 
 class SavedAs:
@@ -167,7 +168,8 @@ class Conversations(QObject):
         self.last_saved: SaveResult | None = None
         self._deleted: ConversationRecord | None = None
         self._opening: int | None = None  # the id being read from the database to open
-        self.resume: OpenConversation | None = None  # the engine request resuming the chat on screen
+        # the engine request resuming the chat on screen (OpenConversation; a new branch's: Branch)
+        self.resume: Request | None = None
         self._undo_ms = undo_ms
         self.prompts = ProtectionPrompts(self, host, self.protection, dialog_parent)
         self.private_chat = PrivateChat(self, host, screen, dialog_parent)
@@ -396,13 +398,21 @@ class Conversations(QObject):
         self.host.statusBar().showMessage(
             "Another LazyKV Chat window added turns to this conversation; they are shown here.", 10_000)
 
+    def conversation_settings(self) -> dict[str, Any]:
+        """What a conversation saved now records it was held in (``_conversation_settings``)."""
+        return self._conversation_settings()
+
     def _save_snapshot(self, conv_id: int, messages: list[dict[str, str]]) -> None:
         if not self.snapshots_on or self.host.model_info is None:
             return
-        budget = self.host.setting("snapshot_budget_mb") * 1024 * 1024
+        budget = self.host.setting("snapshot_budget_mb") * MiB
         compact = bool(self.host.setting("compact_snapshots"))
         self.host.engine.submit(SaveSnapshot(conv_id, messages, budget, compact),
                                 lambda r: self._snapshot_saved(conv_id, r), self._snapshot_failed)
+
+    def snapshot_saved_as(self, conv_id: int, result: SaveResult | None) -> None:
+        """A snapshot saved by another request (a new branch's): said as a reply's is."""
+        self._snapshot_saved(conv_id, result)
 
     def _snapshot_saved(self, conv_id: int, result: SaveResult | None) -> None:
         if result is None:
@@ -475,18 +485,23 @@ class Conversations(QObject):
         self.call(lambda s: loaded(s.conversation(conv_id)), self._show, "Opening the conversation", failed)
 
     def _show(self, loaded: Loaded) -> None:
-        record, conversation, messages = loaded.record, loaded.conversation, loaded.messages
+        record, messages = loaded.record, loaded.messages
         if self._opening != record.id:
             return  # another chat was chosen, or this one deleted, while it was read
-        self._opening = None
-        self._cancel_resume()
-        self.chat = Chat(conversation, SavedAs(record.id, record.uid, len(record.messages)))
-        self.host.memory_panel.new_chat()
-        self.screen.show_chat(record.title)
-        self.host.conversations_panel.select(record.id)
+        self.put_on_screen(loaded)
         if self.host.model_info is not None:
             self._resume(record.id, messages)
         # else: resumed once a model has loaded (resume_shown)
+
+    def put_on_screen(self, loaded: Loaded) -> None:
+        """Make ``loaded`` the chat on screen (its cache is resumed next: ``_show``, ``resume_with``)."""
+        record = loaded.record
+        self._opening = None
+        self._cancel_resume()
+        self.chat = Chat(loaded.conversation, SavedAs(record.id, record.uid, len(record.messages)))
+        self.host.memory_panel.new_chat()
+        self.screen.show_chat(record.title)
+        self.host.conversations_panel.select(record.id)
 
     def resume_shown(self) -> None:
         """A model has loaded with no cache of the chat on screen (opened before it, e.g. at start-up):
@@ -496,12 +511,19 @@ class Conversations(QObject):
             self._resume(chat.saved.id, chat.conversation.messages())
 
     def _resume(self, conv_id: int, messages: list[dict[str, str]]) -> None:
+        self.resume_with(OpenConversation(conv_id, messages))
+
+    def resume_with(self, request: Request, answered: Callable[[Any], OpenResult] | None = None,
+                    restored: str = "") -> None:
+        """Make the chat on screen's cache by ``request`` (its resume: stopped or replaced as one);
+        ``answered`` turns its answer into the OpenResult the chat shows, ``restored`` what the chat says
+        of a cache that was not re-read."""
         self.screen.begin_resume()
         chat = self.chat
-        self.resume = OpenConversation(conv_id, messages)
+        self.resume = request
         self.host.engine.submit(
-            self.resume,
-            lambda result: self._resumed(chat, result),
+            request,
+            lambda result: self._resumed(chat, answered(result) if answered else result, restored),
             lambda failure: self._resume_failed(chat, failure),
             lambda progress: self.screen.resume_progress(*progress) if chat is self.chat else None,
         )
@@ -515,12 +537,12 @@ class Conversations(QObject):
         self.cancel_resume()
         self.resume = None
 
-    def _resumed(self, chat: Chat, result: OpenResult) -> None:
+    def _resumed(self, chat: Chat, result: OpenResult, restored: str = "") -> None:
         if chat is not self.chat:  # replaced while it resumed: its answer only ends the wait
             self._stale_resume_ended()
             return
         self.resume = None
-        self.screen.end_resume(result)
+        self.screen.end_resume(result, restored=restored)
         self.opened.emit(chat.saved.id, result)
 
     def _stale_resume_ended(self) -> None:

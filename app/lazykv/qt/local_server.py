@@ -16,6 +16,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 from PySide6.QtWidgets import QLabel
 
 from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.memory import MiB
 from lazykv.core.history.persistence import Crypto
 from lazykv.core.paths import api_cache_dir
 from lazykv.qt.worker import Borrow, EngineWorker, Failure, Request
@@ -118,7 +119,7 @@ class LocalServer(QObject):
         if self._http is not None:
             return
         settings = ServerSettings(port=port, queue_size=QUEUE_SIZE, cache_dir=api_cache_dir(),
-                                  cache_budget_bytes=budget_mb * 1024**2)
+                                  cache_budget_bytes=budget_mb * MiB)
         access = WorkerAccess(self._worker, settings, self._pending.emit)
         app = create_app(settings, access, model_name, int(time.time()))
         http = HttpServer(settings, app, log_level="warning")
