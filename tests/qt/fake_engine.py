@@ -269,6 +269,23 @@ class FakeSession:
     def clear_kv(self) -> None:
         self._kv = self._empty_kv()
 
+    def cached_tokens(self) -> list[int]:
+        self._require()
+        return list(self._kv.tokens)
+
+    def transcript_tokens(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        self._require()
+        return _words(messages)
+
+    def keep_kv_prefix(self, n: int) -> bool:
+        """A branch's cache from its parent's (``branches.open_branch``): the first ``n`` tokens kept."""
+        self._require()
+        self.calls.append("keep-prefix")
+        if n > len(self._kv.tokens):
+            return False
+        self._kv.tokens = self._kv.tokens[:n]
+        return True
+
     def close(self) -> None:
         self.calls.append("close")
         self._info = None

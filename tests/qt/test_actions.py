@@ -30,7 +30,8 @@ MENUS = {
     "File": ["New private chat", "-", "Models…", "Open model…", "Open recent", "Model information…",
              "-", "Settings…", "-", "Quit"],
     "Chat": ["New chat", "Stop generating", "Regenerate", "Continue the reply", "Edit last message",
-             "Copy last reply", "Rename conversation…", "Undo delete", "Search conversations",
+             "Copy last reply", "Branch from the last message", "Rename conversation…", "Undo delete",
+             "Search conversations",
              "Compact context memory now", "-", "Private chat (save nothing)"],
     "View": ["Conversations", "Memory"],
     "Help": ["Keyboard shortcuts", "About LazyKV Chat"],
@@ -39,7 +40,8 @@ MENUS = {
 KEYS = {"New private chat": "Ctrl+Shift+N", "Models…": "Ctrl+M", "Open model…": "Ctrl+O",
         "Settings…": "Ctrl+,", "Quit": "Ctrl+Q", "New chat": "Ctrl+N", "Stop generating": "Esc",
         "Regenerate": "Ctrl+R", "Continue the reply": "Ctrl+Shift+R", "Edit last message": "Ctrl+E",
-        "Copy last reply": "Ctrl+Shift+C", "Rename conversation…": "F2", "Undo delete": "Ctrl+Z",
+        "Copy last reply": "Ctrl+Shift+C", "Branch from the last message": "Ctrl+B",
+        "Rename conversation…": "F2", "Undo delete": "Ctrl+Z",
         "Search conversations": "Ctrl+F", "Keyboard shortcuts": "Ctrl+/"}
 TOOLBAR = ["New chat", "Regenerate", "Continue the reply", "Compact context memory now", "Settings…",
            "Memory"]
@@ -113,7 +115,7 @@ def test_enabled_state_follows_the_declaration(qtbot: QtBot, window: MainWindow,
     fake.finish_reason = FinishReason.LENGTH  # cut off: it can be continued
     chat(qtbot, window, "Hello!")
     assert enabled() == always | {"new_private", "open", "recent", "settings", "new_chat", "regenerate",
-                                  "continue", "edit_last", "copy_reply", "compact"}
+                                  "continue", "edit_last", "copy_reply", "compact", "branch"}
     fake.hold()
     window.chat.send_text("Tell me more.")
     qtbot.waitUntil(fake.waiting.is_set, timeout=WAIT_MS)

@@ -108,6 +108,9 @@ ACTIONS: tuple[ActionSpec, ...] = (
                tip="Edit your last message and resend it", when=READY, check="has_user_turn"),
     ActionSpec("copy_reply", "&Copy last reply", "chat.copy_last_reply", "&Chat", "Ctrl+Shift+C",
                check="has_reply"),
+    ActionSpec("branch", "&Branch from the last message", "branching.branch_last", "&Chat", "Ctrl+B",
+               tip="A new conversation with this one's messages, linked to it (right-click a message to "
+               "branch from it)", when=IDLE, check="branching.can_branch"),
     ActionSpec("rename", "Re&name conversation…", "_rename_current", "&Chat", "F2",
                tip="Rename the conversation selected in the list, else the one on screen"),
     ActionSpec("undo_delete", "&Undo delete", "_undo_delete", "&Chat", "Ctrl+Z", "Undo",

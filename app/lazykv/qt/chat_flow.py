@@ -530,9 +530,11 @@ class ChatFlow(QObject):
         self.host.banner.show_progress(f"Re-reading the conversation… {done} of {total} tokens", fraction,
                                   can_stop=True)
 
-    def end_resume(self, result: OpenResult | None, failure: Failure | None = None) -> None:
+    def end_resume(self, result: OpenResult | None, failure: Failure | None = None,
+                   restored: str = "") -> None:
         """The resume answered: restored, rebuilt or empty; else stopped (the banner's Stop, or the chat
-        was replaced) or failed."""
+        was replaced) or failed. ``restored``: where a cache that was not re-read came from, when not the
+        chat's snapshot (a new branch's: its parent's)."""
         self.resuming = False
         self.host.set_state(self.host.idle_state())
         self._mark_resume_steps(result, failure)
@@ -547,7 +549,8 @@ class ChatFlow(QObject):
                 self.host.statusBar().showMessage(self.resume_note, 10_000)
             return
         if result.how is OpenHow.RESTORED:
-            text = f"Resumed from the snapshot: {result.n_tokens} tokens in {1000 * result.seconds:.0f} ms"
+            text = (f"{restored or 'Resumed from the snapshot'}: {result.n_tokens} tokens in "
+                    f"{1000 * result.seconds:.0f} ms")
         elif result.how is OpenHow.REBUILT:
             text = (f"Re-read from the transcript ({result.n_tokens} tokens in {result.seconds:.1f} s) "
                     f"because {result.note}")

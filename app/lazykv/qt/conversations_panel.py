@@ -9,12 +9,12 @@ Down, a program setting it) asks to open that chat (``open_requested``); the win
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QPainter, QPalette, QShortcut
 from PySide6.QtWidgets import (
     QCheckBox,
     QGridLayout,
@@ -23,6 +23,8 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QMenu,
     QPushButton,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -35,6 +37,9 @@ from lazykv.qt.markdown import plain_rich_text
 SEARCH_DELAY_MS = 250
 UPDATED_ROLE = Qt.ItemDataRole.UserRole + 1  # a row's ``updated`` time: the list's order
 SUMMARY_ROLE = Qt.ItemDataRole.UserRole + 2  # the row's ConversationSummary
+DEPTH_ROLE = Qt.ItemDataRole.UserRole + 3  # how deep a branch sits under its parent's row (0: a root)
+INDENT_PX = 14  # a branch's row is indented this much per level under its parent's
+MAX_INDENT_LEVELS = 4  # deeper branches are indented no further (the dock can be narrow)
 EXPORTS = (("Export as Markdown…", ExportFormat.MARKDOWN), ("Export as JSON…", ExportFormat.JSON))
 
 
@@ -72,6 +77,7 @@ class ConversationsPanel(QWidget):
         self.list.setWordWrap(True)
         self.list.setAlternatingRowColors(True)  # rows of two or three lines each: told apart
         self.list.setSpacing(1)
+        self.list.setItemDelegate(_TreeDelegate(self.list))  # a branch indented under its parent
         self.list.itemActivated.connect(lambda _: self._open_timer.start())  # Enter, a double click
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._context_menu)
@@ -117,6 +123,7 @@ class ConversationsPanel(QWidget):
             self.list.clear()
             for summary in items:
                 self.list.addItem(_item(summary))
+            self._arrange()
             self._tell_apart()
             self.select(current)
         bar.setValue(scrolled)
@@ -146,23 +153,31 @@ class ConversationsPanel(QWidget):
             shown = self.selected_id()
             if row is None:
                 if not searching:
-                    self.list.insertItem(self._place(summary), _item(summary))
+                    self.list.addItem(_item(summary))
             else:
-                item = self.list.item(row)
-                _fill(item, summary)
-                place = self._place(summary, moving=row)
-                if place != row and not searching:  # a search's results keep the search's order
-                    self.list.insertItem(place, self.list.takeItem(row))  # the current row moves too
+                _fill(self.list.item(row), summary)
+            self._arrange()  # its place in the tree (a search's results keep the search's order)
             self._tell_apart()
             # the chat on screen's row, unless the user has just chosen another (it is being opened)
             self.select(summary.id if selected and not self._open_timer.isActive() else shown)
 
-    def _place(self, summary: ConversationSummary, moving: int | None = None) -> int:
-        """Where ``summary``'s row goes (the row at ``moving`` taken out first): the list's order is the
-        database's, most recently updated first, then the newest id."""
-        key = (summary.updated, summary.id)
-        others = [i for i in range(self.list.count()) if i != moving]
-        return next((n for n, i in enumerate(others) if _key(self.list.item(i)) < key), len(others))
+    def _arrange(self) -> None:
+        """The rows as a tree (``tree_order``): each branch under its parent, indented; only rows out of
+        place move. While a search is shown its results keep the search's order, none indented."""
+        items = [self.list.item(i) for i in range(self.list.count())]
+        summaries = [item.data(SUMMARY_ROLE) for item in items]
+        searching = bool(self.search.text().strip())
+        order = [(s, 0) for s in summaries] if searching else tree_order(summaries)
+        depth = {s.id: d for s, d in order}
+        for item in items:
+            if item.data(DEPTH_ROLE) != depth[item.data(Qt.ItemDataRole.UserRole)]:
+                item.setData(DEPTH_ROLE, depth[item.data(Qt.ItemDataRole.UserRole)])
+        ids = [s.id for s in summaries]
+        for place, (summary, _) in enumerate(order):
+            if ids[place] != summary.id:
+                row = ids.index(summary.id, place)
+                self.list.insertItem(place, self.list.takeItem(row))  # the current row moves too
+                ids.insert(place, ids.pop(row))
 
     def set_saving(self, conv_ids: Collection[int]) -> None:
         """The conversations whose snapshot is being written: they cannot be deleted until it is (the
@@ -182,6 +197,7 @@ class ConversationsPanel(QWidget):
         if row is not None:
             with self._changing():
                 self.list.takeItem(row)
+                self._arrange()
                 self._tell_apart()
 
     def _tell_apart(self) -> None:
@@ -256,6 +272,11 @@ class ConversationsPanel(QWidget):
         conv_id = item.data(Qt.ItemDataRole.UserRole)
         menu = QMenu(self)
         menu.addAction("Open", lambda: self.open_requested.emit(conv_id))
+        link = item.data(SUMMARY_ROLE).branch
+        if link is not None and link.parent_id is not None and self._row(link.parent_id) is not None:
+            parent_id = link.parent_id
+            menu.addAction(f"Open the parent, “{_short(link.parent_title)}”",
+                           lambda: self.open_requested.emit(parent_id))
         menu.addAction("Rename…", lambda: self.rename_requested.emit(conv_id))
         menu.addAction("Delete", lambda: self._delete(conv_id)).setEnabled(conv_id not in self._saving)
         for label, fmt in EXPORTS:
@@ -268,7 +289,97 @@ def _item_text(summary: ConversationSummary, started: bool = False) -> str:
     text = f"{summary.title}\n{_when(summary.updated)} · {summary.n_messages} message{plural}"
     if started:
         text += f" · started {_when(summary.created, '%Y-%m-%d %H:%M:%S')}"
+    if summary.branch is not None:
+        text += f"\n{branch_line(summary)}"
     return f"{text}\n{summary.snippet}" if summary.snippet else text
+
+
+def branch_line(summary: ConversationSummary) -> str:
+    """A branch's line in the list: where it came from, and whether that conversation is still there."""
+    link = summary.branch
+    assert link is not None
+    gone = " (deleted)" if link.parent_id is None else ""
+    return f"↳ branched from “{_short(link.parent_title)}”{gone} at message {link.at}"
+
+
+def _short(title: str, chars: int = 40) -> str:
+    return title if len(title) <= chars else title[: chars - 1] + "…"
+
+
+def tree_order(summaries: Sequence[ConversationSummary]) -> list[tuple[ConversationSummary, int]]:
+    """The list's rows as a tree, each with its depth: a branch right under its parent (when the parent is
+    listed), the parents' trees ordered by their latest activity (a turn in any branch brings its whole
+    tree up), siblings likewise; a tree's rows most recently updated first, then the newest id, as the
+    database lists them. A branch whose parent is not listed (deleted) is a tree of its own."""
+    by_id = {s.id: s for s in summaries}
+    children: dict[int, list[ConversationSummary]] = defaultdict(list)
+    for s in summaries:
+        parent = s.branch.parent_id if s.branch is not None else None
+        if parent is not None and parent in by_id and parent != s.id:
+            children[parent].append(s)
+    latest: dict[int, tuple[float, int]] = {}
+
+    def activity(s: ConversationSummary, seen: frozenset[int] = frozenset()) -> tuple[float, int]:
+        if s.id not in latest:
+            inner = [activity(c, seen | {s.id}) for c in children[s.id] if c.id not in seen | {s.id}]
+            latest[s.id] = max([(s.updated, s.id), *inner])
+        return latest[s.id]
+
+    order: list[tuple[ConversationSummary, int]] = []
+    placed: set[int] = set()
+
+    def place(s: ConversationSummary, depth: int) -> None:
+        placed.add(s.id)
+        order.append((s, depth))
+        for child in sorted(children[s.id], key=activity, reverse=True):
+            if child.id not in placed:
+                place(child, depth + 1)
+
+    roots = [s for s in summaries if s.branch is None or s.branch.parent_id not in by_id
+             or s.branch.parent_id == s.id]
+    for s in sorted(roots, key=activity, reverse=True):
+        place(s, 0)
+    for s in sorted(summaries, key=activity, reverse=True):  # links in a loop (a crafted import)
+        if s.id not in placed:
+            place(s, 0)
+    return order
+
+
+class _TreeDelegate(QStyledItemDelegate):
+    """Paints a branch's row indented under its parent's, with a guide line to it."""
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem,
+              index: QModelIndex | QPersistentModelIndex) -> None:
+        indent = _indent(index)
+        if not indent:
+            super().paint(painter, option, index)
+            return
+        rect = option.rect
+        painter.save()
+        painter.setPen(option.palette.color(QPalette.ColorRole.Mid))
+        x = rect.left() + indent - INDENT_PX // 2
+        y = rect.top() + min(rect.height() // 2, 12)
+        painter.drawLine(x, rect.top(), x, y)
+        painter.drawLine(x, y, rect.left() + indent - 2, y)
+        painter.restore()
+        shifted = QStyleOptionViewItem(option)
+        shifted.rect = rect.adjusted(indent, 0, 0, 0)
+        super().paint(painter, shifted, index)
+
+    def sizeHint(self, option: QStyleOptionViewItem,  # noqa: N802 - Qt's name
+                 index: QModelIndex | QPersistentModelIndex) -> QSize:
+        indent = _indent(index)
+        if not indent:
+            return super().sizeHint(option, index)
+        shifted = QStyleOptionViewItem(option)
+        shifted.rect = option.rect.adjusted(indent, 0, 0, 0)  # the text wraps in what is left
+        size = super().sizeHint(shifted, index)
+        return QSize(size.width() + indent, size.height())
+
+
+def _indent(index: QModelIndex | QPersistentModelIndex) -> int:
+    depth = index.data(DEPTH_ROLE) or 0
+    return INDENT_PX * min(int(depth), MAX_INDENT_LEVELS)
 
 
 def _when(timestamp: float, fmt: str = "%Y-%m-%d %H:%M") -> str:
@@ -291,7 +402,3 @@ def _fill(item: QListWidgetItem, summary: ConversationSummary) -> None:
     item.setText(_item_text(summary))
     item.setToolTip(plain_rich_text(summary.snippet or summary.title))
     item.setData(UPDATED_ROLE, float(summary.updated))
-
-
-def _key(item: QListWidgetItem) -> tuple[float, int]:
-    return item.data(UPDATED_ROLE), item.data(Qt.ItemDataRole.UserRole)

@@ -34,6 +34,7 @@ from lazykv.core.settings import SETTINGS_BY_NAME, Settings
 from lazykv.qt import actions, theme, window_state
 from lazykv.qt.about_dialog import AboutDialog
 from lazykv.qt.background import Background
+from lazykv.qt.branching import Branching
 from lazykv.qt.chat_flow import ChatFlow
 from lazykv.qt.chat_input import ChatInput
 from lazykv.qt.context_meter import ContextMeter
@@ -120,6 +121,7 @@ class MainWindow(QMainWindow):
         self.chat = ChatFlow(self, self.timings.idle_delay_ms, self)
         self.loading = ModelLoading(self, self)
         self.closing = Closing(self, self, self.timings.shutdown_deadline_ms)
+        self.branching = Branching(self)  # Branch from here: a message's menu, Chat > Branch
         for signal, forwarded in ((self.chat.reply_finished, self.reply_finished),
                                   (self.chat.reply_failed, self.reply_failed),
                                   (self.chat.converted, self.converted),
@@ -213,6 +215,7 @@ class MainWindow(QMainWindow):
         self.transcript = TranscriptView()
         self.transcript.edit_requested.connect(self.chat.edit_message)
         self.transcript.regenerate_requested.connect(self.chat.regenerate)
+        self.transcript.branch_requested.connect(self.branching.branch_from)
         self.transcript.code_copied.connect(lambda: self.statusBar().showMessage("Code copied", 3000))
         self.banner = StepBanner()
         self.banner.stop_requested.connect(lambda: self.conversations.cancel_resume())

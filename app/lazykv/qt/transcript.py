@@ -83,6 +83,7 @@ class _Message:
 class TranscriptView(QTextBrowser):
     edit_requested = Signal(int)  # index of a user turn
     regenerate_requested = Signal()
+    branch_requested = Signal(int)  # index of the message a branch ends with ("Branch from here")
     code_copied = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -259,6 +260,10 @@ class TranscriptView(QTextBrowser):
             regen = menu.addAction("Regenerate")
             regen.setEnabled(self.actions_enabled)
             regen.triggered.connect(self.regenerate_requested.emit)
+        branch = menu.addAction("Branch from here")
+        branch.setToolTip("A new conversation with the messages up to and including this one")
+        branch.setEnabled(self.actions_enabled)
+        branch.triggered.connect(lambda: self.branch_requested.emit(index))
         return menu
 
     def contextMenuEvent(self, event: QContextMenuEvent) -> None:

@@ -23,6 +23,7 @@ from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.types import CancelledError, ReplyResult, SamplingSettings, StepEvent
 from lazykv.core.errors import ContextFullError, EngineError
+from lazykv.core.history.branches import BranchResult, open_branch
 from lazykv.core.history.keys import KeyringUnavailableError, PassphraseError
 from lazykv.core.history.persistence import Crypto, Persistence
 from lazykv.core.history.records import StoreError
@@ -127,6 +128,23 @@ class OpenConversation(Request):
 
 
 @dataclass(eq=False)
+class Branch(Request):
+    """Make the cache of the new branch ``branch_id`` (the first ``n_messages`` of ``parent_messages``) from
+    its parent's: the live cache when ``live`` (the parent is the chat in the engine), else the parent's
+    snapshot, re-read where that cannot be exact (``branches.open_branch``); then save the branch's
+    snapshot. Answers with a BranchResult; progress: (tokens read, tokens to read) of a re-read."""
+
+    what: ClassVar[str] = "Opening the branch"
+    parent_id: int
+    parent_messages: list[dict[str, str]]
+    branch_id: int
+    n_messages: int
+    live: bool
+    budget_bytes: int
+    compact: bool = False
+
+
+@dataclass(eq=False)
 class Borrow(Request):
     """Lend the engine to another client for one call (the local API's requests): ``fn(session, crypto)``
     runs on the engine's thread, with the snapshot protection in force; the chat's KV cache is then put
@@ -176,7 +194,7 @@ class EngineWorker(QObject):
             LoadModel: self._load, Reply: self._reply, Step: self._convert, SetCrypto: self._set_crypto,
             SaveSnapshot: self._save_snapshot, OpenConversation: self._open, ClearKv: self._clear_kv,
             SyncKv: self._sync_kv,
-            Borrow: self._borrow,
+            Borrow: self._borrow, Branch: self._branch,
             ChangeCrypto: self._change_crypto,
         }
         self._queued.connect(self._run)
@@ -265,6 +283,11 @@ class EngineWorker(QObject):
     def _open(self, request: OpenConversation) -> Any:
         return self._persistence.open(request.conv_id, request.messages,
                                       lambda done, total: self.progress.emit(request, (done, total)))
+
+    def _branch(self, request: Branch) -> BranchResult:
+        return open_branch(self._persistence, request.parent_id, request.parent_messages, request.branch_id,
+                           request.n_messages, lambda done, total: self.progress.emit(request, (done, total)),
+                           live=request.live, budget_bytes=request.budget_bytes, compact=request.compact)
 
     def _borrow(self, request: Borrow) -> Any:
         chat = self._session.capture_kv() if self._session.cached_tokens() else None
