@@ -13,7 +13,7 @@ import pytest
 
 from lazykv.core.engine.engine import EngineSession
 from lazykv.core.history import pieces
-from lazykv.core.history.branches import open_branch
+from lazykv.core.history.branches import SWA_SNAPSHOT_NOTE, open_branch
 from lazykv.core.history.persistence import OpenHow
 from lazykv.core.history.records import new_uid
 from lazykv.core.history.snapshot import (
@@ -133,23 +133,31 @@ def test_a_snapshot_saved_whole_before_pieces_still_opens(app: App) -> None:
     assert app.engine.cached_tokens() == kv.tokens
 
 
-def test_a_sliding_window_model_branches_exactly_only_inside_its_window(
+def test_a_sliding_window_model_branches_exactly_anywhere_live_and_at_the_end_from_its_snapshot(
         tmp_path: Path, gemma3_path: Path) -> None:
     app = App(tmp_path, gemma3_path, "f16", n_ctx=2048)
     try:
-        parent = transcript(7, words=30)  # past gemma-3's window (512) and the cells its cache keeps
-        app.engine.rebuild_kv(parent, lambda d, t: None)
+        parent = transcript(7, words=30)  # past gemma-3's window (512) and the cells its snapshot keeps
+        probe = app.engine.tokenize(" Also")[-1]
+        app.engine.rebuild_kv(parent[:2], lambda d, t: None)
+        expected = next_logits(app.engine, probe)
+        app.engine.sync_kv(parent)
         assert app.engine.kv_status().n_cells_used > 1100
         parent_id = create(app, parent)
         app.persistence.save(parent_id, parent)
-        # its cache keeps about the window's last cells: a branch at its last message is exact, one
-        # further back needs cells the window dropped
+        # the open parent's full-size sliding-window cache (swa_full) holds every cell: exact far back
+        live = create(app, parent[:2])
+        result = open_branch(app.persistence, parent_id, parent, live, 2, lambda d, t: None, live=True)
+        assert result.how is OpenHow.RESTORED, result.note
+        assert np.array_equal(next_logits(app.engine, probe).view(np.uint32), expected.view(np.uint32))
+        # its snapshot (a sequence state) keeps the window's last cells only: a branch at its last
+        # message is exact, one further back needs cells the engine did not save
         near, far = create(app, parent), create(app, parent[:2])
         app.engine.clear_kv()
         result = open_branch(app.persistence, parent_id, parent, near, len(parent), lambda d, t: None)
         assert result.how is OpenHow.RESTORED, result.note
         result = open_branch(app.persistence, parent_id, parent, far, 2, lambda d, t: None)
-        assert result.how is OpenHow.REBUILT and "sliding-window" in result.note
+        assert result.how is OpenHow.REBUILT and result.note == SWA_SNAPSHOT_NOTE
         assert app.engine.cached_tokens() == app.engine.transcript_tokens(parent[:2])
     finally:
         app.close()
