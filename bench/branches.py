@@ -195,18 +195,41 @@ def report(rows: list[dict[str, object]]) -> str:
         "(128 tokens in f16), `memory.kv_bytes`: the parent's plus that, over the parent's.",
         "",
         f"| model | parent alone MiB | + 1 branch MiB | + 5 branches MiB | 5 branches / parent "
-        f"(goal <= {DISK_TARGET:g}x) | own tokens per branch | least for 5 branches / parent |",
-        "|---|---|---|---|---|---|---|",
+        f"(goal <= {DISK_TARGET:g}x) | own tokens per branch | least for 5 branches / parent "
+        "| pieces' overhead per branch MiB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "five" in r:
             ratio = int(r["five"]) / int(r["parent_bytes"])
             verdict = "PASS" if ratio <= DISK_TARGET else "FAIL"
             least = (int(r["parent_bytes"]) + 5 * int(r["floor"])) / int(r["parent_bytes"])
+            overhead = (int(r["five"]) - int(r["parent_bytes"])) / 5 - int(r["floor"])
             lines.append(f"| {r['model']} | {int(r['parent_bytes']) / mib:.2f} | {int(r['one']) / mib:.2f} | "
                          f"{int(r['five']) / mib:.2f} | {ratio:.2f}x {verdict} | {r['own_tokens']} | "
-                         f"{least:.2f}x |")
+                         f"{least:.2f}x | {overhead / mib:.2f} |")
     lines += [
+        "",
+        "What the figures say. The parent and its branches are on the same rung, so a branch's cells "
+        "before its point are the parent's bytes and are stored once; what each branch adds is its own "
+        "tokens on every layer, its recent window (f16, always new: it holds the branch's last tokens) and "
+        "the pieces' overhead (the pieces that straddle the end of each layer's rows: llama.cpp's state is "
+        "layer-major, so every layer's K and V rows end with the branch's own cells; cutting at the state's "
+        "layer boundaries would save about half of it). With two turns of about 200 tokens each the least "
+        "any layout can take is above the goal: the goal holds for branches whose own tokens and window "
+        "stay under a tenth of the parent's cells. At another n_ctx where the parent is still on the f16 "
+        "rung and its branches step to 8-bit (8192 and a 4k parent: the report of 3e03322 measured 2.03x), "
+        "a branch's 8-bit cells share nothing with the parent's f16 ones; saving both at the later rung "
+        "(Compact snapshots) should give them the same bytes again (the same conversion; not measured "
+        "here).",
+        "",
+        "A sliding-window model (Gemma-3): its snapshot is a sequence state, and llama.cpp writes no cell "
+        "the window has passed, so the sliding-window layers keep their last 512 positions only. A branch "
+        "from the snapshot is exact at the parent's last message alone and re-reads further back (the "
+        "*open* column); from the live parent (the full-size sliding-window cache, llama-cpp-python's "
+        "default) it is exact anywhere. The same layout makes its snapshot small (the global layers hold "
+        "every cell, the sliding ones 512), so a branch's own cells on its sliding layers weigh more "
+        "against the parent than SmolLM2's.",
         "",
         "## Resume: from pieces against one whole file",
         "",
