@@ -5,7 +5,8 @@ progress, the memory panel after the conversion, the settings dialog, a relaunch
 chat open at quit (its snapshot resumed); then the ladder: the settings
 with a context memory budget, and one conversation on each of its steps (16-bit, 8-bit, 4-bit) and
 while it is compacted to 4-bit; the Models page (``python tools/screenshots.py models``: that one
-alone, no model loaded). Runs on Qt's real xcb
+alone, no model loaded); a tree of branches in the list (``python tools/screenshots.py branches``: that
+one alone, also taken by the whole run). Runs on Qt's real xcb
 platform under a private Xvfb display with a window manager (tools/xcb_smoke.py) when those are
 installed, else offscreen; settings and conversations go to temporary dirs.
 """
@@ -81,7 +82,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import xcb_smoke
 
-    shots = shoot_models if sys.argv[1:] == ["models"] else shoot_all
+    shots = {"models": shoot_models, "branches": shoot_branches_alone}.get(" ".join(sys.argv[1:]), shoot_all)
     if xcb_smoke.missing_tools():
         print(f"screenshots: offscreen ({', '.join(xcb_smoke.missing_tools())} missing)")
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
@@ -153,6 +154,7 @@ def shoot_all() -> int:
     window.settings_dialog.reject()
     window = shoot_relaunch(window)
     ladder_shots = shoot_ladder(window)
+    shoot_branches(window)
     window.close()
     pause(200)  # let the closed dialog's deferred delete run while Qt is still up
     return 0 if shots and ladder_shots and shoot_models() == 0 else 1
@@ -180,6 +182,51 @@ def shoot_relaunch(window):  # noqa: ANN001, ANN201 - a MainWindow in, the relau
     pause(300)
     shoot(relaunched, "screenshot-relaunch.png")
     return relaunched
+
+
+def shoot_branches_alone() -> int:
+    from lazykv.__main__ import default_model_path
+    from lazykv.core.settings import Settings
+    from lazykv.qt.main_window import MainWindow
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("LazyKV Chat")
+    settings = Settings()
+    for name, value in {"n_ctx": 1024, "temperature": 0.0, "seed": 7, "snapshot_encryption": "none"}.items():
+        settings.set(name, value)
+    window = MainWindow(settings, default_model=default_model_path())
+    window.resize(1180, 760)
+    window.show()
+    window.open_configured_model()
+    wait_for(window.model_loaded)
+    window.demo_notice.hide()
+    shoot_branches(window)
+    window.close()
+    pause(200)
+    return 0
+
+
+def shoot_branches(window) -> None:  # noqa: ANN001 - a MainWindow
+    """A chat of three exchanges branched twice (at its first reply, and at its second), one branch taken
+    further; the list shows the tree, the branch on screen says it came from its parent's cache."""
+    window.settings.set("max_reply_tokens", 40)
+    window.chat.new_chat()
+    pause(200)
+    for text in ("Suggest a name for a sailing boat.", "Why that name?", "Suggest a colour for its sail."):
+        window.chat.send_text(text)
+        wait_for(window.reply_finished)
+    pause(300)
+    parent = window.conversations.current
+    for index in (3, 1):  # the second reply, then the first (each branch opens on screen)
+        if window.conversations.current != parent:
+            window.conversations.open(parent)
+            wait_for(window.conversations.opened)
+        window.branching.branch_from(index)
+        wait_for(window.conversations.opened)
+    window.chat.send_text("Suggest a name for a rowing boat instead.")
+    wait_for(window.reply_finished)
+    pause(1200)
+    shoot(window, "screenshot-branches.png")
 
 
 def shoot_models() -> int:

@@ -203,10 +203,13 @@ class ConversationsPanel(QWidget):
     def _tell_apart(self) -> None:
         """Rows with the same title also show when each conversation was started (to the second)."""
         items = [self.list.item(i) for i in range(self.list.count())]
-        titles = Counter(item.data(SUMMARY_ROLE).title for item in items)
+        def told(summary: ConversationSummary) -> tuple[str, str]:  # a branch's line tells it apart too
+            return summary.title, branch_line(summary) if summary.branch is not None else ""
+
+        titles = Counter(told(item.data(SUMMARY_ROLE)) for item in items)
         for item in items:
             summary = item.data(SUMMARY_ROLE)
-            text = _item_text(summary, started=titles[summary.title] > 1)
+            text = _item_text(summary, started=titles[told(summary)] > 1)
             if item.text() != text:
                 item.setText(text)
 
