@@ -38,7 +38,7 @@ def add_setting_options(parser: argparse.ArgumentParser, names: Sequence[str] = 
                                help=about)
         elif setting.kind is SettingKind.ENDPOINT_LIST:
             group.add_argument(setting.flag, dest=name, default=None, type=_checked(setting, _endpoints),
-                               metavar="HOST:PORT[,...]", help=about)
+                               metavar="HOST:PORT[,...]", help=f"{about}; here comma-separated")
         else:
             group.add_argument(setting.flag, dest=name, default=None, metavar=_metavar(setting), help=about,
                                type=_checked(setting, _scalar(setting)))
