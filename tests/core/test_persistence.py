@@ -27,6 +27,7 @@ from lazykv.core.history.snapshot import (
     ENCRYPTION_KEYRING,
     ENCRYPTION_NONE,
     ENCRYPTION_PASSPHRASE,
+    FORMAT_VERSION,
     Binding,
     SnapshotError,
     read_snapshot,
@@ -272,7 +273,8 @@ def test_rotation_disabled_on_one_side_falls_back(
 def test_future_format_version_falls_back(data: tuple[Path, int], smollm2_path: Path) -> None:
     path = snapshot_file(data[0])
     raw = path.read_bytes()
-    marker = b'"format_version":3'
+    marker = b'"format_version":%d' % FORMAT_VERSION
+    assert marker in raw
     path.write_bytes(raw.replace(marker, marker[:-1] + b"9", 1))
     result = open_after(*data, smollm2_path)
     assert result.how == "rebuilt" and "newer" in result.note
