@@ -248,13 +248,24 @@ class Conversation:
     def last_index(self, role: Role) -> int | None:
         return next((i for i in range(len(self._turns) - 1, -1, -1) if self._turns[i]["role"] == role), None)
 
-    def add_marker(self, message_index: int, offset: int, label: str) -> Marker:
+    def add_marker(self, message_index: int, offset: int, label: str) -> Marker | None:
+        """A marker; None when the same one is there already (a resume's line, stored with the
+        conversation, said again by the next resume: it is not added twice)."""
         marker = Marker(message_index, offset, label)
+        if marker in self._markers:
+            return None
         self._markers.append(marker)
         return marker
 
     def markers(self) -> list[Marker]:
         return list(self._markers)
+
+    def markers_by_turn(self) -> dict[int, list[tuple[int, str]]]:
+        """The markers by turn index, (offset, label) in order: as the history stores them."""
+        found: dict[int, list[tuple[int, str]]] = {}
+        for marker in self._markers:
+            found.setdefault(marker.message_index, []).append((marker.offset, marker.label))
+        return found
 
     def set_stats(self, index: int, stats: ReplyStats) -> None:
         if not 0 <= index < len(self._turns):

@@ -73,11 +73,13 @@ def drop_oldest(conversation: Conversation, dropped: Sequence[Mapping[str, str]]
     return f"context full: the {n} oldest messages were dropped to make room"
 
 
-def mark_end(conversation: Conversation, label: str) -> None:
-    """A line under the last message (a marker at its end), e.g. where the cache was compacted."""
-    if len(conversation):
-        index = len(conversation) - 1
-        conversation.add_marker(index, len(conversation.shown()[index]["content"]), label)
+def mark_end(conversation: Conversation, label: str) -> bool:
+    """A line under the last message (a marker at its end), e.g. where the cache was compacted; False
+    when there is no message, or the same line is there already."""
+    if not len(conversation):
+        return False
+    index = len(conversation) - 1
+    return conversation.add_marker(index, len(conversation.shown()[index]["content"]), label) is not None
 
 
 def joined_stats(before: ReplyStats | None, after: ReplyStats | None) -> ReplyStats | None:

@@ -30,7 +30,7 @@ from lazykv.core.history.records import (
 )
 from lazykv.core.paths import DB_FILE, PRIVATE_FILE, SNAPSHOTS_DIR, data_dir, private_dir, restrict
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 DB_KEY_BYTES = 32
 _PLAIN_HEADER = b"SQLite format 3\x00"
 
@@ -152,6 +152,12 @@ ALTER TABLE conversations ADD COLUMN branch_at INTEGER;
 CREATE INDEX conversations_parent ON conversations(parent_uid);
 """
 
+# v8: the lines shown inside or under a message where the KV cache took a step ("Context compacted to
+# 8-bit here"), stored with it as a JSON list of [offset in its text, label]; NULL for none
+_SCHEMA_V8 = """
+ALTER TABLE messages ADD COLUMN markers TEXT;
+"""
+
 
 def _execute_script(db: sqlite3.Connection, script: str) -> None:
     """Run the statements of ``script`` one by one, inside the caller's transaction (unlike
@@ -175,6 +181,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     4: lambda db: _execute_script(db, _SCHEMA_V5),
     5: lambda db: _execute_script(db, _SCHEMA_V6),
     6: lambda db: _execute_script(db, _SCHEMA_V7),
+    7: lambda db: _execute_script(db, _SCHEMA_V8),
 }
 
 

@@ -39,9 +39,29 @@ def to_markdown(record: ConversationRecord) -> str:
     parts = [f"# {title}", f"_LazyKV Chat conversation, started {created}_"]
     if record.system_prompt:
         parts += ["## System prompt", record.system_prompt]
-    for message in record.messages:
-        parts += [f"## {message['role'].capitalize()}", message["content"]]
+    for i, message in enumerate(record.messages):
+        markers = record.markers.get(i, [])
+        parts += [f"## {message['role'].capitalize()}", _with_markers(message["content"], markers)]
     return "\n\n".join(parts) + "\n"
+
+
+def _with_markers(text: str, markers: list[tuple[int, str]]) -> str:
+    """``text`` with each marker a line of its own where it was: after the line it falls in (after a code
+    block it falls in), or under the text."""
+    if not markers:
+        return text
+    lines = text.splitlines(keepends=True)
+    out, done, fenced, pending = [], 0, False, sorted(markers, key=lambda m: m[0])
+    for line in lines:
+        out.append(line)
+        done += len(line)
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        while pending and pending[0][0] < done and not fenced:
+            gap = "" if out[-1].endswith("\n\n") else "\n" if out[-1].endswith("\n") else "\n\n"
+            out.append(f"{gap}_{pending.pop(0)[1]}_\n\n")
+    out += [f"\n\n_{label}_" for _, label in pending]
+    return "".join(out).strip("\n")
 
 
 def to_json(record: ConversationRecord) -> dict:

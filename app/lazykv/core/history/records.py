@@ -165,6 +165,8 @@ class ConversationRecord:
     stats: dict[int, ReplyStats] = field(default_factory=dict)  # by index in ``messages``: replies' figures
     versions: dict[int, list[str]] = field(default_factory=dict)  # by index: a regenerated reply's versions
     branch: BranchLink | None = None  # a branch's link to its parent (None: not a branch)
+    # by index: the lines shown in or under a message where the cache took a step, (offset, label)
+    markers: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
 
 
 BRANCH_SUFFIX = " (branch)"
@@ -294,6 +296,38 @@ def read_versions(db: sqlite3.Connection, conv_id: int) -> dict[int, list[str]]:
     return {i: versions for i, versions in found.items() if len(versions) > 1}
 
 
+def _json_markers(text: str) -> list[tuple[int, str]]:
+    """Stored JSON (a message's markers) as (offset, label) pairs; a damaged entry reads as none."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return []
+    if not isinstance(value, list):
+        return []
+    return [(offset, label) for offset, label in (m for m in value if isinstance(m, list) and len(m) == 2)
+            if type(offset) is int and offset >= 0 and isinstance(label, str)]
+
+
+def read_markers(db: sqlite3.Connection, conv_id: int) -> dict[int, list[tuple[int, str]]]:
+    rows = db.execute("SELECT markers FROM messages WHERE conv_id = ? ORDER BY seq", (conv_id,))
+    found = {i: _json_markers(text) for i, (text,) in enumerate(rows) if text}
+    return {i: markers for i, markers in found.items() if markers}
+
+
+def write_markers(db: sqlite3.Connection, conv_id: int,
+                  markers: Mapping[int, Sequence[tuple[int, str]]]) -> None:
+    """The conversation's markers are ``markers`` (by index in its messages): each message's are
+    replaced, a message without any in ``markers`` has none."""
+    rows = db.execute("SELECT seq, markers FROM messages WHERE conv_id = ? ORDER BY seq", (conv_id,))
+    changed = []
+    for i, (seq, stored) in enumerate(rows.fetchall()):
+        wanted = [[int(offset), check_text("marker", label)] for offset, label in markers.get(i, ())]
+        text = json.dumps(wanted, ensure_ascii=False) if wanted else None
+        if text != stored:
+            changed.append((text, conv_id, seq))
+    db.executemany("UPDATE messages SET markers = ? WHERE conv_id = ? AND seq = ?", changed)
+
+
 def write_versions(db: sqlite3.Connection, conv_id: int, versions: Mapping[int, Sequence[str]]) -> None:
     """Store each regenerated reply's versions with the message at that index."""
     if not versions:
@@ -351,4 +385,6 @@ def loaded(record: ConversationRecord) -> Loaded:
             conversation.set_stats(len(conversation) - 1, stats)
         if i in record.versions:
             conversation.set_versions(len(conversation) - 1, record.versions[i])
+        for offset, label in record.markers.get(i, ()):
+            conversation.add_marker(len(conversation) - 1, offset, label)
     return Loaded(record, conversation, conversation.messages())

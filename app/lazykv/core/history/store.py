@@ -49,12 +49,14 @@ from lazykv.core.history.records import (
     json_dict,
     new_uid,
     op_changes,
+    read_markers,
     read_messages,
     read_stats,
     read_versions,
     settings_json,
     shown_time,
     validate_message,
+    write_markers,
     write_stats,
     write_versions,
 )
@@ -115,6 +117,7 @@ class Store(Listing, SnapshotBudget):
             system_prompt=row[4], settings=json_dict(row[5]), messages=read_messages(db, conv_id),
             snapshot=self._snapshot(db, conv_id), uid=row[6], stats=read_stats(db, conv_id),
             versions=read_versions(db, conv_id), branch=branch_link(*row[7:]),
+            markers=read_markers(db, conv_id),
         )  # fmt: skip
 
     def create_branch(
@@ -127,6 +130,7 @@ class Store(Listing, SnapshotBudget):
         settings: dict | None = None,
         stats: Mapping[int, ReplyStats] | None = None,
         versions: Mapping[int, Sequence[str]] | None = None,
+        markers: Mapping[int, Sequence[tuple[int, str]]] | None = None,
     ) -> OpChangesWithId:
         """A new conversation ``uid`` holding ``messages``, the first messages of conversation
         ``parent_uid`` (as its window shows them: its last sync may still be queued behind this), with
@@ -145,6 +149,7 @@ class Store(Listing, SnapshotBudget):
             insert_messages(db, conv_id, wanted)
             write_stats(db, conv_id, stats or {})
             write_versions(db, conv_id, versions or {})
+            write_markers(db, conv_id, markers or {})
         return OpChangesWithId(id=conv_id, **change_fields(op_changes(conv_id, Change.LIST)))
 
     @staticmethod
@@ -197,6 +202,7 @@ class Store(Listing, SnapshotBudget):
             insert_messages(db, conv_id, messages)
             write_stats(db, conv_id, record.stats)
             write_versions(db, conv_id, record.versions)
+            write_markers(db, conv_id, record.markers)
             snap = record.snapshot
             if snap is not None and self.snapshot_path(snap.sha256).exists() and all(
                     (self.pieces_dir / p.file).is_file() for p in snap.pieces):  # fmt: skip
@@ -254,6 +260,7 @@ class Store(Listing, SnapshotBudget):
         create: bool = False,
         stats: Mapping[int, ReplyStats] | None = None,
         versions: Mapping[int, Sequence[str]] | None = None,
+        markers: Mapping[int, Sequence[tuple[int, str]]] | None = None,
     ) -> Synced:
         """Bring the stored transcript of conversation ``uid`` up to the caller's ``messages``, in one
         transaction; ``synced`` is how many of them the store held after the caller's last sync (0
@@ -271,7 +278,8 @@ class Store(Listing, SnapshotBudget):
         The system prompt and settings are updated each time (settings only when given). ``stats``
         (replies' figures by index in ``messages``) and ``versions`` (a regenerated reply's texts) are
         stored with those messages, unless another window's turns were merged in (the indices would
-        not be the caller's).
+        not be the caller's); so are ``markers`` (by index: (offset, label) of the lines where the cache
+        took a step), which replace the stored ones (None: those stored are kept).
         """
         if not isinstance(uid, str) or not _UID.fullmatch(uid):
             raise ValueError(f"not a conversation uid: {uid!r}")
@@ -303,6 +311,8 @@ class Store(Listing, SnapshotBudget):
             if result == wanted:
                 write_stats(db, conv_id, stats or {})
                 write_versions(db, conv_id, versions or {})
+                if markers is not None:
+                    write_markers(db, conv_id, markers)
         if created or kinds:
             kinds |= {Change.LIST}
         return Synced(id=conv_id, created=created, messages=result, merged=result != wanted,
