@@ -159,7 +159,8 @@ def test_with_the_real_engine_a_relaunch_resumes_with_true_lines_and_compacted_p
 ) -> None:
     """The real engine: its count of conversions goes on over a new chat's empty cache (the panel's does
     not), and a chat saved at 8-bit, opened after a relaunch, is restored from its snapshot with the
-    cache stepping down before the state is read: one true line, none saying it did not fit."""
+    cache stepping down before the state is read: one true line, none saying it did not fit (the line of
+    the step taken when it was first read is stored with it, and shown again)."""
     first = open_window(qtbot, smollm2_path, kv_mode="lazy", snapshot_encryption="none")
     with qtbot.waitSignal(first.conversations.snapshot_saved, timeout=REPLY_TIMEOUT_MS):
         first.chat.send_text(LONG)  # does not fit the 16-bit level: converts while it is read
@@ -167,6 +168,8 @@ def test_with_the_real_engine_a_relaunch_resumes_with_true_lines_and_compacted_p
     conv_id = first.conversations.current
     assert first.kv is not None and first.kv.phase is KvPhase.Q8_0
     assert first.memory_panel.conversion_label.text().startswith("1×")
+    stepped = [m.label for m in first.conversation.markers()]  # the step while it was read
+    assert len(stepped) == 1 and stepped[0].startswith("Context compacted to 8-bit here"), stepped
     first.chat.new_chat()
     settle(qtbot, first)
     qtbot.waitUntil(lambda: first.kv is not None and first.kv.n_cells_used == 0, timeout=WAIT_MS)
@@ -181,7 +184,7 @@ def test_with_the_real_engine_a_relaunch_resumes_with_true_lines_and_compacted_p
         settle(qtbot, w)
         assert opened.args[1].how == "restored"
         assert w.kv is not None and w.kv.phase is KvPhase.Q8_0
-        labels = [m.label for m in w.conversation.markers()]
-        assert labels == ["Context memory restored from the snapshot at 8-bit"], labels
+        labels = [m.label for m in w.conversation.markers()]  # the stored line, then the resume's
+        assert labels == [*stepped, "Context memory restored from the snapshot at 8-bit"], labels
     finally:
         w.close()

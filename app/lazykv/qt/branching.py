@@ -107,6 +107,7 @@ class Branching:
         kept = turns[: index + 1]
         stats = {i: s for i, s in conversation.stats().items() if i <= index}
         versions = {i: v for i, v in conversation.all_versions().items() if i <= index}
+        markers = {i: m for i, m in conversation.markers_by_turn().items() if i <= index}
         settings = self.owner.conversation_settings()
         saved = parent.saved  # set by database jobs only: its first save may be queued before this one
         live = self.host.model_info is not None and self.owner.resume is None
@@ -114,7 +115,8 @@ class Branching:
 
         def job(store: Store) -> OpChangesWithId:
             changes = store.create_branch(new_uid(), saved.uid, kept, system_prompt=system,
-                                          settings=settings, stats=stats, versions=versions)
+                                          settings=settings, stats=stats, versions=versions,
+                                          markers=markers)
             made.append((saved.id, loaded(store.conversation(changes.id))))
             return changes
 

@@ -436,9 +436,13 @@ class ChatFlow(QObject):
         self.host.transcript.end_reply(end.note, end.stats.summary() if end.stats else None)
         self.host.conversations.persist(snapshot=False)
 
-    def add_marker(self, label: str) -> None:
-        """A line under the last message (a marker at its end)."""
-        turns.mark_end(self.host.conversation, label)
+    def add_marker(self, label: str) -> bool:
+        """A line under the last message (a marker at its end), saved with the conversation at once unless
+        a reply is on its way (its end saves it); False when that line is there already."""
+        added = turns.mark_end(self.host.conversation, label)
+        if added and self.host.state is not UiState.REPLYING:
+            self.host.conversations.persist(snapshot=False)
+        return added
 
     def convert_now(self) -> None:
         if self.host.model_info is not None and self.host.model_info.kv_mode.is_lazy:
@@ -510,10 +514,10 @@ class ChatFlow(QObject):
                                  before=self._conversion_from if reading else None)
             if in_reply:
                 self._replying.markers.append(label)
-            else:  # idle, or while the prompt was read: a line under the last message
-                self.add_marker(label)
-            before_reply = self.host.state is UiState.REPLYING and not in_reply
-            self.host.transcript.mark_here(label, before_reply=before_reply)
+            # idle, or while the prompt was read: a line under the last message
+            if in_reply or self.add_marker(label):
+                before_reply = self.host.state is UiState.REPLYING and not in_reply
+                self.host.transcript.mark_here(label, before_reply=before_reply)
             self.host.statusBar().showMessage(compacted_text(event), 10_000)
         self.step_shown.emit(event)
 
@@ -573,5 +577,5 @@ class ChatFlow(QObject):
         else:
             labels = [marker_label(event, before=before) for event, before in steps]
         for label in labels:
-            self.add_marker(label)
-            self.host.transcript.mark_here(label)
+            if self.add_marker(label):  # a resume's line stored from the last time is not said twice
+                self.host.transcript.mark_here(label)

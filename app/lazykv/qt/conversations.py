@@ -340,12 +340,13 @@ class Conversations(QObject):
         first = chat.first_saved
         stats = {i - first: s for i, s in chat.conversation.stats().items() if i >= first}
         versions = {i - first: v for i, v in chat.conversation.all_versions().items() if i >= first}
+        markers = {i - first: m for i, m in chat.conversation.markers_by_turn().items() if i >= first}
 
         def job(store: Store) -> Synced:
             # appended, or compare-and-swapped for an edit or a taken-back turn: never replaced wholesale
             result = store.sync_transcript(saved.uid, turns, saved.synced, title=title_from(turns),
                                            system_prompt=system, settings=settings, create=saved.id is None,
-                                           stats=stats, versions=versions)
+                                           stats=stats, versions=versions, markers=markers)
             saved.id, saved.synced = result.id, len(result.messages)
             return result
 

@@ -159,8 +159,8 @@ class ModelLoading(QObject):
         if not first and len(self.host.conversation):  # a reload: the cache is empty now
             label = (f"Context memory emptied here: {info.name} loaded with the {info.kv_mode.words} "
                      "cache; the next reply reads the conversation again")
-            self.host.chat.add_marker(label)
-            self.host.transcript.mark_here(label)
+            if self.host.chat.add_marker(label):
+                self.host.transcript.mark_here(label)
         self.host.model_info = info
         self.host.model_label.setText(model_summary(info))
         self.host.memory_panel.set_model(info)

@@ -467,9 +467,10 @@ class TranscriptView(QTextBrowser):
 
 
 def _message(role: str, text: str, markers: list[tuple[int, str]]) -> _Message:
-    """A message whose markers at or past its end are lines under it, the others inline."""
+    """A message whose markers at or past its end are lines under it, the others inline; in the order
+    they came at one place (not by their words)."""
     inside = [(offset, label) for offset, label in markers if offset < len(text)]
-    lines = [label for offset, label in sorted(markers) if offset >= len(text)]
+    lines = [label for offset, label in sorted(markers, key=lambda m: m[0]) if offset >= len(text)]
     return _Message(role, text, inside, lines)
 
 
