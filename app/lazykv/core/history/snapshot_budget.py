@@ -79,7 +79,8 @@ class SnapshotBudget(Connection):
     @staticmethod
     def _pieces_of(db: sqlite3.Connection, conv_id: int) -> tuple[PieceRow, ...]:
         rows = db.execute("SELECT p.address, p.file, p.size, p.wrapped_key FROM snapshot_pieces s"
-                          " JOIN pieces p ON p.address = s.address WHERE s.conv_id = ?", (conv_id,))  # fmt: skip
+                          " JOIN pieces p ON p.address = s.address WHERE s.conv_id = ?",
+                          (conv_id,))  # fmt: skip
         return tuple(_piece(row) for row in rows)
 
     @staticmethod
