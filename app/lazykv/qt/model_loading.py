@@ -156,12 +156,12 @@ class ModelLoading(QObject):
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
         first = self.host.model_info is None
+        self.host.model_info = info  # (before the line below is saved: the chat is now held in this one)
         if not first and len(self.host.conversation):  # a reload: the cache is empty now
             label = (f"Context memory emptied here: {info.name} loaded with the {info.kv_mode.words} "
                      "cache; the next reply reads the conversation again")
             if self.host.chat.add_marker(label):
                 self.host.transcript.mark_here(label)
-        self.host.model_info = info
         self.host.model_label.setText(model_summary(info))
         self.host.memory_panel.set_model(info)
         self._show_unreachable(info)
