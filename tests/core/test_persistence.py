@@ -28,6 +28,7 @@ from lazykv.core.history.snapshot import (
     ENCRYPTION_NONE,
     ENCRYPTION_PASSPHRASE,
     FORMAT_VERSION,
+    WHOLE_STATE_VERSION,
     Binding,
     SnapshotError,
     read_snapshot,
@@ -325,10 +326,9 @@ def test_budget_prunes_least_recently_used_snapshots_never_transcripts(app: App)
     assert app.store.conversation(conv_a).snapshot is None
     assert app.store.conversation(conv_b).snapshot is not None
     conv_c, _ = app.chat_and_save("What is a tree?")
-    size_b = app.store.conversation(conv_b).snapshot.size
-    size_c = app.store.conversation(conv_c).snapshot.size
+    held = app.store.stored_bytes()  # b's and c's files and pieces, shared pieces once
     turns = app.store.conversation(conv_c).messages
-    result = app.persistence.save(conv_c, turns, budget_bytes=size_b + size_c + 10**6)
+    result = app.persistence.save(conv_c, turns, budget_bytes=held + 10**6)
     assert result.pruned == [] and app.store.conversation(conv_b).snapshot is not None
     assert len(app.store.conversation(conv_a).messages) == 2
     assert app.open(conv_a).how == "rebuilt"
@@ -436,7 +436,7 @@ def test_an_older_format_snapshot_is_refused_as_older(
 ) -> None:
     path = snapshot_file(data[0])
     raw = path.read_bytes()
-    marker = b'"format_version":3'
+    marker = b'"format_version":%d' % FORMAT_VERSION
     assert marker in raw
     path.write_bytes(raw.replace(marker, b'"format_version":%d' % version, 1))
     result = open_after(*data, smollm2_path)
@@ -475,9 +475,12 @@ def test_a_snapshot_saved_before_the_extension_block_is_re_read_once(
     try:
         conv, more = app.chat_and_save(SHORT)
         binding = Binding(conv, transcript_digest(more[:2]))
-        header, tokens, state = read_snapshot(app.store.conversation(conv).snapshot.path, None, binding)
+        header, _, _ = read_snapshot(app.store.conversation(conv).snapshot.path, None, binding)
         assert header.state_version == 4
-        old_header = dataclasses.replace(header, state_version=5)
+        kv = app.engine.capture_kv()  # the state saved: the engine's cache as it was
+        tokens, state = kv.tokens, kv.state
+        # a file of the earlier app: the whole state in it (no pieces), of the earlier state format
+        old_header = dataclasses.replace(header, state_version=5, format_version=WHOLE_STATE_VERSION)
         pending = tmp_path / "old.lkv"
         old_state = _layout_before_the_extension_block(bytes(state))
         sha = write_snapshot(pending, old_header, tokens, old_state, None)
@@ -499,10 +502,9 @@ def test_the_engine_refuses_the_old_layout_itself(data: tuple[Path, int], smollm
     app = App(data[0], smollm2_path, "q8_0")
     try:
         conv = data[1]
-        ref = app.store.conversation(conv).snapshot
-        key = app.persistence.crypto.unwrap(ref.wrapped_key, conv)
-        binding = Binding(conv, transcript_digest(app.store.conversation(conv).messages[:2]))
-        _, tokens, state = read_snapshot(ref.path, key, binding)
+        assert app.open(conv).how == "restored"
+        kv = app.engine.capture_kv()
+        tokens, state = kv.tokens, kv.state
         assert "sequence state format version: saved 5" in str(
             app.engine.kv_refusal(tokens, _layout_before_the_extension_block(bytes(state))))
         # the metadata passed: the engine's own check
