@@ -27,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lazykv.core.engine.types import SamplingSettings
-from lazykv.server import types
+from lazykv.server import structured, types
 from lazykv.server.engine_access import (
     Access,
     Event,
@@ -105,7 +105,10 @@ class Api:
         if len(parsed.messages) > self.settings.max_messages:
             return error(400, f"At most {self.settings.max_messages} messages per request.", param="messages")
         messages = [m.as_engine_message() for m in parsed.messages]
-        return await self._serve(request, parsed, messages=messages, prompt=None, chat=True)
+        grammar = await asyncio.to_thread(_grammar, parsed.response_format)
+        if isinstance(grammar, Response):
+            return grammar
+        return await self._serve(request, parsed, messages=messages, prompt=None, chat=True, grammar=grammar)
 
     async def completions(self, request: Request) -> Response:
         parsed = await self._parse(request, types.CompletionRequest)
@@ -130,7 +133,7 @@ class Api:
             return error(400, message, param=param, code="invalid_value")
 
     def _generation(self, parsed: Any, messages: list[dict[str, str]] | None, prompt: str | None,
-                    emit: Callable[[Event], None]) -> Generation:
+                    emit: Callable[[Event], None], grammar: str | None = None) -> Generation:
         limit = parsed.limit() or self.settings.default_max_tokens
         sampling = SamplingSettings(
             temperature=parsed.temperature, top_p=parsed.top_p, top_k=40, min_p=0.05, repeat_penalty=1.0,
@@ -138,10 +141,10 @@ class Api:
             presence_penalty=parsed.presence_penalty, frequency_penalty=parsed.frequency_penalty,
         )
         return Generation(messages, prompt, sampling, min(limit, self.settings.max_tokens_cap),
-                          parsed.stop_list(), emit)
+                          parsed.stop_list(), emit, grammar=grammar)
 
     async def _serve(self, request: Request, parsed: Any, messages: list[dict[str, str]] | None,
-                     prompt: str | None, chat: bool) -> Response:
+                     prompt: str | None, chat: bool, grammar: str | None = None) -> Response:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -149,7 +152,7 @@ class Api:
             with contextlib.suppress(RuntimeError):  # the loop is gone: the server is stopping
                 loop.call_soon_threadsafe(events.put_nowait, event)
 
-        job = self._generation(parsed, messages, prompt, emit)
+        job = self._generation(parsed, messages, prompt, emit, grammar)
         try:
             self.access.submit(job)
         except QueueFullError:
@@ -222,6 +225,18 @@ class Api:
             yield {"data": "[DONE]"}
         finally:
             job.cancel.set()  # a no-op once it has ended; stops it when the client went away
+
+
+def _grammar(response_format: types.ResponseFormat | None) -> str | None | Response:
+    """The grammar a reply must follow (None: free text), or the 400 naming what cannot be enforced."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object" or response_format.json_schema is None:
+        return structured.json_object_grammar()
+    try:
+        return structured.schema_grammar(response_format.json_schema.schema_)
+    except structured.SchemaError as err:
+        return error(400, f"{err}", param="response_format.json_schema.schema", code="unsupported_schema")
 
 
 def _sse(body: dict[str, Any]) -> dict[str, str]:

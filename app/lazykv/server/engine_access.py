@@ -18,7 +18,7 @@ from typing import Protocol
 
 from lazykv.core.chat.conversation import common_prefix
 from lazykv.core.engine.engine import EngineSession
-from lazykv.core.engine.types import PromptError, SamplingSettings
+from lazykv.core.engine.types import GrammarError, PromptError, SamplingSettings
 from lazykv.core.errors import EngineError
 from lazykv.core.kinds import FinishReason
 from lazykv.server.prefix_cache import PrefixCache
@@ -66,6 +66,7 @@ class Generation:
     emit: Callable[[Event], None]
     cancel: threading.Event = field(default_factory=threading.Event)
     ended: bool = False  # its end was emitted
+    grammar: str | None = None  # GBNF the reply must follow (response_format), None: free text
 
 
 class QueueFullError(Exception):
@@ -107,7 +108,7 @@ def run_generation(session: EngineSession, cache: PrefixCache | None, job: Gener
         if match is not None and match.n_tokens > common_prefix(session.cached_tokens(), tokens):
             restored = cache.restore(session, match)
     stream = session.stream_tokens(tokens, [*stop, *job.stop], job.sampling, job.cancel,
-                                   max_tokens=min(job.max_tokens, n_ctx - len(tokens)))
+                                   max_tokens=min(job.max_tokens, n_ctx - len(tokens)), grammar=job.grammar)
     while True:
         try:
             piece = next(stream)
@@ -197,6 +198,9 @@ def answer(session: EngineSession, cache: PrefixCache | None, job: Generation) -
         return
     except PromptError as err:
         failed = RequestFailed(400, str(err), code="invalid_messages")
+    except GrammarError as err:
+        failed = RequestFailed(400, f"{err}; simplify the response_format's schema.",
+                               code="invalid_response_format")
     except EngineError as err:
         log.warning("API request failed in the engine: %s", err)
         failed = RequestFailed(500, f"The engine could not answer: {err}", "server_error")

@@ -11,15 +11,15 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 INT32_MAX = 2**31 - 1
 MAX_TEXT_CHARS = 4 * 1024 * 1024
 MAX_STOPS = 16
 
 # accepted and ignored: the API documents them, clients send them, they change nothing here
-IGNORED = ("user", "logit_bias", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
-           "parallel_tool_calls", "service_tier", "store", "metadata", "suffix", "echo", "best_of")
+IGNORED = ("user", "logit_bias", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+           "service_tier", "store", "metadata", "suffix", "echo", "best_of")
 
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
@@ -95,8 +95,31 @@ class _Sampling(_Strict):
         return [s for s in stops if s]
 
 
+class JsonSchemaFormat(_Strict):
+    """OpenAI's ``response_format.json_schema``: the schema the reply must validate against."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: Text | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")  # none: any JSON object
+    strict: bool | None = None  # enforced either way (a grammar); an unenforceable schema is refused
+
+
+class ResponseFormat(_Strict):
+    """``text`` (free text), ``json_object`` (any JSON object) or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs 'json_schema' (with its 'name' and 'schema')")
+        return self
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    response_format: ResponseFormat | None = None
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)  # the newer name of max_tokens
 
     def limit(self) -> int | None:

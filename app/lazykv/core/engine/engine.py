@@ -16,6 +16,7 @@ import jinja2
 import llama_cpp
 import numpy as np
 from llama_cpp import llama_chat_format
+from llama_cpp.llama_grammar import LlamaGrammar
 
 from lazykv.core.chat.context_policy import fit_messages
 from lazykv.core.chat.conversation import common_prefix
@@ -35,6 +36,7 @@ from lazykv.core.engine.model_meta import KvSupport
 from lazykv.core.engine.planner import AUTO
 from lazykv.core.engine.types import (
     CancelledError,
+    GrammarError,
     KvLayout,
     KvModeError,
     KvRestoreError,
@@ -405,17 +407,24 @@ class EngineSession:
         sampling: SamplingSettings,
         cancel: threading.Event,
         max_tokens: int | None = None,
+        grammar: str | None = None,
     ) -> Generator[str, None, ReplyResult]:
         """Yield the continuation of a prompt given as ``tokens`` piece by piece (see stream_reply,
         which makes them from a conversation; the local API also sends raw prompts); return a ReplyResult.
-        The cache keeps its common prefix with ``tokens`` (``n_reused``) and reads the rest."""
+        The cache keeps its common prefix with ``tokens`` (``n_reused``) and reads the rest.
+        ``grammar`` (GBNF, root rule ``root``): every sampled token keeps the reply inside it, and the
+        reply ends only where it is complete; GrammarError before anything is read when llama.cpp
+        cannot parse it."""
         llama, _ = self._require()
+        if grammar is not None:
+            _check_grammar(llama, grammar)
         n_reused = common_prefix(llama.input_ids[: llama.n_tokens].tolist(), tokens)
         result = ReplyResult("", FinishReason.CANCELLED, len(tokens), n_reused)
         if cancel.is_set():
             return result
         with self.cancellable(cancel):
-            text, finish_reason = yield from self._stream(llama, tokens, stop, sampling, cancel, max_tokens)
+            text, finish_reason = yield from self._stream(llama, tokens, stop, sampling, cancel, max_tokens,
+                                                          grammar)
         # the cache took every generated token but the last one when a limit or a stop string ended it
         n_generated = max(0, llama.n_tokens - len(tokens))
         if finish_reason is FinishReason.LENGTH and max_tokens:
@@ -465,6 +474,7 @@ class EngineSession:
         sampling: SamplingSettings,
         cancel: threading.Event,
         max_tokens: int | None,
+        grammar: str | None = None,
     ) -> Generator[str, None, tuple[str, FinishReason]]:
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(32)
         pieces: list[str] = []
@@ -483,6 +493,7 @@ class EngineSession:
                 frequency_penalty=sampling.frequency_penalty,
                 seed=seed,
                 max_tokens=max_tokens if max_tokens else -1,
+                grammar=None if grammar is None else LlamaGrammar.from_string(grammar),
             )
             try:
                 assert self._abort is not None
@@ -593,6 +604,15 @@ class _ChatFormat:
                 raise PromptError(f"llama.cpp's built-in {self.choice.name} template refused these messages")
             return prompt, False
         return chat_template.plain_prompt(messages, add_generation_prompt), False
+
+
+def _check_grammar(llama: llama_cpp.Llama, grammar: str) -> None:
+    """GrammarError when llama.cpp cannot parse ``grammar`` (its sampler would be null)."""
+    vocab = llama_cpp.llama_model_get_vocab(llama.model)
+    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+    if not sampler:
+        raise GrammarError("llama.cpp could not parse the grammar made for this response format")
+    llama_cpp.llama_sampler_free(sampler)
 
 
 def _special_tokens(llama: llama_cpp.Llama) -> list[str]:

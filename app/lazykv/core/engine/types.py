@@ -55,6 +55,10 @@ class PromptError(EngineError):
     """The model's chat template refused the messages (e.g. roles that do not alternate)."""
 
 
+class GrammarError(EngineError):
+    """llama.cpp could not parse a grammar given to constrain a reply."""
+
+
 class CancelledError(EngineError):
     """The request was cancelled before it finished (what it did so far is kept, see each method)."""
 
