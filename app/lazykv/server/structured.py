@@ -4,11 +4,8 @@ The grammar comes from llama-cpp-python's port of llama.cpp's json-schema-to-gra
 (``llama_cpp.llama_grammar``). That converter silently drops the keywords it cannot express and
 asserts on some others, so a schema is checked here first: a keyword the grammar would not enforce
 is refused with a ``SchemaError`` naming it (the API answers 400), since a reply that need not
-validate is what the client asked us to rule out. What is enforced: ``type`` (one or a list),
-``properties``, ``required``, ``additionalProperties``, ``items``/``prefixItems`` with
-``minItems``/``maxItems``, ``enum``, ``const``, ``anyOf``/``oneOf``, ``allOf`` of object parts,
-local ``$ref`` into ``$defs``/``definitions``, and for strings anchored ``pattern``, ``format``
-(date, time, date-time, uuid) and ``minLength``/``maxLength``; annotations are allowed and ignored.
+validate is what the client asked us to rule out. What is enforced: ``ENFORCED`` below (the
+README's "Structured output" says it for users); annotations are allowed and ignored.
 """
 
 from __future__ import annotations
