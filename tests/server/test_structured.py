@@ -10,7 +10,10 @@ import httpx
 import openai
 import pytest
 
+from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.types import SamplingSettings
 from lazykv.server import structured
+from lazykv.server.engine_access import Event, Generation, RequestFailed, answer
 from lazykv.server.service import Service
 
 ASK = [{"role": "system", "content": "You answer in JSON."},
@@ -136,3 +139,12 @@ def test_list_types_and_single_all_of_are_rewritten_so_each_part_is_enforced() -
     wrapped = structured.schema_grammar({"$defs": {"m": {"enum": ["a", "b"]}},
                                          "allOf": [{"$ref": "#/$defs/m"}]})
     assert '"\\"a\\""' in wrapped and '"{"' not in wrapped
+
+
+def test_a_grammar_llama_cpp_cannot_parse_is_a_400_before_anything_is_read(session: EngineSession) -> None:
+    events: list[Event] = []
+    job = Generation(None, "Once upon a time", SamplingSettings(seed=1), 4, [], events.append,
+                     grammar='root ::= "a" (')
+    answer(session, None, job)
+    assert len(events) == 1 and isinstance(events[0], RequestFailed) and events[0].status == 400
+    assert "response_format" in events[0].message
