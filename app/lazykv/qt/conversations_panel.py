@@ -98,7 +98,7 @@ class ConversationsPanel(QWidget):
         more = QMenu(self.more_button)
         for label, fmt in EXPORTS:
             more.addAction(label, lambda f=fmt: self._with_selected(
-                lambda cid: self.export_requested.emit(cid, f)))
+                lambda conv_id: self.export_requested.emit(conv_id, f)))
         more.addAction("Import JSON…", self.import_requested.emit)
         self.more_button.setMenu(more)
         self.private_box = QCheckBox("Private (save nothing)")
@@ -254,7 +254,7 @@ class ConversationsPanel(QWidget):
             self.open_requested.emit(conv_id)
 
     def _row(self, conv_id: int) -> int | None:
-        return next((i for i, cid in enumerate(self.ids()) if cid == conv_id), None)
+        return next((i for i, listed in enumerate(self.ids()) if listed == conv_id), None)
 
     def ids(self) -> list[int]:
         return [self.list.item(i).data(Qt.ItemDataRole.UserRole) for i in range(self.list.count())]
