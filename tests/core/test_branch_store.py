@@ -137,7 +137,7 @@ def test_a_version_6_database_gets_the_link_columns_and_keeps_its_conversations(
     db.close()
     store = Store(path, tmp_path / "snaps")
     try:
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == connection.SCHEMA_VERSION == 8
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == connection.SCHEMA_VERSION == 9
         assert store.conversation(1).branch is None and store.summary(1).branch is None
         bid = store.create_branch(new_uid(), "a" * 32, [{"role": "user", "content": "Hi"}]).id
         assert store.summary(bid).branch == BranchLink("a" * 32, "old", 1, 1)

@@ -186,15 +186,15 @@ def test_a_piece_swapped_damaged_or_under_another_key_is_refused(tmp_path: Path,
     for i in range(2):
         pieces.write_piece(tmp_path, f"{i}", addr[i], data[i], key)
     entries = [(addr[0], len(data[0])), (addr[1], len(data[1]))]
-    out = pieces.assemble(entries, lambda a: (tmp_path / str(addr.index(a)), key))
+    out = pieces.assemble(entries, lambda a: pieces.Location(tmp_path / str(addr.index(a)), key))
     assert bytes(out) == data[0] + data[1]
     with pytest.raises(pieces.PieceError):  # the other piece's file in its place
-        pieces.assemble(entries, lambda a: (tmp_path / "1", key))
+        pieces.assemble(entries, lambda a: pieces.Location(tmp_path / "1", key))
     raw = bytearray((tmp_path / "0").read_bytes())
     raw[len(raw) // 2] ^= 4
     (tmp_path / "0").write_bytes(raw)
     with pytest.raises(pieces.PieceError):
-        pieces.assemble(entries, lambda a: (tmp_path / str(addr.index(a)), key))
+        pieces.assemble(entries, lambda a: pieces.Location(tmp_path / str(addr.index(a)), key))
     if key is not None:
         with pytest.raises(pieces.PieceError):
-            pieces.assemble(entries[1:], lambda a: (tmp_path / "1", bytes(32)))
+            pieces.assemble(entries[1:], lambda a: pieces.Location(tmp_path / "1", bytes(32)))

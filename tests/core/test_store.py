@@ -489,7 +489,7 @@ def migrated(tmp_path: Path, version: int) -> Iterator[tuple[Store, Conversation
     try:
         record = store.conversation(1)
         assert [m["content"] for m in record.messages] == ["Hi", "Hello"]
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
         yield store, record
     finally:
         store.close()

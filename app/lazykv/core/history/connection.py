@@ -30,7 +30,7 @@ from lazykv.core.history.records import (
 )
 from lazykv.core.paths import DB_FILE, PRIVATE_FILE, SNAPSHOTS_DIR, data_dir, private_dir, restrict
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 DB_KEY_BYTES = 32
 _PLAIN_HEADER = b"SQLite format 3\x00"
 
@@ -158,6 +158,32 @@ _SCHEMA_V8 = """
 ALTER TABLE messages ADD COLUMN markers TEXT;
 """
 
+# v9: a save's new pieces are written into one pack file (a piece: its ``file`` and the ``offset`` of its
+# record there; a pack goes with its last piece), so a resume opens a few files, not thousands; the
+# pieces table is rebuilt without the file's uniqueness, pieces stored before v9 are packs of one piece
+_SCHEMA_V9 = """
+CREATE TABLE pieces_v9 (
+    address TEXT PRIMARY KEY,  -- keyed hash of its bytes
+    file TEXT NOT NULL,  -- its pack in the snapshots folder's pieces/
+    size INTEGER NOT NULL,  -- bytes on disk: its record in the pack
+    wrapped_key BLOB,
+    offset INTEGER NOT NULL DEFAULT 0  -- where its record starts in the pack
+);
+INSERT INTO pieces_v9 (address, file, size, wrapped_key) SELECT address, file, size, wrapped_key FROM pieces;
+CREATE TABLE snapshot_pieces_v9 (
+    conv_id INTEGER NOT NULL REFERENCES snapshots(conv_id) ON DELETE CASCADE,
+    address TEXT NOT NULL REFERENCES pieces_v9(address),
+    PRIMARY KEY (conv_id, address)
+);
+INSERT INTO snapshot_pieces_v9 (conv_id, address) SELECT conv_id, address FROM snapshot_pieces;
+DROP TABLE snapshot_pieces;
+DROP TABLE pieces;
+ALTER TABLE pieces_v9 RENAME TO pieces;
+ALTER TABLE snapshot_pieces_v9 RENAME TO snapshot_pieces;
+CREATE INDEX snapshot_pieces_address ON snapshot_pieces(address);
+CREATE INDEX pieces_file ON pieces(file);
+"""
+
 
 def _execute_script(db: sqlite3.Connection, script: str) -> None:
     """Run the statements of ``script`` one by one, inside the caller's transaction (unlike
@@ -182,6 +208,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     5: lambda db: _execute_script(db, _SCHEMA_V6),
     6: lambda db: _execute_script(db, _SCHEMA_V7),
     7: lambda db: _execute_script(db, _SCHEMA_V8),
+    8: lambda db: _execute_script(db, _SCHEMA_V9),
 }
 
 

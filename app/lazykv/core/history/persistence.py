@@ -34,6 +34,7 @@ from lazykv.core.engine.fingerprint import model_sha256
 from lazykv.core.engine.types import KvRestoreError
 from lazykv.core.history.keys import KEY_BYTES, UnlockedPassphrase, database_key, wrapping_key
 from lazykv.core.history.pieces import (
+    Location,
     Piece,
     PieceError,
     address_key,
@@ -42,7 +43,7 @@ from lazykv.core.history.pieces import (
     split,
     sync_folder,
     unpack_manifest,
-    write_piece,
+    write_pack,
 )
 from lazykv.core.history.records import Change, OpChanges, PieceRow, SnapshotRef
 from lazykv.core.history.snapshot import (
@@ -319,9 +320,9 @@ class Persistence:
 
     def _write_pieces(self, state: bytes, crypto: Crypto) -> tuple[tuple[tuple[PieceRow, ...], list[Piece]],
                                                                     set[str]]:
-        """The state cut into pieces (``pieces.split``); those not stored yet written, each under a key
-        of its own, and made durable. Returns (the rows of the pieces it is made of, each once; the
-        pieces in order) and the files written."""
+        """The state cut into pieces (``pieces.split``); those not stored yet written into one pack, each
+        under a key of its own, and made durable. Returns (the rows of the pieces it is made of, each
+        once; the pieces in order) and the files written (the pack, or none)."""
         master = crypto.master()
         parts = split(state, address_key(master, b"history"))
         order = list(dict.fromkeys(p.address for p in parts))
@@ -329,19 +330,21 @@ class Persistence:
         folder = self.db.snapshots_dir / "pieces"
         private_dir(folder, own=True)
         view = memoryview(state)
+        new: dict[str, tuple[Piece, bytes | None]] = {}
+        for part in parts:
+            if part.address not in known and part.address not in new:
+                new[part.address] = (part, None if master is None else os.urandom(KEY_BYTES))
         rows: dict[str, PieceRow] = {}
         written: set[str] = set()
         try:
-            for part in parts:
-                if part.address in known or part.address in rows:
-                    continue
-                key = None if master is None else os.urandom(KEY_BYTES)
+            if new:
                 name = f"{uuid.uuid4().hex}{PIECE_SUFFIX}"
                 written.add(name)
-                size = write_piece(folder, name, part.address, view[part.start : part.end], key)
-                rows[part.address] = PieceRow(part.address, name, size,
-                                              None if key is None else crypto.wrap_piece(key, part.address))
-            if written:
+                spans = write_pack(folder, name, [(p.address, view[p.start : p.end], key)
+                                                  for p, key in new.values()])  # fmt: skip
+                for (part, key), (offset, size) in zip(new.values(), spans, strict=True):
+                    wrapped = None if key is None else crypto.wrap_piece(key, part.address)
+                    rows[part.address] = PieceRow(part.address, name, size, wrapped, offset)
                 sync_folder(folder, sorted(written))
         except BaseException:
             self._remove_pieces(written)
@@ -467,12 +470,15 @@ class Persistence:
         rows = {p.address: p for p in ref.pieces}
         unwrap = None if plain else crypto.piece_keys()
         folder = self.db.snapshots_dir / "pieces"
+        paths: dict[str, Path] = {}
 
-        def locate(address: str) -> tuple[Path, bytes | None]:
+        def locate(address: str) -> Location:
             row = rows.get(address)
             if row is None or (row.wrapped_key is None) != plain:
                 raise PieceError("a piece of the snapshot is not recorded for it", address)
-            return folder / row.file, None if unwrap is None else unwrap(row.wrapped_key, address)
+            key = None if unwrap is None else unwrap(row.wrapped_key, address)
+            path = paths.get(row.file) or paths.setdefault(row.file, folder / row.file)  # a pack's path once
+            return Location(path, key, row.offset, row.size)
 
         return assemble(unpack_manifest(manifest, MAX_PAYLOAD_BYTES), locate)
 

@@ -128,13 +128,15 @@ class ConversationSummary:
 
 @dataclass(frozen=True)
 class PieceRow:
-    """A stored piece of snapshot state (``pieces``): its address, file, size on disk and own key,
-    wrapped by the master key (None: unencrypted)."""
+    """A stored piece of snapshot state (``pieces``): its address, pack file, size on disk (its record's
+    length) and own key, wrapped by the master key (None: unencrypted), and where its record starts in
+    the pack."""
 
     address: str
     file: str
     size: int
     wrapped_key: bytes | None = field(default=None, repr=False)
+    offset: int = 0
 
 
 @dataclass(frozen=True)

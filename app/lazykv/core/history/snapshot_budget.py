@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lazykv.core.history.connection import Connection
+from lazykv.core.history.pieces import punch_holes
 from lazykv.core.history.records import Change, OpChanges, PieceRow, SnapshotRef, StoreError, check_sha256
 
 SNAPSHOT_SUFFIX = ".lkv"
-PIECES_DIR = "pieces"  # the shared pieces of snapshot states (``pieces``), one file each
+PIECES_DIR = "pieces"  # the shared pieces of snapshot states (``pieces``), in packs: a save's new ones
 PIECE_SUFFIX = ".lkvp"
 _SQL_VARS = 500  # addresses per query (SQLite's bound on parameters)
 PENDING_PREFIX = "pending-"  # a snapshot being written: pending-<uuid>.lkv, then renamed to <sha256>.lkv
@@ -71,29 +72,44 @@ class SnapshotBudget(Connection):
             for start in range(0, len(addresses), _SQL_VARS):
                 part = addresses[start : start + _SQL_VARS]
                 marks = ",".join("?" * len(part))
-                for row in db.execute(f"SELECT address, file, size, wrapped_key FROM pieces WHERE address IN"
+                for row in db.execute(f"SELECT {_PIECE_COLUMNS} FROM pieces WHERE address IN"
                                       f" ({marks})", part):  # fmt: skip
                     found[row[0]] = _piece(row)
         return found
 
     @staticmethod
     def _pieces_of(db: sqlite3.Connection, conv_id: int) -> tuple[PieceRow, ...]:
-        rows = db.execute("SELECT p.address, p.file, p.size, p.wrapped_key FROM snapshot_pieces s"
+        columns = ", ".join(f"p.{c}" for c in _PIECE_COLUMNS.split(", "))
+        rows = db.execute(f"SELECT {columns} FROM snapshot_pieces s"
                           " JOIN pieces p ON p.address = s.address WHERE s.conv_id = ?",
                           (conv_id,))  # fmt: skip
         return tuple(_piece(row) for row in rows)
 
     @staticmethod
-    def _drop_unreferenced(db: sqlite3.Connection) -> list[str]:
-        """Delete the rows (and so the keys) of the pieces no snapshot holds; returns their files."""
+    def _drop_unreferenced(db: sqlite3.Connection) -> list[PieceRow]:
+        """Delete the rows (and so the keys) of the pieces no snapshot holds; returns them."""
         unheld = "FROM pieces WHERE address NOT IN (SELECT address FROM snapshot_pieces)"
-        files = [row[0] for row in db.execute(f"SELECT file {unheld}")]
+        rows = [_piece(row) for row in db.execute(f"SELECT {_PIECE_COLUMNS} {unheld}")]
         db.execute(f"DELETE {unheld}")
-        return files
+        return rows
 
-    def _unlink_pieces(self, files: list[str]) -> None:
+    def _unlink_pieces(self, gone: list[PieceRow]) -> None:
+        """The files of pieces whose rows are gone: a pack no row names any more is deleted; in one that
+        still holds other pieces, their records' bytes are freed (a hole punched, where the file system
+        can; their keys are gone in any case)."""
+        files = sorted({p.file for p in gone})
+        if not files:
+            return
+        with self._errors():
+            held = {row[0] for start in range(0, len(files), _SQL_VARS)
+                    for row in self._db.execute(
+                        "SELECT DISTINCT file FROM pieces WHERE file IN"
+                        f" ({','.join('?' * len(files[start : start + _SQL_VARS]))})",
+                        files[start : start + _SQL_VARS])}  # fmt: skip
         for name in files:
-            self._unlink(self.pieces_dir / name)
+            if name not in held:
+                self._unlink(self.pieces_dir / name)
+        punch_holes(self.pieces_dir, [(p.file, p.offset, p.size) for p in gone if p.file in held])
 
     @staticmethod
     def _stored_bytes(db: sqlite3.Connection) -> int:
@@ -144,19 +160,18 @@ class SnapshotBudget(Connection):
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (conv_id, sha256, int(size), int(n_tokens), header_json, self._now(), wrapped_key),
             )
-            db.executemany("INSERT OR IGNORE INTO pieces (address, file, size, wrapped_key)"
-                           " VALUES (?, ?, ?, ?)",
-                           [(p.address, p.file, p.size, p.wrapped_key) for p in pieces])  # fmt: skip
+            db.executemany(f"INSERT OR IGNORE INTO pieces ({_PIECE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                           [_piece_values(p) for p in pieces])  # fmt: skip
             db.executemany("INSERT OR IGNORE INTO snapshot_pieces (conv_id, address) VALUES (?, ?)",
                            [(conv_id, p.address) for p in pieces])  # fmt: skip
             stored = self._pieces_of(db, conv_id)
-            for piece in stored:
-                if not (self.pieces_dir / piece.file).is_file():
+            for file in {piece.file for piece in stored}:
+                if not (self.pieces_dir / file).is_file():
                     raise StoreError("a piece of an earlier snapshot was removed while this one was saved; "
                                      "it is saved again after the next reply")
             dropped = self._drop_unreferenced(db)
-        kept = {p.file for p in stored}
-        self._unlink_pieces(dropped + [p.file for p in pieces if p.file not in kept])
+        kept = {(p.address, p.file) for p in stored}  # a piece stored meanwhile keeps the other record
+        self._unlink_pieces(dropped + [p for p in pieces if (p.address, p.file) not in kept])
         return previous[0] if previous else None
 
     def touch_snapshot(self, conv_id: int) -> None:
@@ -180,7 +195,7 @@ class SnapshotBudget(Connection):
             ).fetchall()
             total = self._stored_bytes(db)  # a piece held by several snapshots counts once
             pruned: list[str] = []
-            dropped: list[str] = []
+            dropped: list[PieceRow] = []
             for (sha256,) in by_age:
                 if total <= budget_bytes:
                     break
@@ -275,6 +290,13 @@ class SnapshotBudget(Connection):
         return True
 
 
+_PIECE_COLUMNS = "address, file, size, wrapped_key, offset"
+
+
 def _piece(row: tuple) -> PieceRow:
-    address, file, size, wrapped = row
-    return PieceRow(address, file, int(size), None if wrapped is None else bytes(wrapped))
+    address, file, size, wrapped, offset = row
+    return PieceRow(address, file, int(size), None if wrapped is None else bytes(wrapped), int(offset))
+
+
+def _piece_values(p: PieceRow) -> tuple:
+    return p.address, p.file, p.size, p.wrapped_key, p.offset

@@ -205,7 +205,7 @@ class Store(Listing, SnapshotBudget):
             write_markers(db, conv_id, record.markers)
             snap = record.snapshot
             if snap is not None and self.snapshot_path(snap.sha256).exists() and all(
-                    (self.pieces_dir / p.file).is_file() for p in snap.pieces):  # fmt: skip
+                    (self.pieces_dir / f).is_file() for f in {p.file for p in snap.pieces}):  # fmt: skip
                 db.execute(
                     "INSERT INTO snapshots"
                     " (conv_id, sha256, size, n_tokens, header_json, last_used, wrapped_key)"
@@ -214,9 +214,10 @@ class Store(Listing, SnapshotBudget):
                      snap.wrapped_key),  # fmt: skip
                 )
                 # a piece saved again since keeps its newer row: the snapshot names pieces by address
-                db.executemany("INSERT OR IGNORE INTO pieces (address, file, size, wrapped_key)"
-                               " VALUES (?, ?, ?, ?)",
-                               [(p.address, p.file, p.size, p.wrapped_key) for p in snap.pieces])  # fmt: skip
+                db.executemany("INSERT OR IGNORE INTO pieces (address, file, size, wrapped_key, offset)"
+                               " VALUES (?, ?, ?, ?, ?)",
+                               [(p.address, p.file, p.size, p.wrapped_key, p.offset)
+                                for p in snap.pieces])  # fmt: skip
                 db.executemany("INSERT INTO snapshot_pieces (conv_id, address) VALUES (?, ?)",
                                [(conv_id, p.address) for p in snap.pieces])  # fmt: skip
             branches = self._branches(db, conv_id)  # back under it
@@ -237,11 +238,11 @@ class Store(Listing, SnapshotBudget):
                 db.execute(f"INSERT INTO {index}({index}) VALUES ('optimize')")
             orphan = snap is not None and db.execute(
                 "SELECT 1 FROM snapshots WHERE sha256 = ?", (snap.sha256,)).fetchone() is None  # fmt: skip
-            held = {row[0] for row in db.execute("SELECT file FROM pieces")}
+            held = set(db.execute("SELECT address, file FROM pieces").fetchall())
         if orphan and snap is not None:
             self._unlink(snap.path)
         if snap is not None:  # the pieces no other snapshot holds (their keys went with the delete)
-            self._unlink_pieces([p.file for p in snap.pieces if p.file not in held])
+            self._unlink_pieces([p for p in snap.pieces if (p.address, p.file) not in held])
         with self._errors():
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         return OpChanges()
