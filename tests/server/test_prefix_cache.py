@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lazykv.core.engine.types import KvLayout, KvSnapshot
@@ -90,9 +91,13 @@ def test_entries_survive_a_restart_and_strays_are_removed(tmp_path: Path) -> Non
     entry = c.save(StandIn(list(range(3 * BLOCK))))
     (c.folder / f"{'0' * 64}{SUFFIX}").write_bytes(b"not in the index")
     (c.folder / f".pending-x{SUFFIX}").write_bytes(b"an unfinished save")
+    packs = sorted(p.name for p in c.pieces_dir.iterdir())
+    (c.pieces_dir / f"{'1' * 32}.lkvp").write_bytes(b"a pack no piece of the index is in")
     again = cache(tmp_path)
     assert [e.digest for e in again.entries()] == [entry.digest]
-    assert sorted(p.name for p in again.folder.iterdir()) == sorted([INDEX, f"{entry.digest}{SUFFIX}"])
+    wanted = [INDEX, f"{entry.digest}{SUFFIX}", "pieces"]
+    assert sorted(p.name for p in again.folder.iterdir()) == sorted(wanted)
+    assert sorted(p.name for p in again.pieces_dir.iterdir()) == packs and len(packs) == 1
 
 
 def test_another_binding_or_key_never_sees_the_entries(tmp_path: Path) -> None:
@@ -122,7 +127,8 @@ def test_a_forged_index_entry_is_refused_by_the_file(tmp_path: Path) -> None:
 
 def test_the_least_recently_used_go_past_the_budget(tmp_path: Path) -> None:
     c = cache(tmp_path)
-    sizes = c.save(StandIn(list(range(3 * BLOCK)))).size
+    c.save(StandIn(list(range(3 * BLOCK))))
+    sizes = c.stats().bytes  # its file and its pieces
     c = cache(tmp_path, budget=int(sizes * 2.5))
     kept = [c.save(StandIn(list(range(n * 10_000, n * 10_000 + 3 * BLOCK)))) for n in (1, 2, 3)]
     assert {e.digest for e in c.entries()} == {kept[1].digest, kept[2].digest}
@@ -136,7 +142,9 @@ def test_files_are_the_apps_snapshot_container(tmp_path: Path, scheme: Encryptio
     entry = c.save(StandIn(tokens))
     data = (c.folder / f"{entry.digest}{SUFFIX}").read_bytes()
     assert data.startswith(b"LKVSNAP\x00")
-    assert (bytes(t % 251 for t in tokens) in data) is (scheme is Encryption.NONE)
+    (pack,) = c.pieces_dir.iterdir()  # the state: the app's pieces, encrypted under the app's key
+    assert pack.read_bytes().startswith(b"LKVPIECE")
+    assert (bytes(t % 251 for t in tokens) in pack.read_bytes()) is (scheme is Encryption.NONE)
     assert c.restore(StandIn([]), c.best(tokens))
 
 
@@ -155,3 +163,57 @@ def test_a_file_moved_into_another_models_folder_is_refused_by_its_header(tmp_pa
     assert not moved.restore(session, moved.best(tokens))
     assert session.restored is None and moved.counters.refused == 1
     assert "model_sha256" in moved.counters.last_error
+
+
+class Layered(StandIn):
+    """A state laid out as llama.cpp's: for each of 4 layers, a 256-byte row per cell, each row made
+    from its token and position (two requests that share a prefix share each layer's leading rows)."""
+
+    def capture_kv(self) -> KvSnapshot:
+        rows = np.array(self.tokens, dtype=np.uint64)[:, None] * 1_000_003 + np.arange(len(self.tokens),
+                                                                                     dtype=np.uint64)[:, None]
+        layers = [(rows * (layer + 7) + np.arange(32, dtype=np.uint64)) * 0x9E3779B97F4A7C15
+                  for layer in range(4)]  # fmt: skip
+        return KvSnapshot(LAYOUT, list(self.tokens), b"".join(x.astype("<u8").tobytes() for x in layers))
+
+
+def _requests(n: int) -> list[list[int]]:
+    prefix = list(range(5000, 5000 + 30 * BLOCK))  # a long shared document
+    return [[*prefix, *range(100_000 * (i + 1), 100_000 * (i + 1) + 2 * BLOCK)] for i in range(n)]
+
+
+def test_requests_sharing_a_long_prefix_store_it_once_and_a_restart_reuses_it(tmp_path: Path) -> None:
+    requests = _requests(4)
+    alone = cache(tmp_path / "alone")
+    alone.save(Layered(requests[0]))
+    c = cache(tmp_path / "shared")
+    for tokens in requests:
+        c.save(Layered(tokens))
+    assert len(c.entries()) == 4
+    one = alone.stats().bytes
+    assert c.stats().bytes < 1.6 * one  # four requests: about one prefix, and each one's own cells
+    on_disk = sum(p.stat().st_size for p in c.folder.rglob("*") if p.is_file() and p.name != INDEX)
+    assert on_disk == c.stats().bytes
+    again = cache(tmp_path / "shared")  # a restart
+    follow_up = [*requests[2], 7, 8, 9]
+    match = again.best(follow_up)
+    assert match is not None and match.n_tokens == len(requests[2])
+    session = Layered([])
+    assert again.restore(session, match)
+    assert session.restored == (requests[2], Layered(requests[2]).capture_kv().state)
+
+
+def test_a_damaged_piece_is_refused_and_the_prefix_read_again(tmp_path: Path) -> None:
+    requests = _requests(2)
+    c = cache(tmp_path)
+    for tokens in requests:
+        c.save(Layered(tokens))
+    packs = sorted(c.pieces_dir.iterdir(), key=lambda p: p.stat().st_size)
+    raw = bytearray(packs[-1].read_bytes())  # the first request's pack: the shared prefix
+    raw[len(raw) // 3] ^= 0x10
+    packs[-1].write_bytes(raw)
+    session = Layered([])
+    assert not c.restore(session, c.best(requests[1]))
+    assert session.restored is None and c.counters.refused == 1
+    assert "piece" in c.counters.last_error
+    assert c.best(requests[1]) is None or c.best(requests[1]).n_tokens < len(requests[1])  # dropped

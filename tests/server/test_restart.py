@@ -125,8 +125,8 @@ def test_the_budget_evicts_the_least_recently_used(run) -> None:
     service, client = run(crypto)
     _turn(client, TURN_1)
     _idle(service)
-    (entry,) = service.cache.entries()
-    budget = int(entry.size * 2.5)  # room for two
+    assert len(service.cache.entries()) == 1
+    budget = int(service.cache.stats().bytes * 2.5)  # room for two: their files and pieces
     service, client = run(crypto, budget=budget)
     for question in ("Roses?", "Lilies?", "Basil?"):
         topic = f"Today's topic: {question} " + SYSTEM  # no block in common with the others
