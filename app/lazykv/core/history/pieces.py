@@ -12,8 +12,8 @@ A piece is addressed by a keyed hash of its bytes (``address``: HMAC-SHA256 unde
 master key, so equal bytes are found without the name telling anything; plain sha256 unencrypted) and
 stored as a record (``write_pack``), encrypted with AES-256-GCM under its own key, the address and length
 in the associated data; unencrypted, its sha256 (= its address) is checked. The new pieces of one save are
-the records of one pack file (the database names each piece's pack and offset): a resume opens a pack
-once and reads what it wants from it in one call, not a file per piece (~27 us each). The bytes are not
+the records of one pack file (the database names each piece's pack and offset): a resume opens and maps
+a pack once, not a file per piece (~27 us each). The bytes are not
 deflated: KV cells barely compress (see snapshot.COMPRESS_LEVEL). A snapshot file (format 4) lists its
 pieces (``pack_manifest``); ``assemble`` reads them back into one buffer, each piece decrypted in place.
 """
@@ -25,12 +25,14 @@ import ctypes
 import ctypes.util
 import hashlib
 import hmac
+import mmap
 import os
 import struct
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -192,8 +194,7 @@ def write_piece(folder: Path, name: str, addr: str, data: bytes | memoryview, ke
     return write_pack(folder, name, [(addr, data, key)])[0][1]
 
 
-@dataclass(frozen=True)
-class Location:
+class Location(NamedTuple):  # a tuple, not a dataclass: one is made per piece at each resume
     """Where a piece's record is: its pack, offset and size there, and the piece's own key (None: plain)."""
 
     path: Path
@@ -208,8 +209,8 @@ def _overhead(key: bytes | None) -> int:
 
 def _open_record(body: memoryview, addr: str, length: int, key: bytes | None, out: memoryview) -> None:
     """Decrypt (or check) the record ``body`` of the piece ``addr`` into ``out`` (``length`` bytes)."""
-    prefix = bytes(body[: _PREFIX.size])
-    if len(body) != length + _overhead(key) or prefix != _PREFIX.pack(MAGIC, VERSION, length):
+    prefix = _PREFIX.pack(MAGIC, VERSION, length)
+    if len(body) != length + _overhead(key) or body[: _PREFIX.size] != prefix:
         raise PieceError("a piece of the snapshot is damaged (its size or signature is wrong)", addr)
     if key is None:
         data = body[_PREFIX.size : _PREFIX.size + length]
@@ -218,9 +219,9 @@ def _open_record(body: memoryview, addr: str, length: int, key: bytes | None, ou
             raise PieceError("a piece of the snapshot is damaged (its checksum does not match)", addr)
         out[:length] = data
         return
-    nonce = bytes(body[_PREFIX.size : _PREFIX.size + _NONCE])
     try:
-        AESGCM(key).decrypt_into(nonce, body[_PREFIX.size + _NONCE :], _aad(prefix, addr), out[:length])
+        AESGCM(key).decrypt_into(body[_PREFIX.size : _PREFIX.size + _NONCE], body[_PREFIX.size + _NONCE :],
+                                 _aad(prefix, addr), out)
     except InvalidTag:
         raise PieceError("a piece of the snapshot could not be authenticated (wrong key, or modified)",
                          addr) from None  # fmt: skip
@@ -229,9 +230,9 @@ def _open_record(body: memoryview, addr: str, length: int, key: bytes | None, ou
 def assemble(entries: Sequence[tuple[str, int]], locate: Callable[[str], Location]) -> memoryview:
     """The state the pieces ``entries`` make, read into one writable buffer owned by nobody else;
     ``locate(address)`` says where a piece's record is (raising PieceError when it has none). Each pack
-    is opened once and the span of the records wanted from it read in one call; every piece is then
-    authenticated (or checked) and decrypted in place; PieceError when one is missing, damaged or not
-    the piece named."""
+    is opened once and mapped (its records read from the page cache, not copied first); every piece is
+    then authenticated (or checked) and decrypted in place; PieceError when one is missing, damaged or
+    not the piece named."""
     total = sum(length for _, length in entries)
     out = _buffer(total)
     by_pack: dict[str, list[tuple[str, int, int, Location]]] = {}
@@ -241,35 +242,43 @@ def assemble(entries: Sequence[tuple[str, int]], locate: Callable[[str], Locatio
         by_pack.setdefault(os.fspath(where.path), []).append((addr, length, pos, where))
         pos += length
     for path, wanted in by_pack.items():
-        sizes = [w.size if w.size >= 0 else n + _overhead(w.key) for _, n, _, w in wanted]
-        first = min(w.offset for *_, w in wanted)
-        last = max(w.offset + size for (*_, w), size in zip(wanted, sizes, strict=True))
-        span = _read_span(path, first, last - first, wanted[0][0])
-        for (addr, length, at, where), size in zip(wanted, sizes, strict=True):
-            body = span[where.offset - first : where.offset - first + size]
-            _open_record(body, addr, length, where.key, out[at : at + length])
+        with _Mapped(path, wanted[0][0]) as pack:
+            for addr, length, at, where in wanted:
+                size = where.size if where.size >= 0 else length + _overhead(where.key)
+                _open_record(pack.view[where.offset : where.offset + size], addr, length, where.key,
+                             out[at : at + length])  # fmt: skip
     if pos != total:
         raise SnapshotAuthError("The snapshot's pieces do not add up to its state.")
     return out
 
 
-def _read_span(path: str, offset: int, size: int, addr: str) -> memoryview:
-    """``size`` bytes of the pack ``path`` from ``offset`` (fewer where the file is shorter), one read."""
-    span = _buffer(size)
-    try:
-        with open(path, "rb", buffering=0) as f:
-            f.seek(offset)
-            n = 0
-            while n < size:
-                got = f.readinto(span[n:])
-                if not got:
-                    break
-                n += got
-    except FileNotFoundError as e:
-        raise PieceError(f"a piece of the snapshot is missing ({e.strerror or e})", addr) from e
-    except OSError as e:
-        raise PieceError(f"a piece of the snapshot could not be read ({e.strerror or e})", addr) from e
-    return span[:n]
+class _Mapped:
+    """A pack mapped read-only for the records read from it (``view``); unmapped on exit. Packs are never
+    truncated (written whole and renamed; a freed record is a hole, read as zeros and refused)."""
+
+    def __init__(self, path: str, addr: str) -> None:
+        self.path, self.addr = path, addr
+
+    def __enter__(self) -> _Mapped:
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    raise PieceError("a piece of the snapshot is damaged (its pack is empty)", self.addr)
+                self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError as e:
+            raise PieceError(f"a piece of the snapshot is missing ({e.strerror or e})", self.addr) from e
+        except OSError as e:
+            reason = e.strerror or e
+            raise PieceError(f"a piece of the snapshot could not be read ({reason})", self.addr) from e
+        self.view = memoryview(self.map)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.view.release()
+        try:
+            self.map.close()
+        except BufferError:  # a slice still held (by an error's traceback): unmapped when it goes
+            pass
 
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if os.name == "posix" else None
