@@ -29,7 +29,8 @@ MAX_CTX = 131072  # the longest context the settings offer
 # bytes per K or V value of each storage type (numerator, denominator): a block of 32 values is 32
 # 8-bit (q8_0), 16 4-bit (q4_0) or 16 4-bit + 4 bytes of high bits (q5_0), plus its f16 scale
 BYTES_PER_VALUE: dict[str, tuple[int, int]] = {
-    StorageType.F16: (2, 1), StorageType.Q8_0: (34, 32), StorageType.Q4_0: (18, 32), StorageType.Q5_0: (22, 32),
+    StorageType.F16: (2, 1), StorageType.Q8_0: (34, 32), StorageType.Q4_0: (18, 32),
+    StorageType.Q5_0: (22, 32),
 }
 LAZY_RUNGS = {KvMode.LAZY: (KvPhase.F16, KvPhase.Q8_0),  # a lazy cache's rungs, in order
               KvMode.LADDER: (KvPhase.F16, KvPhase.Q8_0, KvPhase.Q4_0)}
