@@ -24,10 +24,12 @@ def perplexity(model: Path, text: Path, *flags: str, env: dict[str, str] | None 
     cmd = [str(program), "-m", str(model), "-f", str(text), "-c", str(N_CTX), "-b", "512", "--chunks", "1",
            "-t", "1", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-lv", "4", *flags]
     base = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "LLAMA_KV_"))}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**base, **(env or {})})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Final estimate: PPL" in proc.stdout + proc.stderr
-    return proc.stderr
+    for _ in range(2):  # once seen under load: a run that exits 0 with its log cut after the chunk's ETA
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**base, **(env or {})})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        if "Final estimate: PPL" in proc.stdout + proc.stderr:
+            return proc.stderr
+    raise AssertionError(f"llama-perplexity gave no estimate twice: {proc.stderr[-3000:]}")
 
 
 @pytest.fixture(scope="module")
