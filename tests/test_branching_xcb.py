@@ -9,19 +9,14 @@ scenarios when run as ``python -m tests.test_branching_xcb SCENARIO OUT.json -- 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tools import xcb_smoke
 
 from lazykv.core.settings import Settings
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.xcb_run import play
 
 
 def branch_middle(d: Any) -> dict[str, Any]:
@@ -118,19 +113,7 @@ def _snapshots(w: Any) -> dict[str, int]:
 
 
 def _play(scenario: str, out: Path, smollm2_path: Path) -> tuple[dict[str, Any], str]:
-    env = {**os.environ, "QT_QPA_PLATFORM": "xcb",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "app"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    with xcb_smoke.x_desktop() as display:
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.test_branching_xcb", scenario, str(out), "--",
-             "--model", str(smollm2_path), "--ctx", "2048"],
-            env={**env, "DISPLAY": display}, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    log = done.stdout + done.stderr
-    assert out.exists(), f"the scenario wrote nothing (exit {done.returncode}):\n{log}"
-    seen = json.loads(out.read_text())
-    assert "error" not in seen, f"{seen['error']}\n{seen.get('traceback', '')}\n{seen.get('screen')}\n{log}"
-    assert done.returncode == 0 and "qt.qpa" not in log, log
-    return seen, log
+    return play("tests.test_branching_xcb", scenario, out, ["--model", str(smollm2_path), "--ctx", "2048"])
 
 
 def _contents(messages: list[dict[str, str]]) -> list[str]:
@@ -140,8 +123,6 @@ def _contents(messages: list[dict[str, str]]) -> list[str]:
 @pytest.mark.slow
 def test_branch_at_the_middle_message_answers_and_both_resume_after_a_relaunch(
         tmp_path: Path, smollm2_path: Path) -> None:
-    missing = xcb_smoke.missing_tools()
-    assert not missing, f"missing {missing}: run tools/sysdeps.sh"
     settings = Settings()
     for name, value in {"snapshot_encryption": "none", "max_reply_tokens": 12, "temperature": 0.0,
                         "idle_conversion": False}.items():

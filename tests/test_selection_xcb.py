@@ -9,21 +9,17 @@ scenarios when run as ``python -m tests.test_selection_xcb SCENARIO OUT.json -- 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tools import xcb_smoke
 
 from lazykv.core.history.store import Store
 from lazykv.core.settings import Settings
 from tests.support.history import append_message, create_conversation
+from tests.support.xcb_run import play
 
-ROOT = Path(__file__).resolve().parent.parent
 PARAGRAPH = ("The lighthouse keeper counted the ships that passed the northern cape each night, writing "
              "their names, their flags and the hour in a ledger bound in green leather. ")
 
@@ -70,8 +66,6 @@ def _contents(messages: list[dict[str, str]]) -> list[str]:
 
 @pytest.mark.slow
 def test_the_down_key_during_a_reread_opens_the_chat_it_moves_to(tmp_path: Path, smollm2_path: Path) -> None:
-    missing = xcb_smoke.missing_tools()
-    assert not missing, f"missing {missing}: run tools/sysdeps.sh"
     settings = Settings()
     for name, value in {"snapshot_encryption": "none", "max_reply_tokens": 12, "temperature": 0.0,
                         "idle_conversion": False}.items():
@@ -89,18 +83,8 @@ def test_the_down_key_during_a_reread_opens_the_chat_it_moves_to(tmp_path: Path,
         store.close()
 
     out = tmp_path / "down_key_during_reread.json"
-    env = {**os.environ, "QT_QPA_PLATFORM": "xcb",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "app"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    with xcb_smoke.x_desktop() as display:
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.test_selection_xcb", "down_key_during_reread", str(out), "--",
-             "--model", str(smollm2_path), "--ctx", "4096"],
-            env={**env, "DISPLAY": display}, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    log = done.stdout + done.stderr
-    assert out.exists(), f"the scenario wrote nothing (exit {done.returncode}):\n{log}"
-    seen = json.loads(out.read_text())
-    assert "error" not in seen, f"{seen['error']}\n{seen.get('traceback', '')}\n{seen.get('screen')}\n{log}"
-    assert done.returncode == 0 and "qt.qpa" not in log, log
+    seen, _ = play("tests.test_selection_xcb", "down_key_during_reread", out,
+                   ["--model", str(smollm2_path), "--ctx", "4096"])
 
     assert (seen["long"], seen["short"]) == (long, short)
     assert seen["during"]["state"] == "LOADING", "the key came after the re-read: nothing was tested"
