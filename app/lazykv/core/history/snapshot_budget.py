@@ -12,6 +12,7 @@ import os
 import re
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,39 +226,18 @@ class SnapshotBudget(Connection):
         with self._errors():
             referenced = {row[0] for row in self._db.execute("SELECT DISTINCT sha256 FROM snapshots")}
             held = {row[0] for row in self._db.execute("SELECT file FROM pieces")}
-        total = self._clean_pieces(held, grace_s)
-        try:
-            entries = list(os.scandir(self.snapshots_dir))
-        except OSError:
-            return Cleanup()
-        now = time.time()
-        for entry in entries:
-            try:
-                if not entry.is_file(follow_symlinks=False):
-                    continue
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if now - info.st_mtime < grace_s:
-                continue
-            path = Path(entry.path)
-            if _is_temp_name(entry.name):
-                found = Cleanup(unfinished=1, freed_bytes=info.st_size)
-            elif path.suffix == SNAPSHOT_SUFFIX and _SHA256.fullmatch(path.stem) and (
-                path.stem not in referenced
-            ):
-                found = Cleanup(orphans=1, freed_bytes=info.st_size)
-            else:
-                continue
-            if self._unlink(path):
-                total += found
-        return total
+        pieces = self._sweep(self.pieces_dir, grace_s,
+                             lambda name: bool(_PIECE_NAME.fullmatch(name)) and name not in held)
+        return pieces + self._sweep(self.snapshots_dir, grace_s, lambda name: (
+            name.endswith(SNAPSHOT_SUFFIX) and bool(_SHA256.fullmatch(name.removesuffix(SNAPSHOT_SUFFIX)))
+            and name.removesuffix(SNAPSHOT_SUFFIX) not in referenced))
 
-    def _clean_pieces(self, held: set[str], grace_s: float) -> Cleanup:
-        """Piece files no row names and unfinished ones, older than ``grace_s``."""
+    def _sweep(self, folder: Path, grace_s: float, orphan: Callable[[str], bool]) -> Cleanup:
+        """Delete the files of ``folder`` older than ``grace_s`` that are unfinished writes or, by their name,
+        ``orphan``s; other files are not ours and stay."""
         total = Cleanup()
         try:
-            entries = list(os.scandir(self.pieces_dir))
+            entries = list(os.scandir(folder))
         except OSError:
             return total
         now = time.time()
@@ -272,7 +252,7 @@ class SnapshotBudget(Connection):
                 continue
             if _is_temp_name(entry.name):
                 found = Cleanup(unfinished=1, freed_bytes=info.st_size)
-            elif _PIECE_NAME.fullmatch(entry.name) and entry.name not in held:
+            elif orphan(entry.name):
                 found = Cleanup(orphans=1, freed_bytes=info.st_size)
             else:
                 continue
