@@ -48,7 +48,6 @@ class _Server(uvicorn.Server):
     def capture_signals(self) -> Generator[None, None, None]:
         with super().capture_signals():
             yield
-            self.stopped_by = tuple(self._captured_signals)
             self._captured_signals.clear()
 
 
