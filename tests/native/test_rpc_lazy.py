@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,12 +42,14 @@ class RpcServer:
     def __init__(self) -> None:
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
+        self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             # as many threads as the tests' own contexts (1 in an xdist worker): the CPU backend's sums
             # depend on its thread count, so a device/host comparison holds only with the same count
             [str(llama_cpp.rpc_server_path()), "-H", "127.0.0.1", "-p", str(self.port),
              "-t", str(engine_threads())],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            # its log into a file, never an unread pipe: a full pipe would stop the server mid-test
+            stdout=subprocess.DEVNULL, stderr=self.log,
         )
         deadline = time.monotonic() + 20
         while True:
@@ -55,7 +58,8 @@ class RpcServer:
                 break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                    self.log.seek(0)
+                    err = self.log.read().decode(errors="replace")
                     raise RuntimeError(f"ggml-rpc-server did not start: {err}") from None
                 time.sleep(0.1)
 
@@ -71,6 +75,7 @@ class RpcServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()
 
 
 @pytest.fixture(scope="module")
