@@ -566,9 +566,25 @@ def tools_cmake_args() -> list[str]:
     return args + os.environ.get("CMAKE_ARGS", "").split()
 
 
+def touches_llama_cpp(patch: Path) -> bool:
+    """Whether a patch changes llama.cpp's tree (``vendor/llama.cpp``), not only llama-cpp-python's."""
+    return any(line.startswith("diff --git a/vendor/llama.cpp/")
+               for line in patch.read_text(encoding="utf-8", errors="replace").splitlines())
+
+
+def llama_cpp_series_hash() -> str:
+    """Hash of the patches that change llama.cpp: the tools are built from llama.cpp alone, so a
+    patch to the Python package does not rebuild them."""
+    h = hashlib.sha256()
+    for p in patch_files():
+        if touches_llama_cpp(p):
+            h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def tools_key() -> str:
     h = hashlib.sha256()
-    for part in (SDIST_SHA256, series_hash(), " ".join(tools_cmake_args()), platform.machine()):
+    for part in (SDIST_SHA256, llama_cpp_series_hash(), " ".join(tools_cmake_args()), platform.machine()):
         h.update(part.encode() + b"\0")
     for p in sorted(CUDA_SIM_DIR.iterdir()):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
@@ -677,7 +693,7 @@ def export() -> None:
     if git("status", "--porcelain", "--untracked-files=no"):
         raise BuildError(f"{SRC} has uncommitted changes: commit them first")
     with tempfile.TemporaryDirectory() as tmp:
-        run(["git", "format-patch", "-q", "--zero-commit", "--no-signature", "--no-stat",
+        run(["git", "format-patch", "-q", "-N", "--zero-commit", "--no-signature", "--no-stat",
              "--full-index", "-o", tmp, f"{PRISTINE_TAG}..HEAD"], cwd=SRC)
         new = sorted(Path(tmp).glob("*.patch"))
         for old in patch_files():
