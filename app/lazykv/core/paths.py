@@ -1,6 +1,7 @@
 """Where the app keeps its files, and their modes: the one place that knows the folders.
 
-- config: ``settings.json``, the window's state (``LAZYKV_CONFIG_DIR`` overrides it, e.g. for tests);
+- config: ``settings.json``, the window's state, the MCP servers, the tools always allowed
+  (``LAZYKV_CONFIG_DIR`` overrides it, e.g. for tests);
 - data: the conversation database, its snapshots, the local API's cache, the models' fingerprints
   (``LAZYKV_DATA_DIR`` overrides it);
 - the app's own files are the owner's only: folders 0700, files 0600 (best effort where the platform's
@@ -20,6 +21,8 @@ DB_FILE = "conversations.sqlite3"
 SNAPSHOTS_DIR = "snapshots"
 API_CACHE_DIR = "api-cache"
 FINGERPRINTS_FILE = "fingerprints.json"
+MCP_FILE = "mcp.json"  # the MCP servers, in the "mcpServers" shape of Claude Desktop's mcp.json
+TOOL_PERMISSIONS_FILE = "tool-permissions.json"  # the tools the user always allows
 
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
@@ -45,6 +48,16 @@ def api_cache_dir() -> Path:
 def fingerprints_file() -> Path:
     """The models' sha256 cache (core.engine.fingerprint)."""
     return data_dir() / FINGERPRINTS_FILE
+
+
+def mcp_file() -> Path:
+    """The MCP servers the app starts (core.tools.mcp_config)."""
+    return config_dir() / MCP_FILE
+
+
+def tool_permissions_file() -> Path:
+    """The tools remembered as "Always allow" (core.tools.consent)."""
+    return config_dir() / TOOL_PERMISSIONS_FILE
 
 
 def private_dir(path: Path, own: bool = False) -> Path:

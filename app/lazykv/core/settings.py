@@ -228,6 +228,13 @@ SETTINGS: tuple[Setting, ...] = (
             "context memory as a snapshot (protected as the chat's snapshots are), so that a conversation's "
             "next turn reads only its new part, after a restart too; beyond this, the least recently "
             "used go.", "Local API", minimum=16, maximum=1_000_000, step=64),
+    # tools the model calls (MCP servers: core.tools)
+    Setting("tool_timeout_s", SettingKind.INT, 60, "Tool call timeout (s)", "How long a tool may take to "
+            "answer; past it the model is told the tool did not answer, and the chat goes on.", "Tools",
+            minimum=1, maximum=3600),
+    Setting("tool_output_kib", SettingKind.INT, 64, "Tool output cap (KiB)", "A tool's output beyond this "
+            "is cut before the model reads it (a long output would fill the context).", "Tools",
+            minimum=1, maximum=16_384),
     # sampling
     Setting("temperature", SettingKind.FLOAT, 0.7, "Temperature", "Randomness; 0 always picks the likeliest "
             "token.", "Sampling", minimum=0.0, maximum=2.0, step=0.05, special="0 = always the likeliest"),
