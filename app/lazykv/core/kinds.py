@@ -134,6 +134,16 @@ class ContextFullPolicy(StrEnum):
     DROP_OLDEST = "drop_oldest"
 
 
+class ToolStatus(StrEnum):
+    """How a tool call ended, stored with its result in the conversation: it ran (``OK``), the tool or
+    its server failed, the user denied it, or it was stopped."""
+
+    OK = "ok"
+    ERROR = "error"
+    DENIED = "denied"
+    CANCELLED = "cancelled"
+
+
 class ExportFormat(StrEnum):
     MARKDOWN = "markdown"
     JSON = "json"
