@@ -45,8 +45,10 @@ def test_claude_desktop_shape() -> None:
 @pytest.mark.parametrize(("text", "words"), [
     ("{not json", "not valid JSON (line 1"),
     ('{"servers": {}}', "mcpServers"),
-    ('{"mcpServers": {"a": {"command": "x", "args": "-y"}}}', "\u201ca\u201d: \u201cargs\u201d should be a list"),
-    ('{"mcpServers": {"a": {"command": "x", "env": {"K": 1}}}}', "\u201cenv\u201d should be an object of strings"),
+    ('{"mcpServers": {"a": {"command": "x", "args": "-y"}}}',
+     "\u201ca\u201d: \u201cargs\u201d should be a list"),
+    ('{"mcpServers": {"a": {"command": "x", "env": {"K": 1}}}}',
+     "\u201cenv\u201d should be an object of strings"),
     ('{"mcpServers": {"a": {"command": 5}}}', "\u201ccommand\u201d should be a string"),
     ('{"mcpServers": {"a": {}}}', "needs a command to run or a URL"),
     ('{"mcpServers": {"a": {"url": "ftp://x"}}}', "does not start with http"),
