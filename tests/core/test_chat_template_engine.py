@@ -40,7 +40,8 @@ def test_gemma_without_a_template_replies_in_gemmas_format_without_markers(gemma
         choice = info.chat_template
         assert choice is not None and choice.source is TemplateSource.BUILTIN
         assert (choice.name, choice.found_by) == ("gemma", "special tokens")
-        tokens, stop = s.chat_prompt(hello)
+        prompt = s.chat_prompt(hello)
+        tokens, stop = prompt.tokens, prompt.stop
         assert "<end_of_turn>" in stop
         text = s._llama.detokenize(tokens, special=True).decode()  # type: ignore[union-attr]
         assert text.startswith("<bos><start_of_turn>user\nHello") and text.endswith("<start_of_turn>model\n")
@@ -54,7 +55,8 @@ def test_the_files_own_template_is_still_used(smollm2_path: Path) -> None:
     try:
         info = s.load(LoadSpec(smollm2_path, n_ctx=256, kv_mode=KvMode.F16, kv_recent=0))
         assert info.chat_template is not None and info.chat_template.source is TemplateSource.FILE
-        tokens, stop = s.chat_prompt([{"role": "user", "content": "Hi"}])
+        prompt = s.chat_prompt([{"role": "user", "content": "Hi"}])
+        tokens, stop = prompt.tokens, prompt.stop
         assert "<|im_end|>" in stop
         text = s._llama.detokenize(tokens, special=True).decode()  # type: ignore[union-attr]
         assert "You are a helpful AI assistant named SmolLM" in text  # only the file's template says so

@@ -25,7 +25,7 @@ def test_sync_keeps_the_common_prefix_reads_the_version_shown_and_the_next_reply
         read = s.sync_kv(shown)
 
         cached = s.cached_tokens()
-        prompt, _ = s.chat_prompt([*shown, {"role": "user", "content": "Why?"}])
+        prompt = s.chat_prompt([*shown, {"role": "user", "content": "Why?"}]).tokens
         assert cached == prompt[: len(cached)]  # the version shown, and nothing of the other one
         assert 0 < read < len(cached) and cached[:10] == before[:10]  # the prefix was kept, not re-read
         assert s.kv_status().n_cells_used == len(cached)

@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
+from lazykv.core.engine import structured
 from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.types import SamplingSettings
-from lazykv.server import structured
 from lazykv.server.engine_access import Event, Generation, RequestFailed, answer
 from lazykv.server.service import Service
 

@@ -26,8 +26,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from lazykv.core.engine import structured, tool_calls
+from lazykv.core.engine.tool_calls import ToolRequest
 from lazykv.core.engine.types import SamplingSettings
-from lazykv.server import structured, types
+from lazykv.server import types
 from lazykv.server.engine_access import (
     Access,
     Event,
@@ -105,10 +107,18 @@ class Api:
         if len(parsed.messages) > self.settings.max_messages:
             return error(400, f"At most {self.settings.max_messages} messages per request.", param="messages")
         messages = [m.as_engine_message() for m in parsed.messages]
+        tools = _tools(parsed)
+        if isinstance(tools, Response):
+            return tools
         grammar = await asyncio.to_thread(_grammar, parsed.response_format)
         if isinstance(grammar, Response):
             return grammar
-        return await self._serve(request, parsed, messages=messages, prompt=None, chat=True, grammar=grammar)
+        if grammar is not None and tools is not None and tools.offered:
+            return error(400, "A reply cannot be both held to 'response_format' and free to call 'tools': "
+                         "send one of them (or tool_choice \"none\").", param="response_format",
+                         code="invalid_value")
+        return await self._serve(request, parsed, messages=messages, prompt=None, chat=True, grammar=grammar,
+                                 tools=tools)
 
     async def completions(self, request: Request) -> Response:
         parsed = await self._parse(request, types.CompletionRequest)
@@ -132,8 +142,9 @@ class Api:
             message, param = types.validation_message(err)
             return error(400, message, param=param, code="invalid_value")
 
-    def _generation(self, parsed: Any, messages: list[dict[str, str]] | None, prompt: str | None,
-                    emit: Callable[[Event], None], grammar: str | None = None) -> Generation:
+    def _generation(self, parsed: Any, messages: list[dict[str, Any]] | None, prompt: str | None,
+                    emit: Callable[[Event], None], grammar: str | None = None,
+                    tools: ToolRequest | None = None) -> Generation:
         limit = parsed.limit() or self.settings.default_max_tokens
         sampling = SamplingSettings(
             temperature=parsed.temperature, top_p=parsed.top_p, top_k=40, min_p=0.05, repeat_penalty=1.0,
@@ -141,10 +152,11 @@ class Api:
             presence_penalty=parsed.presence_penalty, frequency_penalty=parsed.frequency_penalty,
         )
         return Generation(messages, prompt, sampling, min(limit, self.settings.max_tokens_cap),
-                          parsed.stop_list(), emit, grammar=grammar)
+                          parsed.stop_list(), emit, grammar=grammar, tools=tools)
 
-    async def _serve(self, request: Request, parsed: Any, messages: list[dict[str, str]] | None,
-                     prompt: str | None, chat: bool, grammar: str | None = None) -> Response:
+    async def _serve(self, request: Request, parsed: Any, messages: list[dict[str, Any]] | None,
+                     prompt: str | None, chat: bool, grammar: str | None = None,
+                     tools: ToolRequest | None = None) -> Response:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -152,7 +164,7 @@ class Api:
             with contextlib.suppress(RuntimeError):  # the loop is gone: the server is stopping
                 loop.call_soon_threadsafe(events.put_nowait, event)
 
-        job = self._generation(parsed, messages, prompt, emit, grammar)
+        job = self._generation(parsed, messages, prompt, emit, grammar, tools)
         try:
             self.access.submit(job)
         except QueueFullError:
@@ -193,7 +205,9 @@ class Api:
         finish = _finish(event)
         id_ = types.new_id("chatcmpl" if chat else "cmpl")
         if chat:
-            return JSONResponse(types.chat_completion(id_, self.model_name, event.text, finish, usage))
+            message = event.reply.message() if event.reply is not None else {"role": "assistant",
+                                                                             "content": event.text}
+            return JSONResponse(types.chat_completion(id_, self.model_name, message, finish, usage))
         return JSONResponse(types.completion(id_, self.model_name, event.text, finish, usage))
 
     async def _stream(self, first: Event, events: asyncio.Queue[Event], job: Generation, chat: bool,
@@ -205,7 +219,10 @@ class Api:
                 yield _sse(types.chat_chunk(id_, model, {"role": "assistant", "content": ""}))
             event = first
             while isinstance(event, Piece):
-                if chat:
+                if chat and event.deltas is not None:
+                    for delta in event.deltas:
+                        yield _sse(types.chat_chunk(id_, model, delta))
+                elif chat:
                     yield _sse(types.chat_chunk(id_, model, {"content": event.text}))
                 else:
                     yield _sse(types.completion(id_, model, event.text, None, None))
@@ -244,7 +261,31 @@ def _sse(body: dict[str, Any]) -> dict[str, str]:
 
 
 def _finish(outcome: Outcome) -> str:
+    if outcome.reply is not None and outcome.reply.tool_calls:
+        return "tool_calls"
     return "length" if outcome.finish_reason == "length" else "stop"
+
+
+def _tools(parsed: types.ChatCompletionRequest) -> ToolRequest | None | Response:
+    """The request's tools and tool choice, or the 400 naming the field that is wrong."""
+    if not parsed.tools:
+        if isinstance(parsed.tool_choice, types.NamedToolChoice) or parsed.tool_choice == "required":
+            return error(400, "'tool_choice' asks for a tool call, but the request has no 'tools'.",
+                         param="tool_choice", code="invalid_value")
+        return None
+    try:
+        tool_calls.check_tools(parsed.tools)
+    except ValueError as err:
+        where = str(err).split("'")[1] if "'" in str(err) else "tools"
+        return error(400, f"Invalid tool definition: {err}.", param=where, code="invalid_value")
+    choice, function = parsed.tool_choice or "auto", None
+    if isinstance(choice, types.NamedToolChoice):
+        function = choice.function.name
+        if function not in {t["function"]["name"] for t in parsed.tools}:
+            return error(400, f"'tool_choice' names the function {function!r}, which is not in 'tools'.",
+                         param="tool_choice.function.name", code="invalid_value")
+        choice = "required"
+    return ToolRequest(tuple(parsed.tools), choice, function, parsed.parallel_tool_calls)
 
 
 def _cancel_on_close(job: Generation) -> Callable[[Any], Awaitable[None]]:

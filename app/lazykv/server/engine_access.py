@@ -13,11 +13,12 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from lazykv.core.chat.conversation import common_prefix
 from lazykv.core.engine.engine import EngineSession
+from lazykv.core.engine.tool_calls import ChatPrompt, DeltaTracker, ParsedReply, ToolRequest
 from lazykv.core.engine.types import GrammarError, PromptError, SamplingSettings
 from lazykv.core.errors import EngineError
 from lazykv.core.kinds import FinishReason
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Piece:
     text: str
+    # a reply read as it is written (tools offered): OpenAI's deltas for this piece (content and tool-call
+    # parts; none while text that may become a call is held back); None: the text is the content
+    deltas: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class Outcome:
     n_cached: int  # prompt tokens found in the cache (live, or restored from the API cache)
     n_completion: int
     restored: bool = False  # the API cache's snapshot was restored for it
+    reply: ParsedReply | None = None  # the reply read back (tools offered): its text and its calls
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ Event = Piece | Outcome | RequestFailed
 class Generation:
     """One request. Exactly one Outcome or RequestFailed is emitted last (Pieces before it)."""
 
-    messages: list[dict[str, str]] | None  # a chat (the model's template), or
+    messages: list[dict[str, Any]] | None  # a chat (the model's template), or
     prompt: str | None  # a raw prompt
     sampling: SamplingSettings
     max_tokens: int
@@ -67,6 +72,7 @@ class Generation:
     cancel: threading.Event = field(default_factory=threading.Event)
     ended: bool = False  # its end was emitted
     grammar: str | None = None  # GBNF the reply must follow (response_format), None: free text
+    tools: ToolRequest | None = None  # the tools the reply may call
 
 
 class QueueFullError(Exception):
@@ -90,9 +96,10 @@ def run_generation(session: EngineSession, cache: PrefixCache | None, job: Gener
     """Run ``job`` on ``session`` (from the thread that owns it): emit its pieces and its end, then save
     the cache for later requests (the client has its answer by then); returns the end."""
     if job.messages is not None:
-        tokens, stop = session.chat_prompt(job.messages)
+        prompt = session.chat_prompt(job.messages, tools=job.tools)
     else:
-        tokens, stop = session.tokenize(job.prompt or ""), []
+        prompt = ChatPrompt(session.tokenize(job.prompt or ""), [])
+    tokens = prompt.tokens
     n_ctx = session.model_info().n_ctx
     if not tokens:  # a model without a BOS token and an empty prompt: nothing to continue
         return _end(job, RequestFailed(400, "The prompt is empty: give some text to continue.",
@@ -107,25 +114,41 @@ def run_generation(session: EngineSession, cache: PrefixCache | None, job: Gener
         match = cache.best(tokens)
         if match is not None and match.n_tokens > common_prefix(session.cached_tokens(), tokens):
             restored = cache.restore(session, match)
-    stream = session.stream_tokens(tokens, [*stop, *job.stop], job.sampling, job.cancel,
-                                   max_tokens=min(job.max_tokens, n_ctx - len(tokens)), grammar=job.grammar)
+    reading = prompt.parser.kind != "plain"  # the reply is read back: tool calls
+    stream = session.stream_tokens(tokens, [*prompt.stop, *job.stop], job.sampling, job.cancel,
+                                   max_tokens=min(job.max_tokens, n_ctx - len(tokens)),
+                                   grammar=job.grammar or prompt.grammar, special=prompt.special)
+    tracker, text = DeltaTracker(), ""
     while True:
         try:
             piece = next(stream)
         except StopIteration as end:
             result = end.value
             break
-        job.emit(Piece(piece))
+        if reading:
+            text += piece
+            job.emit(Piece(piece, tuple(tracker.deltas(session.parse_reply(text, prompt, partial=True)))))
+        else:
+            job.emit(Piece(piece))
+    reply = _read_back(session, prompt, result.text, tracker) if reading else None
     # a prompt found whole is read again from its last token (the engine needs fresh logits)
     n_cached = min(result.n_reused, max(0, result.n_prompt - 1))
     outcome = _end(job, Outcome(result.text, result.finish_reason, result.n_prompt, n_cached,
-                                result.n_generated, restored))
+                                result.n_generated, restored, reply))
     if cache is not None and not result.cancelled:
         try:
             cache.save(session)
         except EngineError as err:  # the answer is out; only later requests miss this snapshot
             log.warning("API cache: the KV cache could not be captured: %s", err)
     return outcome
+
+
+def _read_back(session: EngineSession, prompt: ChatPrompt, text: str, tracker: DeltaTracker) -> ParsedReply:
+    """The whole reply read back; its calls keep the ids already streamed."""
+    reply = session.parse_reply(text, prompt)
+    ids = tracker.ids()
+    calls = tuple({**call, "id": ids[i]} if i < len(ids) else call for i, call in enumerate(reply.tool_calls))
+    return replace(reply, tool_calls=calls)
 
 
 def _end(job: Generation, end: Event) -> Event:

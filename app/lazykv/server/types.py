@@ -18,8 +18,8 @@ MAX_TEXT_CHARS = 4 * 1024 * 1024
 MAX_STOPS = 16
 
 # accepted and ignored: the API documents them, clients send them, they change nothing here
-IGNORED = ("user", "logit_bias", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-           "service_tier", "store", "metadata", "suffix", "echo", "best_of")
+IGNORED = ("user", "logit_bias", "logprobs", "top_logprobs", "service_tier", "store", "metadata", "suffix",
+           "echo", "best_of")
 
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
@@ -48,23 +48,53 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class FunctionCall(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    arguments: Text = ""  # JSON text, as the model wrote it
+
+
+class ToolCall(_Strict):
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
-    name: str | None = None  # accepted, not sent to the model
+    name: str | None = None  # a tool result's tool; otherwise accepted, not sent to the model
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = Field(None, max_length=256)  # the call a tool result answers
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a message with role 'tool' needs the 'tool_call_id' of the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message has 'tool_calls'")
+        return self
 
     @field_validator("content")
     @classmethod
     def _content_unicode(cls, value: str | list[TextPart] | None) -> str | list[TextPart] | None:
         return _valid_unicode(value) if isinstance(value, str) else value
 
-    def as_engine_message(self) -> dict[str, str]:
-        """{"role", "content"} for the chat template: text parts joined, "developer" as "system"."""
+    def as_engine_message(self) -> dict[str, Any]:
+        """{"role", "content"} for the chat template: text parts joined, "developer" as "system"; an
+        assistant's tool calls and a tool result's call id and tool name in OpenAI's shape."""
         if isinstance(self.content, list):
             text = "".join(part.text for part in self.content)
         else:
             text = self.content or ""
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        role = "system" if self.role == "developer" else self.role
+        message: dict[str, Any] = {"role": role, "content": text}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.role == "tool":
+            message["tool_call_id"] = self.tool_call_id
+            if self.name:
+                message["name"] = self.name
+        return message
 
 
 class _Sampling(_Strict):
@@ -117,10 +147,24 @@ class ResponseFormat(_Strict):
         return self
 
 
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``{"type": "function", "function": {"name": ...}}``: that function is called."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     response_format: ResponseFormat | None = None
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)  # the newer name of max_tokens
+    tools: list[dict[str, Any]] | None = Field(None, max_length=128)  # checked by tool_calls.check_tools
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = False  # one call per reply unless asked (OpenAI's default is true)
 
     def limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -163,16 +207,16 @@ def now() -> int:
     return int(time.time())
 
 
-def chat_completion(id_: str, model: str, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+def chat_completion(id_: str, model: str, message: dict[str, Any], finish_reason: str, usage: Usage
+                    ) -> dict[str, Any]:
     return {
         "id": id_, "object": "chat.completion", "created": now(), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
         "usage": usage.model_dump(),
     }
 
 
-def chat_chunk(id_: str, model: str, delta: dict[str, str], finish_reason: str | None = None,
+def chat_chunk(id_: str, model: str, delta: dict[str, Any], finish_reason: str | None = None,
                usage: Usage | None = None, choices: bool = True) -> dict[str, Any]:
     """One streamed piece; the usage chunk (stream_options.include_usage) has no choices."""
     chunk: dict[str, Any] = {"id": id_, "object": "chat.completion.chunk", "created": now(), "model": model,

@@ -6,21 +6,22 @@ import itertools
 import json
 import os
 import random
+import re
 import struct
 import threading
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
-import jinja2
 import llama_cpp
 import numpy as np
-from llama_cpp import llama_chat_format
+from llama_cpp import llama_chat
 from llama_cpp.llama_grammar import LlamaGrammar
 
 from lazykv.core.chat.context_policy import fit_messages
 from lazykv.core.chat.conversation import common_prefix
-from lazykv.core.engine import chat_template
+from lazykv.core.engine import chat_template, tool_calls
 from lazykv.core.engine.abort import AbortWatch
 from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.memory import split_by_device
@@ -34,6 +35,7 @@ from lazykv.core.engine.model_load import (
 )
 from lazykv.core.engine.model_meta import KvSupport
 from lazykv.core.engine.planner import AUTO
+from lazykv.core.engine.tool_calls import ChatPrompt, Grammar, ParsedReply, ReplyParser, ToolRequest
 from lazykv.core.engine.types import (
     CancelledError,
     GrammarError,
@@ -82,7 +84,7 @@ class EngineSession:
         self._formatter: _ChatFormat | None = None
         self._on_step: Callable[[StepEvent], None] | None = None
         self._step_cells = 0
-        self._last_prompt: tuple[object, tuple[list[int], list[str]]] | None = None
+        self._last_prompt: tuple[object, ChatPrompt] | None = None
         self._abort: AbortWatch | None = None
         self._cancel: threading.Event | None = None  # the token of the request running (see cancellable)
 
@@ -311,7 +313,7 @@ class EngineSession:
         first 2,047 tokens took a second, with 100,000 messages minutes nothing could stop."""
         n = min(len(messages), HEAD_MESSAGES)
         while True:
-            tokens, _ = self._prompt(messages[:n], add_generation_prompt=False)
+            tokens = self._prompt(messages[:n], add_generation_prompt=False).tokens
             if len(tokens) >= limit or n == len(messages):
                 return tokens[:limit]
             n = min(len(messages), 2 * n)
@@ -372,7 +374,7 @@ class EngineSession:
         llama._ctx.kv_cache_clear()
 
     def count_tokens(self, messages: Sequence[dict[str, str]]) -> int:
-        return len(self._prompt(messages)[0])
+        return len(self._prompt(messages).tokens)
 
     def stream_reply(
         self,
@@ -396,8 +398,8 @@ class EngineSession:
         """
         _, info = self._require()
         fitted = fit_messages(messages, self.count_tokens, info.n_ctx, context_full, max_tokens)
-        tokens, stop = self._prompt(fitted.messages)
-        result = yield from self.stream_tokens(tokens, stop, sampling, cancel, max_tokens)
+        prompt = self._prompt(fitted.messages)
+        result = yield from self.stream_tokens(prompt.tokens, prompt.stop, sampling, cancel, max_tokens)
         return replace(result, dropped=fitted.dropped)
 
     def stream_tokens(
@@ -407,24 +409,28 @@ class EngineSession:
         sampling: SamplingSettings,
         cancel: threading.Event,
         max_tokens: int | None = None,
-        grammar: str | None = None,
+        grammar: str | Grammar | None = None,
+        special: bool = False,
     ) -> Generator[str, None, ReplyResult]:
         """Yield the continuation of a prompt given as ``tokens`` piece by piece (see stream_reply,
         which makes them from a conversation; the local API also sends raw prompts); return a ReplyResult.
         The cache keeps its common prefix with ``tokens`` (``n_reused``) and reads the rest.
         ``grammar`` (GBNF, root rule ``root``): every sampled token keeps the reply inside it, and the
-        reply ends only where it is complete; GrammarError before anything is read when llama.cpp
-        cannot parse it."""
+        reply ends only where it is complete (a lazy one: from its trigger on); GrammarError before
+        anything is read when llama.cpp cannot parse it. ``special``: special tokens the model writes are
+        part of the text (a tool call's markers, for ``parse_reply``)."""
         llama, _ = self._require()
+        if isinstance(grammar, str):
+            grammar = Grammar(grammar)
         if grammar is not None:
-            _check_grammar(llama, grammar)
+            _check_grammar(llama, grammar.gbnf)
         n_reused = common_prefix(llama.input_ids[: llama.n_tokens].tolist(), tokens)
         result = ReplyResult("", FinishReason.CANCELLED, len(tokens), n_reused)
         if cancel.is_set():
             return result
         with self.cancellable(cancel):
             text, finish_reason = yield from self._stream(llama, tokens, stop, sampling, cancel, max_tokens,
-                                                          grammar)
+                                                          grammar, special)
         # the cache took every generated token but the last one when a limit or a stop string ended it
         n_generated = max(0, llama.n_tokens - len(tokens))
         if finish_reason is FinishReason.LENGTH and max_tokens:
@@ -444,17 +450,22 @@ class EngineSession:
         llama, _ = self._require()
         if not messages or messages[-1]["role"] != "assistant":
             raise ValueError("there is no reply to continue")
-        tokens, stop = self._prompt(messages[:-1])
+        prompt = self._prompt(messages[:-1])
         partial = llama.tokenize(messages[-1]["content"].encode("utf-8"), add_bos=False, special=False)
-        return (yield from self.stream_tokens(tokens + partial, stop, sampling, cancel, max_tokens))
+        tokens = prompt.tokens + partial
+        return (yield from self.stream_tokens(tokens, prompt.stop, sampling, cancel, max_tokens))
 
-    def chat_prompt(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[str]]:
-        """The tokens of ``messages`` under the model's own chat template, ready for a reply, and the
-        template's stop strings; PromptError when the template refuses them."""
-        try:
-            return self._prompt(messages)
-        except jinja2.TemplateError as err:  # the template's raise_exception, or a broken template
-            raise PromptError(f"The model's chat template refused these messages: {err}") from err
+    def chat_prompt(self, messages: Sequence[dict[str, Any]], tools: ToolRequest | None = None) -> ChatPrompt:
+        """``messages`` under the model's own chat template, ready for a reply: its tokens, the template's
+        stop strings and, with ``tools``, the grammar a call is held to and how the reply is read back
+        (``parse_reply``); PromptError when the template refuses them."""
+        return self._prompt(messages, tools=tools)
+
+    @staticmethod
+    def parse_reply(text: str, prompt: ChatPrompt, partial: bool = False) -> ParsedReply:
+        """A reply to ``prompt`` as OpenAI's assistant message: its text and the tool calls it makes
+        (``partial``: the part written so far; text that may still become a call is held back)."""
+        return tool_calls.parse(text, prompt.parser, partial)
 
     def tokenize(self, text: str) -> list[int]:
         """A raw prompt's tokens (with the model's BOS; special tokens in the text stay plain text)."""
@@ -474,7 +485,8 @@ class EngineSession:
         sampling: SamplingSettings,
         cancel: threading.Event,
         max_tokens: int | None,
-        grammar: str | None = None,
+        grammar: Grammar | None = None,
+        special: bool = False,
     ) -> Generator[str, None, tuple[str, FinishReason]]:
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(32)
         pieces: list[str] = []
@@ -493,7 +505,8 @@ class EngineSession:
                 frequency_penalty=sampling.frequency_penalty,
                 seed=seed,
                 max_tokens=max_tokens if max_tokens else -1,
-                grammar=None if grammar is None else LlamaGrammar.from_string(grammar),
+                grammar=None if grammar is None else _llama_grammar(llama, grammar),
+                special=special,
             )
             try:
                 assert self._abort is not None
@@ -535,20 +548,23 @@ class EngineSession:
         return self._llama, self._info
 
     def _prompt(
-        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
-    ) -> tuple[list[int], list[str]]:
-        """The prompt's tokens and stop strings; the last one is kept, as fitting a reply to the context
-        counts the very messages the reply then sends."""
-        key = (tuple((m["role"], m["content"]) for m in messages), add_generation_prompt)
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True,
+        tools: ToolRequest | None = None,
+    ) -> ChatPrompt:
+        """The prompt; the last one is kept, as fitting a reply to the context counts the very messages
+        the reply then sends."""
+        key = (json.dumps(list(messages), sort_keys=True), add_generation_prompt, tools)
         if self._last_prompt is not None and self._last_prompt[0] == key:
             return self._last_prompt[1]
         llama, _ = self._require()
         assert self._formatter is not None
-        prompt, has_bos = self._formatter(messages, add_generation_prompt)
-        tokens = llama.tokenize(prompt.encode("utf-8"), add_bos=not has_bos, special=True)
-        stop = list(self._formatter.stop)
-        self._last_prompt = (key, (tokens, stop))
-        return tokens, stop
+        rendered = self._formatter.render(messages, add_generation_prompt, tools)
+        tokens = llama.tokenize(rendered.text.encode("utf-8"), add_bos=not rendered.has_bos, special=True)
+        stop = [*self._formatter.stop, *rendered.stops]
+        prompt = ChatPrompt(tokens, stop, rendered.grammar, rendered.parser,
+                            special=rendered.parser.kind == "common")
+        self._last_prompt = (key, prompt)
+        return prompt
 
     def _step_progress(self, lazy: llama_cpp.KvLazyInfo) -> None:
         if lazy.phase == KvPhase.CONVERTING and lazy.progress_done == 0:
@@ -570,10 +586,21 @@ class EngineSession:
             self._on_step(event)
 
 
+@dataclass(frozen=True)
+class _Rendered:
+    text: str
+    has_bos: bool  # the text holds the BOS token already (a file's template writes it)
+    grammar: Grammar | None = None
+    parser: ReplyParser = ReplyParser("plain")
+    stops: tuple[str, ...] = ()
+
+
 class _ChatFormat:
-    """How a conversation becomes the model's prompt: the file's own chat template, else llama.cpp's
-    built-in one for the model's family, else a plain transcript (the choice: chat_template.choose);
-    ``stop``: the format's end-of-turn markers and the vocabulary's end tokens, which end a reply."""
+    """How a conversation becomes the model's prompt: the file's own chat template (through llama.cpp's
+    ``common/chat``, which also renders tools), else llama.cpp's built-in one for the model's family, else
+    a plain transcript (the choice: chat_template.choose); ``stop``: the format's end-of-turn markers and
+    the vocabulary's end tokens, which end a reply. Tools go through the template where it knows them,
+    else through the generic format (tool_calls)."""
 
     def __init__(self, llama: llama_cpp.Llama) -> None:
         vocab = llama_cpp.llama_model_get_vocab(llama.model)
@@ -584,26 +611,64 @@ class _ChatFormat:
         template = llama.metadata.get("tokenizer.chat_template")
         specials = () if template else _special_tokens(llama)
         self.choice = chat_template.choose(template, llama.metadata.get("general.architecture", ""), specials)
-        self._jinja = llama_chat_format.Jinja2ChatFormatter(
-            template=template,
-            eos_token=token_text(llama.token_eos()),
-            bos_token=token_text(llama.token_bos()),
-            stop_token_ids=[llama.token_eos()],
-        ) if template else None
+        self._common: llama_chat.ChatTemplates | None = None
+        self.native_tools = False
+        if template:
+            try:
+                self._common = llama_chat.ChatTemplates(model=llama.model)
+            except llama_chat.ChatTemplateError as err:
+                raise EngineError(f"The model's chat template cannot be read: {err}") from err
+            self.native_tools = bool(self._common.caps.get("supports_tool_calls"))
         ends = (token_text(llama.token_eos()), token_text(llama_cpp.llama_vocab_eot(vocab)))
         self.stop = tuple(dict.fromkeys(m for m in (*self.choice.end_markers, *ends) if m))
 
-    def __call__(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> tuple[str, bool]:
-        """The prompt's text, and whether it holds the BOS token already (a file's template writes it)."""
-        if self._jinja is not None:
-            self._jinja.add_generation_prompt = add_generation_prompt
-            return self._jinja(messages=list(messages)).prompt, True  # type: ignore[arg-type]
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+               tools: ToolRequest | None = None) -> _Rendered:
+        """The prompt's text (PromptError when the template refuses the messages)."""
+        if self._common is not None and self.native_tools:
+            return self._render_common(messages, add_generation_prompt, tools)
+        plain = tool_calls.generic_messages(messages, tools)
+        grammar = tool_calls.generic_grammar(tools) if tools is not None else None
+        parser = ReplyParser("generic" if tools is not None and tools.offered else "plain")
+        if self._common is not None:
+            rendered = self._render_common(plain, add_generation_prompt, None)
+            return replace(rendered, grammar=grammar, parser=parser)
         if self.choice.source is chat_template.TemplateSource.BUILTIN:
-            prompt = chat_template.render(self.choice.name, messages, add_generation_prompt)
-            if prompt is None:
+            text = chat_template.render(self.choice.name, plain, add_generation_prompt)
+            if text is None:
                 raise PromptError(f"llama.cpp's built-in {self.choice.name} template refused these messages")
-            return prompt, False
-        return chat_template.plain_prompt(messages, add_generation_prompt), False
+            return _Rendered(text, False, grammar, parser)
+        return _Rendered(chat_template.plain_prompt(plain, add_generation_prompt), False, grammar, parser)
+
+    def _render_common(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+                       tools: ToolRequest | None) -> _Rendered:
+        assert self._common is not None
+        try:
+            out = self._common.apply(tool_calls.common_request(messages, tools, add_generation_prompt))
+        except llama_chat.ChatTemplateError as err:  # the template's raise_exception, or a broken template
+            raise PromptError(f"The model's chat template refused these messages: {err}") from err
+        grammar = None
+        if out["grammar"]:
+            lazy = bool(out["grammar_lazy"])
+            grammar = Grammar(out["grammar"], tuple(out["trigger_patterns"]) if lazy else (),
+                              tuple(out["trigger_words"]) if lazy else ())
+        offered = tools is not None and bool(tools.offered)
+        parser = ReplyParser("common", out["parser"]) if offered else ReplyParser("plain")
+        return _Rendered(out["prompt"], True, grammar, parser, tuple(out["additional_stops"]))
+
+
+def _llama_grammar(llama: llama_cpp.Llama, grammar: Grammar) -> LlamaGrammar:
+    """llama-cpp-python's grammar; a trigger word that is one token of the vocabulary triggers as that
+    token (a special token is never matched as text), any other as the word's text."""
+    patterns, tokens = list(grammar.trigger_patterns), []
+    for word in grammar.trigger_words:
+        ids = llama.tokenize(word.encode("utf-8"), add_bos=False, special=True)
+        if len(ids) == 1:
+            tokens.append(ids[0])
+        else:
+            patterns.append(re.escape(word))
+    return LlamaGrammar.from_string(grammar.gbnf, trigger_patterns=patterns or None,
+                                    trigger_tokens=tokens or None)
 
 
 def _check_grammar(llama: llama_cpp.Llama, grammar: str) -> None:
