@@ -83,7 +83,7 @@ def test_export_names_the_parent_and_import_keeps_the_tree_in_either_order(store
     pid, puid = parent(store)
     bid = branch(store, puid)
     exported_parent, exported_branch = store.export_json(pid), store.export_json(bid)
-    assert exported_branch["version"] == 2 and exported_parent["parent"] is None
+    assert exported_branch["version"] == 3 and exported_parent["parent"] is None
     assert exported_branch["parent"] == {"uid": puid, "title": "Rivers", "at": 2}
     other = Store(tmp_path / "other.sqlite3", tmp_path / "other-snaps")
     try:
@@ -137,7 +137,7 @@ def test_a_version_6_database_gets_the_link_columns_and_keeps_its_conversations(
     db.close()
     store = Store(path, tmp_path / "snaps")
     try:
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == connection.SCHEMA_VERSION == 9
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == connection.SCHEMA_VERSION == 10
         assert store.conversation(1).branch is None and store.summary(1).branch is None
         bid = store.create_branch(new_uid(), "a" * 32, [{"role": "user", "content": "Hi"}]).id
         assert store.summary(bid).branch == BranchLink("a" * 32, "old", 1, 1)

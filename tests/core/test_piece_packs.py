@@ -102,7 +102,7 @@ def test_a_version_8_database_keeps_its_pieces_each_a_pack_of_one(tmp_path: Path
     db.close()
     store = Store(path, tmp_path / "snaps")
     try:
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == connection.SCHEMA_VERSION == 9
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == connection.SCHEMA_VERSION == 10
         rows = store.conversation(1).snapshot.pieces
         wanted = {(a, 0, n) for a, n in zip(addrs, sizes, strict=True)}
         assert {(r.address, r.offset, r.size) for r in rows} == wanted

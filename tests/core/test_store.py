@@ -342,7 +342,7 @@ def test_export_json_and_import_round_trip(store: Store) -> None:
     append_message(store, conv, "assistant", "ok")
     store.set_snapshot(conv, sha("s"), 10, 1, "{}")
     exported = store.export_json(conv)
-    assert exported["format"] == "lazykv-conversation" and exported["version"] == 2
+    assert exported["format"] == "lazykv-conversation" and exported["version"] == 3
     assert "snapshot" not in json.dumps(exported)
     data = json.loads(json.dumps(exported))
     new = store.import_json(data).id
@@ -362,7 +362,7 @@ def _valid() -> dict:
     ("change", "error"),
     [
         ({"format": "something-else"}, "not a LazyKV conversation"),
-        ({"version": 3}, "unsupported conversation version 3"),
+        ({"version": 4}, "unsupported conversation version 4"),
         ({"version": True}, "unsupported conversation version"),
         ({"title": None}, "title must be text"),
         ({"settings": []}, "settings must be an object"),
@@ -489,7 +489,7 @@ def migrated(tmp_path: Path, version: int) -> Iterator[tuple[Store, Conversation
     try:
         record = store.conversation(1)
         assert [m["content"] for m in record.messages] == ["Hi", "Hello"]
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
         yield store, record
     finally:
         store.close()

@@ -108,7 +108,7 @@ def test_a_version_7_database_gets_the_markers_column_and_keeps_every_conversati
     db.close()
     store = Store(path, tmp_path / "snaps")
     try:
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == connection.SCHEMA_VERSION == 9
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == connection.SCHEMA_VERSION == 10
         assert [s.title for s in store.list_conversations()] == ["Chat 3", "Chat 2", "Chat 1"]
         for n in range(1, 4):
             record = store.conversation(n)

@@ -1,12 +1,17 @@
 """A chat's turns as a reply changes them, without Qt: a reply begun (after the user's turn, in place of
 the last reply to regenerate it, or going on with a reply that was cut off), how it ends or fails, the
 oldest turns dropped to fit the context, the last reply's versions. The window's chat flow
-(``qt/chat_flow.py``) calls these and shows what they did."""
+(``qt/chat_flow.py``) calls these and shows what they did.
+
+Tool turns: a reply that asks for tools ends with its calls (``finish_reply(..., tool_calls=...)``), is
+answered by their results (``Conversation.add_tool_result``), never continued; the reply after the
+results is a reply like any other (regenerated alone: the calls and results before it stay)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from lazykv.core.chat.conversation import Conversation, ReplyStats
 from lazykv.core.kinds import FinishReason
@@ -32,8 +37,9 @@ def ends_with_reply(conversation: Conversation) -> bool:
 
 
 def can_continue(conversation: Conversation) -> bool:
-    """The last reply was cut off (a length limit, Stop, the app closed) and can go on."""
-    if not ends_with_reply(conversation):
+    """The last reply was cut off (a length limit, Stop, the app closed) and can go on (not one that
+    asked for tools: their results answer it)."""
+    if not ends_with_reply(conversation) or conversation.asks_for_tools(len(conversation) - 1):
         return False
     stats = conversation.stats().get(len(conversation) - 1)
     return stats is not None and stats.note.startswith(STOPPED)
@@ -63,7 +69,7 @@ def page_version(conversation: Conversation, step: int) -> bool:
 # -- the oldest turns dropped, lines under a message ----------------------------------------------------
 
 
-def drop_oldest(conversation: Conversation, dropped: Sequence[Mapping[str, str]]) -> str:
+def drop_oldest(conversation: Conversation, dropped: Sequence[Mapping[str, Any]]) -> str:
     """The engine left ``dropped`` out to fit the context: the conversation stops sending as many of its
     oldest turns (still shown). Returns what is said of it ("" when nothing was dropped)."""
     n = sum(1 for m in dropped if m["role"] != "system")
@@ -152,15 +158,19 @@ class ReplyEnd:
 
 
 def finish_reply(conversation: Conversation, pending: PendingReply, text: str, finish: FinishReason,
-                 dropped: Sequence[Mapping[str, str]], stats: ReplyStats | None,
-                 max_tokens: int | None) -> ReplyEnd:
+                 dropped: Sequence[Mapping[str, Any]], stats: ReplyStats | None,
+                 max_tokens: int | None, tool_calls: Sequence[Mapping[str, Any]] = ()) -> ReplyEnd:
     """The engine answered ``pending`` with ``text`` (what followed, for a reply continued), ending as
-    ``finish``, with the turns it ``dropped`` to fit and the figures the view measured (``stats``)."""
+    ``finish``, with the turns it ``dropped`` to fit and the figures the view measured (``stats``);
+    ``tool_calls``: the reply asks for these tools (a turn of its own, its text may be empty; a reply
+    continued cannot ask for any: ValueError)."""
+    if tool_calls and pending.continuing:
+        raise ValueError("a reply continued cannot ask for tools: continue is sent without them")
     ended = how_it_ended(finish, max_tokens)
-    if not text and pending.regenerate:
+    if not text and not tool_calls and pending.regenerate:
         conversation.put_back_reply()
         return ReplyEnd(False, _why_nothing(finish, ended) or "the model wrote nothing")
-    if not text and pending.continuing:
+    if not text and not tool_calls and pending.continuing:
         if finish is not FinishReason.CANCELLED:  # the reply ends where it was cut: it says so now
             _restate_end(conversation, ended)
         return ReplyEnd(False, _why_nothing(finish, ended) or "the model ended the reply there")
@@ -169,13 +179,16 @@ def finish_reply(conversation: Conversation, pending: PendingReply, text: str, f
     stats = replace(stats, note=note) if stats is not None else None
     if pending.continuing:
         stats = _extend(conversation, text, stats, note)
-    elif text:
-        conversation.add("assistant", text)
+    elif text or tool_calls:
+        if tool_calls:
+            conversation.add_tool_calls(text, tool_calls)
+        else:
+            conversation.add("assistant", text)
         if stats is not None:
             conversation.set_stats(len(conversation) - 1, stats)
     for label in pending.markers:  # under the reply (under the user's message if it has none)
         mark_end(conversation, label)
-    return ReplyEnd(bool(text), "", notes, stats)
+    return ReplyEnd(bool(text or tool_calls), "", notes, stats)
 
 
 def _why_nothing(finish: FinishReason, ended: str) -> str:

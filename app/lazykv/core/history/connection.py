@@ -30,11 +30,24 @@ from lazykv.core.history.records import (
 )
 from lazykv.core.paths import DB_FILE, PRIVATE_FILE, SNAPSHOTS_DIR, data_dir, private_dir, restrict
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 DB_KEY_BYTES = 32
 _PLAIN_HEADER = b"SQLite format 3\x00"
 
 
+# the search index of the messages kept up to date (v1; made again by v10, which rebuilds the table)
+_MESSAGES_FTS_TRIGGERS = """
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+END;
+"""
 
 _SCHEMA_V1 = """
 CREATE TABLE conversations (
@@ -66,17 +79,7 @@ CREATE INDEX snapshots_sha256 ON snapshots(sha256);
 
 CREATE VIRTUAL TABLE messages_fts USING fts5(
     content, content='messages', content_rowid='id', tokenize='unicode61 remove_diacritics 2');
-CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-END;
-CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
-END;
-CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
-    INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-END;
-
+""" + _MESSAGES_FTS_TRIGGERS + """
 CREATE VIRTUAL TABLE titles_fts USING fts5(
     title, content='conversations', content_rowid='id', tokenize='unicode61 remove_diacritics 2');
 CREATE TRIGGER titles_fts_insert AFTER INSERT ON conversations BEGIN
@@ -184,6 +187,30 @@ CREATE INDEX snapshot_pieces_address ON snapshot_pieces(address);
 CREATE INDEX pieces_file ON pieces(file);
 """
 
+# v10: tool turns. A reply that asks for tools and a tool's result are messages: the role 'tool' is
+# allowed (SQLite cannot change a CHECK: the table is rebuilt, with the same ids, so the search index
+# stays true; its triggers are made again), and ``tool_fields`` holds a message's tool keys as a JSON
+# object (a reply's tool_calls; a result's tool_call_id, name and tool, how the call ended); NULL for
+# any other message
+_SCHEMA_V10 = """
+CREATE TABLE messages_v10 (
+    id INTEGER PRIMARY KEY,
+    conv_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system', 'tool')),
+    content TEXT NOT NULL,
+    stats TEXT,
+    versions TEXT,
+    markers TEXT,
+    tool_fields TEXT,
+    UNIQUE (conv_id, seq)
+);
+INSERT INTO messages_v10 (id, conv_id, seq, role, content, stats, versions, markers)
+    SELECT id, conv_id, seq, role, content, stats, versions, markers FROM messages;
+DROP TABLE messages;
+ALTER TABLE messages_v10 RENAME TO messages;
+""" + _MESSAGES_FTS_TRIGGERS
+
 
 def _execute_script(db: sqlite3.Connection, script: str) -> None:
     """Run the statements of ``script`` one by one, inside the caller's transaction (unlike
@@ -209,6 +236,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     6: lambda db: _execute_script(db, _SCHEMA_V7),
     7: lambda db: _execute_script(db, _SCHEMA_V8),
     8: lambda db: _execute_script(db, _SCHEMA_V9),
+    9: lambda db: _execute_script(db, _SCHEMA_V10),
 }
 
 

@@ -7,10 +7,13 @@ what is wrong with it.
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
+from lazykv.core.chat.conversation import tool_label, tool_result_label, tool_result_note
 from lazykv.core.history.records import (
     DEFAULT_TITLE,
     BranchLink,
@@ -23,11 +26,16 @@ from lazykv.core.history.records import (
 )
 
 EXPORT_FORMAT = "lazykv-conversation"
-EXPORT_VERSION = 2  # 2: the conversation's uid, and a branch's parent (its uid, title, branch point)
+# 2: the conversation's uid, and a branch's parent (its uid, title, branch point); 3: tool turns (a reply's
+# tool_calls, a tool's result: the messages as ``Conversation.turns()`` gives them)
+EXPORT_VERSION = 3
 _EXPORT_FIELDS_V1 = {"format", "version", "title", "system_prompt", "settings", "messages", "created",
                      "updated"}
-# each version's fields; its reader is ``parse_export`` (version 1: no uid, never a branch)
-_EXPORT_FIELDS = {1: _EXPORT_FIELDS_V1, 2: _EXPORT_FIELDS_V1 | {"uid", "parent"}}
+# each version's fields; its reader is ``parse_export`` (version 1: no uid, never a branch; before 3:
+# messages of role and content only)
+_EXPORT_FIELDS = {1: _EXPORT_FIELDS_V1, 2: _EXPORT_FIELDS_V1 | {"uid", "parent"},
+                  3: _EXPORT_FIELDS_V1 | {"uid", "parent"}}
+_TOOL_TURNS_SINCE = 3
 _PARENT_FIELDS = {"uid", "title", "at"}
 _UID = re.compile(r"[0-9a-f]{32}")
 
@@ -41,8 +49,47 @@ def to_markdown(record: ConversationRecord) -> str:
         parts += ["## System prompt", record.system_prompt]
     for i, message in enumerate(record.messages):
         markers = record.markers.get(i, [])
-        parts += [f"## {message['role'].capitalize()}", _with_markers(message["content"], markers)]
+        if message["role"] == "tool":
+            parts += _tool_result(message)
+            continue
+        parts.append(f"## {message['role'].capitalize()}")
+        if message["content"] or markers:
+            parts.append(_with_markers(message["content"], markers))
+        for call in message.get("tool_calls") or ():
+            parts += _tool_call(call)
     return "\n\n".join(parts) + "\n"
+
+
+def _tool_call(call: Mapping[str, Any]) -> list[str]:
+    """A reply's call of a tool: its name, then its arguments as written (indented when they are JSON)."""
+    function = call["function"]
+    arguments = function["arguments"]
+    try:
+        arguments = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
+    except ValueError:
+        pass
+    return [f"**Tool call:** {_code_span(tool_label(function['name']))} (id {_code_span(call['id'])})",
+            _fenced(arguments, "json")]
+
+
+def _tool_result(message: Mapping[str, Any]) -> list[str]:
+    """A tool's result: which tool, how it ended when it did not simply run, its output as text."""
+    note = tool_result_note(message)
+    return [f"## Tool result: {_code_span(tool_result_label(message))}",
+            *([f"_{note}_"] if note else []), _fenced(message["content"], "text")]
+
+
+def _code_span(text: str) -> str:
+    """``text`` as inline code, shown as written whatever backticks it holds."""
+    ticks = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def _fenced(text: str, info: str) -> str:
+    """``text`` as a code block, shown as written whatever fences it holds."""
+    fence = "`" * max(3, max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    return f"{fence}{info}\n{text}\n{fence}"
 
 
 def _with_markers(text: str, markers: list[tuple[int, str]]) -> str:
@@ -105,6 +152,11 @@ def parse_export(data: Any) -> dict:
         raise ValueError(f"missing field(s) in the conversation: {', '.join(missing)}")
     if not isinstance(data["messages"], list):
         raise ValueError(f"messages must be a list, not {type(data['messages']).__name__}")
+    if version < _TOOL_TURNS_SINCE:
+        for i, m in enumerate(data["messages"]):
+            if isinstance(m, dict) and (m.get("role") == "tool" or "tool_calls" in m):
+                raise ValueError(f"message {i + 1}: tool calls and results are read from version "
+                                 f"{_TOOL_TURNS_SINCE} on, and this conversation is version {version}")
     created = check_time("created", data["created"])
     updated = check_time("updated", data["updated"])
     return {

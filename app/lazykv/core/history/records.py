@@ -15,10 +15,17 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from lazykv.core.chat.conversation import Conversation, ReplyStats
+from lazykv.core.chat.conversation import (
+    APP_KEYS,
+    SENT_KEYS,
+    Conversation,
+    ReplyStats,
+    check_turn,
+    turn_texts,
+)
 
 DEFAULT_TITLE = "New chat"
-ROLES = ("user", "assistant", "system")
+ROLES = ("user", "assistant", "system", "tool")
 MAX_TIME = 32503680000.0  # 3000-01-01 UTC: any time the list can show (datetime's range is wider)
 MAX_TITLE_CHARS = 1000
 
@@ -235,15 +242,41 @@ def shown_time(value: Any) -> float:
 
 
 def validate_message(index: int, message: Any) -> dict:
+    """A message to store, checked and copied: a system prompt's, or a turn of the conversation (a
+    reply's tool calls and a tool's result included: ``check_turn``)."""
     where = f"message {index + 1}"
     if not isinstance(message, dict):
         raise ValueError(f"{where}: expected an object with role and content, got {type(message).__name__}")
-    if set(message) != {"role", "content"}:
-        raise ValueError(f"{where}: expected exactly the fields role and content, got {sorted(message)}")
-    role, content = message["role"], message["content"]
+    role = message.get("role")
     if role not in ROLES:
         raise ValueError(f"{where}: role must be one of {', '.join(ROLES)}, not {role!r}")
-    return {"role": str(role), "content": check_text(f"{where}: content", content)}
+    if role == "system":
+        if set(message) != {"role", "content"}:
+            raise ValueError(f"{where}: expected exactly the fields role and content, got {sorted(message)}")
+        return {"role": "system", "content": check_text(f"{where}: content", message["content"])}
+    turn = check_turn(message, where)
+    for what, text in turn_texts(turn):
+        check_text(f"{where}: {what}", text)
+    return turn
+
+
+def _tool_fields(message: dict) -> str | None:
+    """A message's tool keys as the column ``tool_fields`` holds them (None: it has none)."""
+    role = message["role"]
+    fields = {k: message[k] for k in (*SENT_KEYS.get(role, ()), *APP_KEYS.get(role, ())) if k in message}
+    return json.dumps(fields, ensure_ascii=False) if fields else None
+
+
+def _stored_message(role: str, content: str, tool_fields: str | None) -> dict:
+    """A stored message as a dict; damaged tool fields read as none (a tool result's id and name as
+    empty), so the conversation still opens."""
+    message = {"role": role, "content": content}
+    if tool_fields is None and role != "tool":
+        return message
+    try:
+        return check_turn({**message, **json_dict(tool_fields or "")})
+    except ValueError:
+        return {**message, "tool_call_id": "", "name": ""} if role == "tool" else message
 
 
 def settings_json(settings: dict) -> str:
@@ -282,8 +315,9 @@ def check_sha256(sha256: str) -> str:
 
 
 def read_messages(db: sqlite3.Connection, conv_id: int) -> list[dict]:
-    rows = db.execute("SELECT role, content FROM messages WHERE conv_id = ? ORDER BY seq", (conv_id,))
-    return [{"role": role, "content": content} for role, content in rows]
+    rows = db.execute("SELECT role, content, tool_fields FROM messages WHERE conv_id = ? ORDER BY seq",
+                      (conv_id,))  # fmt: skip
+    return [_stored_message(*row) for row in rows]
 
 
 def read_stats(db: sqlite3.Connection, conv_id: int) -> dict[int, ReplyStats]:
@@ -360,8 +394,8 @@ def insert_messages(db: sqlite3.Connection, conv_id: int, messages: Sequence[dic
     first = db.execute("SELECT coalesce(max(seq) + 1, 0) FROM messages WHERE conv_id = ?",
                        (conv_id,)).fetchone()[0]  # fmt: skip
     db.executemany(
-        "INSERT INTO messages (conv_id, seq, role, content) VALUES (?, ?, ?, ?)",
-        [(conv_id, first + i, m["role"], m["content"]) for i, m in enumerate(messages)],
+        "INSERT INTO messages (conv_id, seq, role, content, tool_fields) VALUES (?, ?, ?, ?, ?)",
+        [(conv_id, first + i, m["role"], m["content"], _tool_fields(m)) for i, m in enumerate(messages)],
     )
 
 
@@ -371,7 +405,7 @@ class Loaded:
 
     record: ConversationRecord
     conversation: Conversation
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
 
 
 def loaded(record: ConversationRecord) -> Loaded:
@@ -382,7 +416,7 @@ def loaded(record: ConversationRecord) -> Loaded:
         if message["role"] == "system":
             conversation.system_prompt = message["content"]
             continue
-        conversation.add(message["role"], message["content"])
+        conversation.add_turn(message)
         if (stats := record.stats.get(i)) is not None:
             conversation.set_stats(len(conversation) - 1, stats)
         if i in record.versions:

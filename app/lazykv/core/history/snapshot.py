@@ -48,6 +48,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from lazykv import __version__
+from lazykv.core.chat.conversation import sent_tool_keys
 from lazykv.core.engine.types import KvLayout
 from lazykv.core.files import fsync_dir
 from lazykv.core.kinds import KvMode, KvPhase, StorageType
@@ -283,10 +284,12 @@ def _check_fields(obj: dict[str, Any]) -> None:
         raise _Invalid("created is not a time")
 
 
-def transcript_digest(messages: Sequence[dict[str, str]]) -> str:
-    """sha256 of the messages' roles and contents (canonical JSON): what a snapshot is bound to."""
-    canonical = [[m["role"], m["content"]] for m in messages]
-    text = json.dumps(canonical, ensure_ascii=False, separators=(",", ":"))
+def transcript_digest(messages: Sequence[dict[str, Any]]) -> str:
+    """sha256 of the messages' roles and contents, and their tool keys when they have any (canonical
+    JSON): what a snapshot is bound to."""
+    canonical = [[m["role"], m["content"], *([tools] if (tools := sent_tool_keys(m)) else [])]
+                 for m in messages]
+    text = json.dumps(canonical, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
