@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QSpinBox,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -44,11 +45,13 @@ class SettingsDialog(QDialog):
 
     def __init__(
         self, settings: Settings, meta: ModelMeta | None = None, parent: QWidget | None = None,
-        keyring_works: bool = True, gpus: Sequence[Device] = (),
+        keyring_works: bool = True, gpus: Sequence[Device] = (), tools_page: QWidget | None = None,
     ) -> None:
         """``meta``: the loaded model's (None: no model loaded); ``keyring_works``: False when the OS
         keyring failed this session (its protection scheme is then offered disabled); ``gpus``: this
-        machine's GPUs as the last load found them (the estimate plans the GPU layers on them)."""
+        machine's GPUs as the last load found them (the estimate plans the GPU layers on them);
+        ``tools_page``: Settings > Tools (qt.tools_page): with it the dialog has tabs, and the "Tools"
+        settings sit under that page."""
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setObjectName("settings-dialog")
@@ -60,6 +63,7 @@ class SettingsDialog(QDialog):
 
         columns = QHBoxLayout()
         left, right = QVBoxLayout(), QVBoxLayout()
+        tools = QVBoxLayout() if tools_page is not None else None
         groups: dict[str, QFormLayout] = {}
         for setting in SETTINGS:
             if not setting.in_dialog:
@@ -67,7 +71,8 @@ class SettingsDialog(QDialog):
             if setting.group not in groups:
                 box = QGroupBox(setting.group)
                 groups[setting.group] = QFormLayout(box)
-                (left if setting.group in ("Engine", "Chat") else right).addWidget(box)
+                column = tools if tools is not None and setting.group == "Tools" else right
+                (left if setting.group in ("Engine", "Chat") else column).addWidget(box)
             self._add_row(groups[setting.group], setting, settings[setting.name])
             if setting.name == "context_budget_mb":  # what the budget (or the context length) holds, per mode
                 self.budget_label = QLabel()
@@ -100,7 +105,17 @@ class SettingsDialog(QDialog):
         buttons.rejected.connect(self.reject)
         buttons.button(QDialogButtonBox.StandardButton.RestoreDefaults).clicked.connect(self.restore_defaults)
         layout = QVBoxLayout(self)
-        layout.addLayout(columns)
+        if tools is None:
+            layout.addLayout(columns)
+        else:
+            self.tabs = QTabWidget()
+            general, page = QWidget(), QWidget()
+            general.setLayout(columns)
+            tools.insertWidget(0, tools_page, 1)
+            page.setLayout(tools)
+            self.tabs.addTab(general, "General")
+            self.tabs.addTab(page, "Tools")
+            layout.addWidget(self.tabs)
         layout.addWidget(self.reload_note)
         layout.addWidget(buttons)
 

@@ -358,6 +358,12 @@ class McpHub:
         with self._lock:
             self._listeners.append(fn)
 
+    def off_change(self, fn: Callable[[], None]) -> None:
+        """Stop calling ``fn`` (e.g. a page being closed)."""
+        with self._lock:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(fn)
+
     def call(self, qualified: str, arguments: dict, cancel: threading.Event) -> ToolResult:
         """Run a tool and wait for its result (from a worker thread, never the GUI's): within the
         timeout, or until ``cancel`` is set; a KeyError for an unknown tool, else never raises."""
