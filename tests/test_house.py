@@ -34,6 +34,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "core.history": {"core.chat", "core.engine", "core.files", "core.kinds", "core.errors", "core.paths",
                      "lazykv"},
     "core.models": {"core.engine", "core.kinds", "core.errors", "core.paths", "resources"},
+    "core.tools": {"core.files", "core.paths"},
 }
 CORE = {room for room in MAY_IMPORT} | {"core"}
 MAY_IMPORT.update({
