@@ -8,14 +8,20 @@ their own, and never touched again. The view follows the end unless the user has
 
 Right-click a message to copy it, edit and resend a message of yours, or regenerate the last
 reply; the view only asks (signals), the window decides. Code blocks have a one-click Copy.
+
+A reply's tool calls and each tool's result are blocks under it, collapsed to one line ("Tool call:
+server › tool"); a click, or Tab to the line and Enter, shows the arguments or the output. Both are
+untrusted text: shown as plain text, never as HTML or Markdown, never a link.
 """
 
 from __future__ import annotations
 
 import bisect
+import html
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from PySide6.QtCore import QEvent, QPoint, QTimer, QUrl, Signal, Slot
 from PySide6.QtGui import (
@@ -33,7 +39,15 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QMenu, QTextBrowser, QWidget
 
-from lazykv.core.chat.conversation import Marker, ReplyStats
+from lazykv.core.chat.conversation import (
+    Marker,
+    ReplyStats,
+    pretty_arguments,
+    tool_calls_of,
+    tool_label,
+    tool_result_label,
+    tool_result_note,
+)
 from lazykv.qt.markdown import (
     COPY_SCHEME,
     DARK,
@@ -45,11 +59,13 @@ from lazykv.qt.markdown import (
 )
 from lazykv.qt.theme import is_dark
 
-ROLE_LABELS = {"user": "You", "assistant": "Assistant", "system": "System"}
+ROLE_LABELS = {"user": "You", "assistant": "Assistant", "system": "System", "tool": "Tool"}
 _BACKGROUNDS = {
-    LIGHT: {"user": "#e3edfd", "assistant": "#f3f4f6", "system": "#fff7e0"},
-    DARK: {"user": "#1d2b40", "assistant": "#24272d", "system": "#3a3220"},
+    LIGHT: {"user": "#e3edfd", "assistant": "#f3f4f6", "system": "#fff7e0", "tool": "#eef6ee"},
+    DARK: {"user": "#1d2b40", "assistant": "#24272d", "system": "#3a3220", "tool": "#1f2d24"},
 }
+TOOL_SCHEME = "lazykv-tool"  # a tool block's line: lazykv-tool:MESSAGE/BLOCK shows or hides it
+_COLLAPSED, _EXPANDED = "▸", "▾"
 RENDER_INTERVAL_MS = 80  # a streaming reply is re-rendered at most this often
 STEP_BUDGET_S = 0.006  # rendering work per event-loop turn when filling the view or loading older ones
 STEP_PAUSE_MS = 1  # between two steps: the events that came meanwhile run first
@@ -69,6 +85,14 @@ class _Stream:
     done_blocks: int = 0  # code blocks in the part rendered for good
 
 
+@dataclass(frozen=True)
+class _ToolBlock:
+    """A tool call or result under a message: its line, and the text it shows when expanded."""
+
+    title: str  # "Tool call: server › tool", "Tool result: server › tool · denied by the user"
+    text: str  # the arguments, the output: plain text
+
+
 @dataclass
 class _Message:
     role: str
@@ -78,6 +102,8 @@ class _Message:
     note: str = ""  # e.g. "Reply stopped", under the message
     stats: str = ""  # e.g. "0.4 s to first token · 31.2 tokens/s", under a reply
     code_blocks: list[str] = field(default_factory=list)
+    tools: list[_ToolBlock] = field(default_factory=list)  # a reply's calls, a tool's result
+    expanded: set[int] = field(default_factory=set)  # which of ``tools`` show their text
 
 
 class TranscriptView(QTextBrowser):
@@ -94,7 +120,7 @@ class TranscriptView(QTextBrowser):
         self.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
         self.setOpenLinks(False)
         self.anchorClicked.connect(self._on_link)
-        self._messages: list[_Message | Mapping[str, str]] = []
+        self._messages: list[_Message | Mapping[str, Any]] = []
         self._markers: dict[int, list[tuple[int, str]]] = {}  # of the messages not made _Message yet
         self._stats: dict[int, ReplyStats] = {}  # likewise
         self._frames: list[QTextFrame] = []  # frames of messages[self._first:], in order
@@ -121,10 +147,36 @@ class TranscriptView(QTextBrowser):
     # -- content ----------------------------------------------------------------------------------
 
     def add_message(self, role: str, text: str, markers: Iterable[Marker] = ()) -> None:
-        self._messages.append(_message(role, text, [(m.offset, m.label) for m in markers]))
+        self.add_turn({"role": role, "content": text}, markers)
+
+    def add_turn(self, turn: Mapping[str, Any], markers: Iterable[Marker] = ()) -> None:
+        """A turn as the conversation holds it (``Conversation.shown()``): a reply's tool calls and a
+        tool's result shown as collapsed blocks."""
+        self._messages.append(_message(turn, [(m.offset, m.label) for m in markers]))
         self._append_frame(len(self._messages) - 1)
 
-    def show_messages(self, messages: Iterable[Mapping[str, str]], markers: Iterable[Marker] = (),
+    def set_tool_calls(self, index: int, tool_calls: Sequence[Mapping[str, Any]]) -> None:
+        """The reply at ``index`` (e.g. the one just streamed) asks for these tools: a collapsed block
+        each under its text."""
+        message = self._message(index)
+        message.tools, message.expanded = _call_blocks(tool_calls), set()
+        self._rerender(index)
+
+    def tool_blocks(self, index: int) -> list[tuple[str, bool]]:
+        """(line, expanded) of each tool block of message ``index``."""
+        message = self._message(index)
+        return [(block.title, k in message.expanded) for k, block in enumerate(message.tools)]
+
+    def toggle_tool_block(self, index: int, block: int) -> None:
+        """Show block ``block`` of message ``index`` if hidden, else hide it (its line stays)."""
+        message = self._message(index)
+        if not 0 <= block < len(message.tools):
+            return
+        message.expanded ^= {block}
+        self._rerender(index)
+        self._focus_link(index, f"{TOOL_SCHEME}:{index}/{block}")
+
+    def show_messages(self, messages: Iterable[Mapping[str, Any]], markers: Iterable[Marker] = (),
                       stats: Mapping[int, ReplyStats] | None = None, left_out: int = 0) -> None:
         """Replace the whole transcript (opening a conversation, after an edit): the newest first;
         ``stats`` are the replies' figures by message index, shown under them; the first ``left_out``
@@ -160,7 +212,7 @@ class TranscriptView(QTextBrowser):
     def _message(self, index: int) -> _Message:
         entry = self._messages[index]
         if not isinstance(entry, _Message):
-            entry = _message(entry["role"], entry["content"], self._markers.pop(index, []))
+            entry = _message(entry, self._markers.pop(index, []))
             if (stats := self._stats.pop(index, None)) is not None:
                 entry.stats, entry.note = stats.summary(), stats.note
             self._messages[index] = entry
@@ -201,7 +253,9 @@ class TranscriptView(QTextBrowser):
         self._message(self._reply).note = note or ""
         self._message(self._reply).stats = stats or ""
         self._render_reply()
-        self._reply, self._stream = None, None
+        index, self._reply, self._stream = self._reply, None, None
+        if self._message(index).tools:  # tool calls given while it streamed: shown with it now
+            self._rerender(index)
 
     @Slot()
     def _render_reply(self) -> None:
@@ -251,6 +305,9 @@ class TranscriptView(QTextBrowser):
         for k, _ in enumerate(self._message(index).code_blocks):
             action = menu.addAction(f"Copy code block {k + 1}")
             action.triggered.connect(lambda _=False, k=k: self._copy_code(index, k))
+        for k, (title, expanded) in enumerate(self.tool_blocks(index)):
+            action = menu.addAction(f"{'Hide' if expanded else 'Show'} {title}")
+            action.triggered.connect(lambda _=False, k=k: self.toggle_tool_block(index, k))
         role = self._message(index).role
         if role == "user":
             edit = menu.addAction("Edit and resend…")
@@ -278,12 +335,37 @@ class TranscriptView(QTextBrowser):
 
     @Slot(QUrl)
     def _on_link(self, url: QUrl) -> None:
-        if url.scheme() == COPY_SCHEME:
+        if url.scheme() in (COPY_SCHEME, TOOL_SCHEME):
             message, _, block = url.path().partition("/")
-            if message.isdigit() and block.isdigit():
+            if not (message.isdigit() and block.isdigit() and int(message) < len(self._messages)):
+                return
+            if url.scheme() == COPY_SCHEME:
                 self._copy_code(int(message), int(block))
+            else:
+                self.toggle_tool_block(int(message), int(block))
         elif url.scheme() in _LINK_SCHEMES:
             QDesktopServices.openUrl(url)
+
+    def _focus_link(self, index: int, href: str) -> None:
+        """Put the keyboard's focus on the link ``href`` of message ``index`` again (re-rendering the
+        message lost it), so that Enter toggles the same block again."""
+        if index < self._first:
+            return
+        frame = self._frames[index - self._first]
+        block = self.document().findBlock(frame.firstPosition())
+        while block.isValid() and block.position() <= frame.lastPosition():
+            it = block.begin()
+            while not it.atEnd():
+                fragment = it.fragment()
+                if fragment.charFormat().anchorHref() == href:
+                    cursor = QTextCursor(self.document())
+                    cursor.setPosition(fragment.position())
+                    cursor.setPosition(fragment.position() + fragment.length(),
+                                       QTextCursor.MoveMode.KeepAnchor)
+                    self.setTextCursor(cursor)
+                    return
+                it += 1
+            block = block.next()
 
     def _copy_code(self, index: int, block: int) -> None:
         blocks = self._message(index).code_blocks if index < len(self._messages) else []
@@ -449,11 +531,26 @@ class TranscriptView(QTextBrowser):
                 f'margin-bottom: 6px">{label}</p>')
 
     def _body_html(self, message: _Message, index: int) -> str:
+        tools = "".join(self._tool_html(message, index, k) for k in range(len(message.tools)))
+        if message.role == "tool" or (message.tools and not message.text and not message.markers):
+            return tools  # a tool's output is shown in its block
         if message.role == "assistant" and len(message.text) <= PLAIN_OVER_CHARS:
             rendered = self._renderer.render(message.text, index, message.markers)
             message.code_blocks = rendered.code_blocks
-            return rendered.html
-        return self._renderer.plain(message.text, message.markers)
+            return rendered.html + tools
+        return self._renderer.plain(message.text, message.markers) + tools
+
+    def _tool_html(self, message: _Message, index: int, k: int) -> str:
+        """A tool block: its line, a link that shows or hides it; when shown, its text as typed."""
+        c, block, expanded = self._colours, message.tools[k], k in message.expanded
+        sign = _EXPANDED if expanded else _COLLAPSED
+        head = (f'<p style="margin-top: 4px"><a href="{TOOL_SCHEME}:{index}/{k}" '
+                f'style="color:{c.link}; text-decoration: none">{sign} {html.escape(block.title)}</a></p>')
+        if not expanded:
+            return head
+        text = html.escape(block.text) if block.text else "<i>(empty)</i>"
+        return (head + f'<p style="white-space: pre-wrap; font-family: \'{c.mono_family}\'; '
+                f'background-color:{c.code_background}; margin-left: 12px">{text}</p>')
 
     def _footer_html(self, message: _Message) -> str:
         c = self._colours
@@ -466,12 +563,25 @@ class TranscriptView(QTextBrowser):
         return lines + stats + note
 
 
-def _message(role: str, text: str, markers: list[tuple[int, str]]) -> _Message:
+def _message(turn: Mapping[str, Any], markers: list[tuple[int, str]]) -> _Message:
     """A message whose markers at or past its end are lines under it, the others inline; in the order
-    they came at one place (not by their words)."""
+    they came at one place (not by their words). A reply's tool calls, a tool's result: its blocks."""
+    role, text = turn["role"], turn["content"]
     inside = [(offset, label) for offset, label in markers if offset < len(text)]
     lines = [label for offset, label in sorted(markers, key=lambda m: m[0]) if offset >= len(text)]
-    return _Message(role, text, inside, lines)
+    message = _Message(role, text, inside, lines)
+    if role == "tool":
+        note = tool_result_note(turn)
+        title = f"Tool result: {tool_result_label(turn)}" + (f" · {note}" if note else "")
+        message.tools = [_ToolBlock(title, text)]
+    else:
+        message.tools = _call_blocks(tool_calls_of(turn))
+    return message
+
+
+def _call_blocks(tool_calls: Sequence[Mapping[str, Any]]) -> list[_ToolBlock]:
+    return [_ToolBlock(f"Tool call: {tool_label(call['function']['name'])}",
+                       pretty_arguments(call["function"]["arguments"])) for call in tool_calls]
 
 
 def _escape(text: str) -> str:

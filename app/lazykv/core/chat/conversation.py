@@ -10,6 +10,7 @@ ended (``ToolStatus``), whether its output was cut, and the server and tool it r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -60,6 +61,15 @@ def tool_result_note(turn: Mapping[str, Any]) -> str:
     words = [TOOL_STATUS_WORDS.get(meta.get("status", ToolStatus.OK), ""),
              TRUNCATED_WORDS if meta.get("truncated") else ""]
     return " · ".join(w for w in words if w)
+
+
+def pretty_arguments(arguments: str) -> str:
+    """A call's arguments to read: JSON indented (its strings as written, never escaped to \\u), other
+    text as it is."""
+    try:
+        return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return arguments
 
 
 def tool_calls_of(turn: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -7,13 +7,12 @@ what is wrong with it.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from lazykv.core.chat.conversation import tool_label, tool_result_label, tool_result_note
+from lazykv.core.chat.conversation import pretty_arguments, tool_label, tool_result_label, tool_result_note
 from lazykv.core.history.records import (
     DEFAULT_TITLE,
     BranchLink,
@@ -63,13 +62,8 @@ def to_markdown(record: ConversationRecord) -> str:
 def _tool_call(call: Mapping[str, Any]) -> list[str]:
     """A reply's call of a tool: its name, then its arguments as written (indented when they are JSON)."""
     function = call["function"]
-    arguments = function["arguments"]
-    try:
-        arguments = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
-    except ValueError:
-        pass
     return [f"**Tool call:** {_code_span(tool_label(function['name']))} (id {_code_span(call['id'])})",
-            _fenced(arguments, "json")]
+            _fenced(pretty_arguments(function["arguments"]), "json")]
 
 
 def _tool_result(message: Mapping[str, Any]) -> list[str]:
