@@ -378,8 +378,12 @@ class McpHub:
             message = server.message if server is not None else "It is not running."
             return ToolResult(f"The tool server \u201c{spec.server}\u201d is not available: {message}", True,
                               False)
-        future = asyncio.run_coroutine_threadsafe(
-            self._call(server, server.session, spec, arguments, timeout, cap), loop)
+        coro = self._call(server, server.session, spec, arguments, timeout, cap)
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the hub closed meanwhile
+            coro.close()
+            return ToolResult(f"The tool server \u201c{spec.server}\u201d was stopped.", True, False)
         deadline = time.monotonic() + timeout + 2.0  # the loop's own timeout answers first
         while True:
             try:
