@@ -8,6 +8,7 @@ notices its request's cancel token (as the real context's abort callback would).
 from __future__ import annotations
 
 import threading
+from typing import Any
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
@@ -65,6 +66,8 @@ class FakeSession:
         self.reply_error: Exception | None = None  # raised once the prompt is read
         self.restore_error: Exception | None = None  # e.g. KvRestoreError: resuming re-reads instead
         self.calls: list[str] = []  # what ran, in order: "load", "reply", "convert", "rebuild", ...
+        self.tool_replies: list[list[dict[str, Any]]] = []  # with tools offered, each reply calls these
+        self.sent: list[tuple[list[dict[str, Any]], Any]] = []  # each reply's messages and tools
         self.waiting = threading.Event()  # set while a step is held
         self.after_reply = threading.Event()  # set by the first kv_status after a reply ended
         self._reply_ended = False
@@ -151,11 +154,15 @@ class FakeSession:
     def count_tokens(self, messages: Sequence[dict[str, str]]) -> int:
         return len(_words(messages))
 
-    def stream_reply(self, messages: Sequence[dict[str, str]], sampling: SamplingSettings,
+    def stream_reply(self, messages: Sequence[dict[str, Any]], sampling: SamplingSettings,
                      cancel: threading.Event, max_tokens: int | None = None,
-                     context_full: str = "stop") -> Generator[str, None, ReplyResult]:
+                     context_full: str = "stop", tools: Any = None) -> Generator[str, None, ReplyResult]:
         info = self._require()
         self.calls.append("reply")
+        self.sent.append((list(messages), tools))
+        if tools is not None and self.tool_replies:  # the model calls tools: no words, the calls
+            calls = self.tool_replies.pop(0)
+            return ReplyResult("", FinishReason.STOP, len(messages), 0, tool_calls=tuple(calls))
         self._reply_ended = False
         fitted = fit_messages(messages, self.count_tokens, info.n_ctx, context_full, max_tokens)
         tokens = _words(fitted.messages)
@@ -301,6 +308,6 @@ class FakeSession:
         return self._info
 
 
-def _words(messages: Sequence[dict[str, str]]) -> list[int]:
-    return [hash(w) & 0xFFFF for m in messages for w in (m["role"], *m["content"].split())]
+def _words(messages: Sequence[dict[str, Any]]) -> list[int]:
+    return [hash(w) & 0xFFFF for m in messages for w in (m["role"], *(m["content"] or "").split())]
 

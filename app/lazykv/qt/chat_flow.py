@@ -33,6 +33,7 @@ from lazykv.qt.memory_panel import MemoryPanel
 from lazykv.qt.operations import EngineClient
 from lazykv.qt.reply_stats import ReplyClock
 from lazykv.qt.step_banner import StepBanner, compacted_text, marker_label
+from lazykv.qt.tool_flow import ToolCalls
 from lazykv.qt.transcript import TranscriptView
 from lazykv.qt.ui_state import UiState
 from lazykv.qt.worker import (
@@ -71,6 +72,7 @@ class ChatFlowHost(Protocol):
     memory_panel: MemoryPanel
     context_meter: ContextMeter
     conversations_panel: ConversationsPanel
+    tool_calls: ToolCalls
 
     @property
     def conversation(self) -> Conversation: ...
@@ -276,6 +278,7 @@ class ChatFlow(QObject):
             self._rerender()
         self.host.conversation.system_prompt = self.host.system_edit.text()
         self.host.conversation.add("user", text)
+        self.host.tool_calls.rounds = 0  # the model may call tools again for this message
         self.host.input.clear()
         self.host.transcript.follow_end()  # scrolled up: the new turn and its reply come into sight
         self.host.transcript.add_message("user", text)
@@ -306,7 +309,8 @@ class ChatFlow(QObject):
         messages, options = self.host.conversation.messages(), self.reply_options()
         if pending.continuing:  # the conversation sent ends with the reply cut off
             options = replace(options, continue_last=True)
-        self._reply = request = Reply(messages, self.sampling(), options)
+        tools = None if pending.continuing else self.host.tool_calls.offered()
+        self._reply = request = Reply(messages, self.sampling(), options, tools)
         self._drop_oldest_once = False
         chat = self.host.conversations.chat
         self.host.engine.submit(
@@ -320,6 +324,7 @@ class ChatFlow(QObject):
 
     def _reply_abandoned(self) -> None:
         """The reply's chat was replaced meanwhile (e.g. deleted): its answer goes nowhere."""
+        self.host.tool_calls.abandon()
         self._reply, self._replying = None, PendingReply()
         self.host.transcript.end_reply()
         self.host.set_state(self.host.idle_state())
@@ -331,7 +336,10 @@ class ChatFlow(QObject):
 
     def stop_reply(self) -> None:
         """Stop the reply streaming now, if any: its own token, so no other request is touched (its
-        answer is then abandoned when its chat is gone)."""
+        answer is then abandoned when its chat is gone); or the tool calls running between two replies."""
+        if self.host.tool_calls.running:
+            self.host.tool_calls.stop()
+            return
         if self._reply is not None:
             self._reply.cancel.set()
             self.host.stop_button.setEnabled(False)
@@ -345,6 +353,9 @@ class ChatFlow(QObject):
         self.host.transcript.append_to_reply(piece)
 
     def _on_reply_finished(self, result: ReplyResult) -> None:
+        if result.tool_calls and not result.cancelled:
+            self._call_tools(result)
+            return
         self._reply = None
         pending, self._replying = self._replying, PendingReply()
         end = turns.finish_reply(self.host.conversation, pending, result.text, result.finish_reason,
@@ -375,6 +386,30 @@ class ChatFlow(QObject):
             )
         self.maybe_schedule_idle_conversion()
         self.reply_finished.emit(result)
+
+    def _call_tools(self, result: ReplyResult) -> None:
+        """The reply asks for tools: it is kept as it is (its words and its calls), each call is asked
+        about and run (ToolCalls), then the model answers with the results in its prompt."""
+        self._reply, self._replying = None, PendingReply()
+        self.host.conversation.add_tool_calls(result.text, result.tool_calls)
+        self.host.transcript.end_reply()
+        self._rerender()
+        self.host.conversations.persist(snapshot=False)
+        names = ", ".join(call["function"]["name"] for call in result.tool_calls)
+        self.host.statusBar().showMessage(f"The model asks to use a tool: {names}")
+        chat = self.host.conversations.chat
+        self.host.tool_calls.run(lambda stopped: self._tools_answered(stopped) if chat is
+                                 self.host.conversations.chat else None)
+
+    def _tools_answered(self, stopped: bool) -> None:
+        """Every call has its result (or was stopped): shown and saved; the model answers unless stopped."""
+        self._rerender()
+        self.host.conversations.persist(snapshot=False)
+        if stopped:
+            self.host.set_state(UiState.READY)
+            self.host.statusBar().showMessage("Stopped: the tool calls that had not run were not run", 8000)
+            return
+        self._request_reply(PendingReply())
 
     def _retry_dropping_oldest(self) -> None:
         """The message that did not fit, sent again with the oldest turns left out (this once)."""

@@ -30,7 +30,11 @@ from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.types import KvStatus, ModelInfo
 from lazykv.core.history.store import Database
 from lazykv.core.idle import IDLE_DELAY_S
+from lazykv.core.paths import tool_permissions_file
 from lazykv.core.settings import SETTINGS_BY_NAME, Settings
+from lazykv.core.tools import mcp_config
+from lazykv.core.tools.consent import ConsentStore
+from lazykv.core.tools.mcp_hub import McpHub
 from lazykv.qt import actions, theme, window_state
 from lazykv.qt.about_dialog import AboutDialog
 from lazykv.qt.background import Background
@@ -49,6 +53,8 @@ from lazykv.qt.operations import EngineClient, Operations
 from lazykv.qt.settings_dialog import SettingsDialog
 from lazykv.qt.shortcuts_dialog import ShortcutsDialog
 from lazykv.qt.step_banner import StepBanner
+from lazykv.qt.tool_flow import ToolCalls
+from lazykv.qt.tools_page import ToolsPage
 from lazykv.qt.transcript import TranscriptView
 from lazykv.qt.ui_state import APP_TITLE, UiState
 from lazykv.qt.window_close import Closing
@@ -145,6 +151,7 @@ class MainWindow(QMainWindow):
         self.conversations = Conversations(self, self.chat, self, self.setting("system_prompt"),
                                            self.timings.undo_ms, self.timings.erase_ms)
         self._connect_conversations()
+        self.tool_calls = self._start_tools()
         self._sampler = QTimer(self)
         self._sampler.timeout.connect(self._sample_memory)
         self._sampler.start(self.timings.sample_interval_ms)
@@ -162,6 +169,21 @@ class MainWindow(QMainWindow):
     def conversation(self) -> Conversation:
         """The transcript on screen (owned by ``conversations``)."""
         return self.conversations.chat.conversation
+
+    @property
+    def private(self) -> bool:
+        return self.conversations.private
+
+    def _start_tools(self) -> ToolCalls:
+        """The MCP servers the user set up, connecting in the background; the tools always allowed."""
+        try:
+            servers = mcp_config.load_servers()
+        except mcp_config.McpConfigError as err:
+            servers, problem = [], str(err)
+            QTimer.singleShot(0, lambda: self.show_error("The MCP servers were not started", problem))
+        hub = McpHub(servers, self.setting("tool_timeout_s"), self.setting("tool_output_kib") * 1024)
+        hub.start()
+        return ToolCalls(self, hub, ConsentStore(tool_permissions_file()), self, self)
 
     def setting(self, name: str) -> Any:
         return self.overrides[name] if name in self.overrides else self.settings[name]
@@ -182,6 +204,9 @@ class MainWindow(QMainWindow):
             self.loading.open_model(self.model_info.path)
         if LOCAL_SERVER_SETTINGS.intersection(changed):
             self.local_server.sync()
+        if {"tool_timeout_s", "tool_output_kib"}.intersection(changed) and self.tool_calls.hub is not None:
+            self.tool_calls.hub.set_limits(self.setting("tool_timeout_s"),
+                                           self.setting("tool_output_kib") * 1024)
 
     def save_settings(self) -> None:
         snapshot = self.settings.copy()
@@ -413,9 +438,11 @@ class MainWindow(QMainWindow):
     @Slot()
     def open_settings(self) -> None:
         meta = self.model_info.meta if self.model_info else None
+        tools = self.tool_calls
         dialog = SettingsDialog(self.settings.copy(self.overrides), meta, self,
                                 keyring_works=not self.conversations.keyring_failed,
-                                gpus=self.model_info.gpus if self.model_info else ())
+                                gpus=self.model_info.gpus if self.model_info else (),
+                                tools_page=ToolsPage(tools.hub, tools.consent) if tools.hub else None)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self.apply_settings(dialog.changed()))
         self.settings_dialog = dialog

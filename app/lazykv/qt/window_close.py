@@ -18,6 +18,7 @@ from lazykv.core.settings import Settings
 from lazykv.qt.background import Background
 from lazykv.qt.local_server import LocalServerSwitch
 from lazykv.qt.operations import EngineClient, Operations
+from lazykv.qt.tool_flow import ToolCalls
 from lazykv.qt.ui_state import APP_TITLE
 from lazykv.qt.worker import EngineWorker
 
@@ -35,6 +36,7 @@ class ClosingHost(Protocol):
     background: Background
     database: Database
     local_server: LocalServerSwitch
+    tool_calls: ToolCalls
     shutdown_requested: SignalInstance  # to the worker: free the model, end the thread
 
     @property
@@ -76,6 +78,8 @@ class Closing:
         host.worker.close()
         host.engine.close()
         host.local_server.stop(wait=True)
+        if host.tool_calls.hub is not None:
+            host.tool_calls.hub.close()  # bounded: a server that ignores its end is killed
         deadline = QDeadlineTimer(self._deadline_ms)
         disk_done = host.background.wait(max(0, deadline.remainingTime()))
         thread = host.engine_thread

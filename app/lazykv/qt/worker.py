@@ -21,6 +21,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.load_spec import LoadSpec
+from lazykv.core.engine.tool_calls import ToolRequest
 from lazykv.core.engine.types import CancelledError, ReplyResult, SamplingSettings, StepEvent
 from lazykv.core.errors import ContextFullError, EngineError
 from lazykv.core.history.branches import BranchResult, open_branch
@@ -64,9 +65,10 @@ class Reply(Request):
     """Answers with a ReplyResult; progress: each streamed piece of text."""
 
     what: ClassVar[str] = "The reply"
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     sampling: SamplingSettings
     options: ReplyOptions
+    tools: ToolRequest | None = None  # the tools the reply may call (its ReplyResult carries the calls)
 
 
 @dataclass(eq=False)
@@ -244,7 +246,7 @@ class EngineWorker(QObject):
         else:
             stream = self._session.stream_reply(
                 request.messages, request.sampling, request.cancel, max_tokens=request.options.max_tokens,
-                context_full=request.options.context_full,
+                context_full=request.options.context_full, tools=request.tools,
             )
         while True:
             try:

@@ -383,6 +383,7 @@ class EngineSession:
         cancel: threading.Event,
         max_tokens: int | None = None,
         context_full: str = ContextFullPolicy.STOP,
+        tools: ToolRequest | None = None,
     ) -> Generator[str, None, ReplyResult]:
         """Yield the assistant's reply to ``messages`` piece by piece; return a ReplyResult.
 
@@ -395,11 +396,18 @@ class EngineSession:
         while it holds back an incomplete UTF-8 character or a partial stop string). A reply
         cancelled before its first piece returns empty, ``cancelled``.
         ``max_tokens=None`` lets the reply run to the end of the model's turn or of the context.
+        With ``tools``, the reply may call them: only its own words are yielded (a call being written is
+        not), and the result carries the calls.
         """
         _, info = self._require()
         fitted = fit_messages(messages, self.count_tokens, info.n_ctx, context_full, max_tokens)
-        prompt = self._prompt(fitted.messages)
-        result = yield from self.stream_tokens(prompt.tokens, prompt.stop, sampling, cancel, max_tokens)
+        prompt = self._prompt(fitted.messages, tools=tools)
+        stream = self.stream_tokens(prompt.tokens, prompt.stop, sampling, cancel, max_tokens, prompt.grammar,
+                                    prompt.special)
+        if prompt.parser.kind == "plain":
+            result = yield from stream
+        else:
+            result = yield from self._read_back(stream, prompt)
         return replace(result, dropped=fitted.dropped)
 
     def stream_tokens(
@@ -460,6 +468,23 @@ class EngineSession:
         stop strings and, with ``tools``, the grammar a call is held to and how the reply is read back
         (``parse_reply``); PromptError when the template refuses them."""
         return self._prompt(messages, tools=tools)
+
+    def _read_back(self, stream: Generator[str, None, ReplyResult], prompt: ChatPrompt
+                   ) -> Generator[str, None, ReplyResult]:
+        """``stream``'s words as the parser reads them while they come, and its calls at the end."""
+        text, sent = "", ""
+        while True:
+            try:
+                text += next(stream)
+            except StopIteration as end:
+                result: ReplyResult = end.value
+                break
+            content = self.parse_reply(text, prompt, partial=True).content
+            if content.startswith(sent) and len(content) > len(sent):
+                yield content[len(sent):]
+                sent = content
+        reply = self.parse_reply(result.text, prompt)
+        return replace(result, text=reply.content, tool_calls=reply.tool_calls)
 
     @staticmethod
     def parse_reply(text: str, prompt: ChatPrompt, partial: bool = False) -> ParsedReply:

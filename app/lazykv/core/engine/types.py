@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lazykv.core.engine.memory import DeviceMemory
 from lazykv.core.engine.model_meta import ModelMeta
@@ -163,6 +163,9 @@ class ReplyResult:
     n_reused: int  # of those, tokens already in the KV cache (common prefix)
     dropped: list[dict[str, str]] = field(default_factory=list)  # turns left out to fit
     n_generated: int = 0  # tokens of the reply (the limit's count when it ran to ``max_tokens``)
+    # the tools it calls (tools offered): OpenAI's {"id", "type", "function": {"name", "arguments"}};
+    # ``text`` is then the reply's own words, without the calls
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
     @property
     def cancelled(self) -> bool:
