@@ -12,8 +12,12 @@ from PySide6.QtGui import QTextCursor
 from pytestqt.qtbot import QtBot
 
 from lazykv.core.chat.conversation import Conversation
+from lazykv.core.history.records import loaded
+from lazykv.core.history.store import Store
 from lazykv.core.kinds import ToolStatus
 from lazykv.qt.transcript import TOOL_SCHEME, TranscriptView
+from tests.qt.conftest import FakeWindow
+from tests.qt.helpers import chat, settle
 
 ARGS = '{"html": "<b>bold?</b> <a href=\\"https://evil.example\\">click</a>", "md": "**not bold**"}'
 OUTPUT = "<i>not italic</i> # not a heading\nhttps://example.com/open-me [x](https://evil.example)"
@@ -133,3 +137,26 @@ def test_a_streamed_reply_gets_its_calls_and_a_result_is_added(view: TranscriptV
     assert "Reading it." in plain and "▸ Tool call: files › read" in plain
     assert "▸ Tool result: Clock › now · denied by the user" in plain
     assert view.message_count() == 4 and view.message_text(3) == "Denied."
+
+
+def test_tool_turns_another_window_saved_are_shown_when_merged(qtbot: QtBot, fake_window: FakeWindow) -> None:
+    """Another LazyKV Chat wrote a tool round into the conversation on screen: the next save keeps it
+    (merged) and the window shows it, its blocks included."""
+    w = fake_window()
+    chat(qtbot, w, "Hello")
+    uid = w.conversations.chat.saved.uid
+
+    def other_window(store: Store) -> None:  # as another process would, through its own sync
+        record = store.conversation(store.list_conversations()[0].id)
+        c = loaded(record).conversation
+        c.add_tool_calls("", [CALL])
+        c.add_tool_result("call_1", "files__read", OUTPUT)
+        store.sync_transcript(uid, c.turns(), len(record.messages))
+
+    w.database.call(other_window)
+    chat(qtbot, w, "And then?")
+    settle(qtbot, w)
+    shown = w.conversation.shown()
+    assert [t["role"] for t in shown[:4]] == ["user", "assistant", "assistant", "tool"]
+    assert w.conversation.asks_for_tools(2)
+    assert "▸ Tool call: files › read" in w.transcript.toPlainText()

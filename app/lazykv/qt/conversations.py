@@ -393,7 +393,7 @@ class Conversations(QObject):
         conversation = Conversation(chat.conversation.system_prompt)
         for message in [*chat.conversation.turns()[: chat.first_saved], *stored]:
             if message["role"] != "system":
-                conversation.add(message["role"], message["content"])
+                conversation.add_turn(message)  # a tool call or result too
         chat.conversation = conversation
         self.screen.show_chat(None)
         self.host.statusBar().showMessage(
