@@ -49,13 +49,27 @@ class ToolCalls(QObject):
         self._dialog: ToolConsentDialog | None = None
         self._on_done: Callable[[bool], None] | None = None
         self.rounds = 0  # replies in a row that called tools
+        self._forced: str | None = None  # the tool the next reply must call (force_next)
+        self._answer_next = False  # after a forced call: the reply after its result answers in words
 
     def offered(self) -> ToolRequest | None:
         """The tools of the servers that are up, for the next reply (None: none, or too many rounds)."""
         if self.hub is None or self.rounds >= MAX_ROUNDS:
             return None
         tools = [_checked(spec.openai_tool()) for spec in self.hub.tools()]
+        forced, self._forced = self._forced, None
+        if forced is not None and any(t["function"]["name"] == forced for t in tools):
+            self._answer_next = True
+            return ToolRequest(tuple(tools), "required", forced)
+        if self._answer_next:
+            self._answer_next = False
+            return ToolRequest(tuple(tools), "none")
         return ToolRequest(tuple(tools)) if tools else None
+
+    def force_next(self, qualified: str) -> None:
+        """The next reply calls this tool (as the API's named tool_choice does; it is still asked about),
+        and the reply after its result answers in words."""
+        self._forced, self._answer_next = qualified, False
 
     @property
     def running(self) -> bool:
