@@ -80,7 +80,8 @@ def test_a_forced_call_is_asked_about_run_answered_and_saved_and_a_denied_one_to
                         "idle_conversion": False}.items():
         settings.set(name, value)
     settings.save()
-    mcp_config.save_servers([mcp_config.McpServerConfig(name="t", command=sys.executable, args=(str(SERVER),))])
+    server = mcp_config.McpServerConfig(name="t", command=sys.executable, args=(str(SERVER),))
+    mcp_config.save_servers([server])
 
     seen, _ = play("tests.test_tools_xcb", "approve_then_deny", tmp_path / "tools.json",
                    ["--model", str(smollm2_path), "--ctx", "2048"])

@@ -21,14 +21,16 @@ WEATHER = {"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL_ID = "abc123XYZ"
 ANSWERED = [*ASK,
-            {"role": "assistant", "content": "", "tool_calls": [{"id": CALL_ID, "type": "function", "function": {
-                "name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+            {"role": "assistant", "content": "", "tool_calls": [{
+                "id": CALL_ID, "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
             {"role": "tool", "tool_call_id": CALL_ID, "name": "get_weather", "content": "Sunny, 21 C"}]
 # each family's own way of writing the call
 FAMILIES = {
     "Qwen-Qwen2.5-7B-Instruct.jinja": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
                                       "</tool_call>",
-    "Qwen-Qwen3-0.6B.jinja": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "Qwen-Qwen3-0.6B.jinja": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+                             "</tool_call>",
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": '<tool_call>\n{"name": "get_weather", "arguments": '
                                                          '{"city": "Paris"}}\n</tool_call>',
     "meta-llama-Llama-3.1-8B-Instruct.jinja": '{"name": "get_weather", "parameters": {"city": "Paris"}}',
@@ -39,7 +41,8 @@ FAMILIES = {
 
 
 def templates(name: str) -> llama_chat.ChatTemplates:
-    return llama_chat.ChatTemplates(template=(TEMPLATES / name).read_text(), bos_token="<s>", eos_token="</s>")
+    source = (TEMPLATES / name).read_text()
+    return llama_chat.ChatTemplates(template=source, bos_token="<s>", eos_token="</s>")
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -87,7 +90,8 @@ def test_generic_messages_describe_the_tools_and_write_calls_and_results_as_turn
                                       ToolRequest((WEATHER,)))
     assert out[0]["role"] == "system" and out[0]["content"].startswith("Be brief.")
     assert "get_weather" in out[0]["content"] and '"tool_call"' in out[0]["content"]
-    assert json.loads(out[1]["content"]) == {"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert json.loads(out[1]["content"]) == {"tool_call": call}
     assert out[2] == {"role": "user", "content": "Tool result (get_weather):\nSunny, 21 C"}
     assert all(set(m) == {"role", "content"} for m in out)
 

@@ -8,11 +8,11 @@ notices its request's cancel token (as the real context's abort callback would).
 from __future__ import annotations
 
 import threading
-from typing import Any
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from lazykv.core.chat.context_policy import fit_messages
 from lazykv.core.chat.conversation import common_prefix

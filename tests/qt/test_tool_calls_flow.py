@@ -29,7 +29,8 @@ def call(name: str, arguments: dict, id_: str = "call00001") -> dict:
 
 
 def window_with_server(qtbot: QtBot, fake_window: FakeWindow, **settings: object) -> MainWindow:
-    mcp_config.save_servers([mcp_config.McpServerConfig(name="t", command=sys.executable, args=(str(SERVER),))])
+    server = mcp_config.McpServerConfig(name="t", command=sys.executable, args=(str(SERVER),))
+    mcp_config.save_servers([server])
     w = fake_window(**settings)
     hub = w.tool_calls.hub
     assert hub is not None
@@ -62,7 +63,8 @@ def test_allow_once_runs_the_call_and_the_model_reads_its_result(qtbot: QtBot, f
     qtbot.waitUntil(lambda: w.state is UiState.READY and len(fake.sent) == 2, timeout=30_000)
     assert tool_turns(w)[0]["content"] == "5"
     second_messages, second_tools = fake.sent[1]
-    assert second_messages[-1] == {"role": "tool", "tool_call_id": "call00001", "name": "t__add", "content": "5"}
+    result = {"role": "tool", "tool_call_id": "call00001", "name": "t__add", "content": "5"}
+    assert second_messages[-1] == result
     assert second_tools is not None and {t["function"]["name"] for t in second_tools.tools} >= {"t__add"}
     assert w.conversation.messages()[-1]["role"] == "assistant"  # the model answered after the result
     assert not w.tool_calls.consent.allowed("t", "add")  # once is not remembered

@@ -35,7 +35,8 @@ def check_weather(arguments: str) -> dict[str, Any]:
 def test_required_returns_a_call_whose_arguments_validate(client: openai.OpenAI) -> None:
     for seed in (1, 2):
         reply = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, TIME],
-                                               tool_choice="required", max_tokens=96, seed=seed, temperature=1.0)
+                                               tool_choice="required", max_tokens=96, seed=seed,
+                                               temperature=1.0)
         choice = reply.choices[0]
         assert choice.finish_reason == "tool_calls", choice.message
         call = choice.message.tool_calls[0]
