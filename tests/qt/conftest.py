@@ -10,6 +10,7 @@ from pytestqt.qtbot import QtBot
 
 from lazykv.core.settings import Settings
 from lazykv.qt.main_window import MainWindow, Timings
+from lazykv.qt.transcript import TranscriptView
 from tests.qt.fake_engine import N_CTX, FakeSession
 from tests.qt.helpers import FAST, WAIT_MS, settle
 from tests.support.synthetic_gguf import write_llama_gguf
@@ -51,3 +52,14 @@ def fake_window(qtbot: QtBot, fake: FakeSession, fake_model: Path) -> Iterator[F
     fake.release()
     for w in windows:
         w.close()
+
+
+@pytest.fixture
+def view(qtbot: QtBot) -> TranscriptView:
+    """A transcript on its own, shown at a fixed size."""
+    widget = TranscriptView()
+    qtbot.addWidget(widget)
+    widget.resize(700, 500)
+    widget.show()
+    qtbot.waitExposed(widget)
+    return widget

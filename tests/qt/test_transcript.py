@@ -41,16 +41,6 @@ def answer() -> int:
 """
 
 
-@pytest.fixture
-def view(qtbot: QtBot) -> TranscriptView:
-    widget = TranscriptView()
-    qtbot.addWidget(widget)
-    widget.resize(700, 500)
-    widget.show()
-    qtbot.waitExposed(widget)
-    return widget
-
-
 def _char_format_at(view: TranscriptView, text: str) -> QTextCharFormat:
     """The format of the first character of ``text`` in the document."""
     found = view.document().find(text)

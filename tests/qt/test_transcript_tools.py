@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from unittest.mock import patch
 
-import pytest
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QTextCursor
 from pytestqt.qtbot import QtBot
@@ -22,16 +21,6 @@ from tests.qt.helpers import chat, settle
 ARGS = '{"html": "<b>bold?</b> <a href=\\"https://evil.example\\">click</a>", "md": "**not bold**"}'
 OUTPUT = "<i>not italic</i> # not a heading\nhttps://example.com/open-me [x](https://evil.example)"
 CALL = {"id": "call_1", "type": "function", "function": {"name": "files__read", "arguments": ARGS}}
-
-
-@pytest.fixture
-def view(qtbot: QtBot) -> TranscriptView:
-    widget = TranscriptView()
-    qtbot.addWidget(widget)
-    widget.resize(700, 500)
-    widget.show()
-    qtbot.waitExposed(widget)
-    return widget
 
 
 def _conversation() -> Conversation:
