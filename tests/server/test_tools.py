@@ -69,6 +69,12 @@ def test_a_round_trip_call_result_answer_reuses_the_cache(client: openai.OpenAI)
     assert answer.choices[0].finish_reason in ("stop", "length")
     assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
     assert answer.usage.prompt_tokens_details.cached_tokens > 0
+    streamed = list(client.chat.completions.create(
+        model="m", messages=follow, tools=[WEATHER], tool_choice="none", max_tokens=32, seed=4, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text.strip()  # the answer streamed (a fresh sample: not compared with the whole one)
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens > 0
 
 
 def test_auto_lets_the_model_decide_and_whatever_it_does_parses(client: openai.OpenAI) -> None:
