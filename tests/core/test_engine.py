@@ -305,7 +305,7 @@ def test_re_reading_a_conversation_longer_than_the_context_formats_only_its_head
     conversation = [{"role": "system", "content": "Be brief."}] + [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"Message {i}: a few words here."}
         for i in range(4000)]
-    full, _ = session._prompt(conversation, add_generation_prompt=False)
+    full = session._prompt(conversation, add_generation_prompt=False).tokens
     formatted: list[int] = []
     prompt = session._prompt
     monkeypatch.setattr(session, "_prompt", lambda messages, **kw: (formatted.append(len(messages)),
