@@ -338,7 +338,7 @@ class EngineSession:
         reads the rest)."""
         llama, info = self._require()
         tokens = self._head_tokens(messages, max(0, info.n_ctx - 1))
-        n_reused = common_prefix(llama.input_ids[: llama.n_tokens].tolist(), tokens)
+        n_reused = self._reusable(llama, tokens)
         if n_reused < llama.n_tokens:
             llama._ctx.kv_cache_seq_rm(-1, n_reused, -1)
             llama.n_tokens = n_reused
@@ -351,16 +351,24 @@ class EngineSession:
         when a sliding-window model's cache no longer holds the window the next token attends to (its
         older cells went as the window moved on): only a re-read gives that point then."""
         llama, _ = self._require()
-        if n > llama.n_tokens:
+        if n > llama.n_tokens or not _holds_prefix(llama, n):
             return False
-        n_swa = llama_cpp.llama_model_n_swa(llama.model)
-        if n_swa > 0 and n > 0:
-            pos_min = llama_cpp.llama_memory_seq_pos_min(llama_cpp.llama_get_memory(llama.ctx), 0)
-            if pos_min > max(0, n - n_swa):
-                return False
         llama._ctx.kv_cache_seq_rm(-1, n, -1)
         llama.n_tokens = n
         return True
+
+    def _reusable(self, llama: llama_cpp.Llama, tokens: Sequence[int]) -> int:
+        """How many cached tokens a prompt of ``tokens`` can keep: their common prefix, if the cache cut
+        there still holds what the next token attends to; else none (the cache is emptied: a restored
+        sliding-window model's state holds only its window's last cells, so a cut further back would
+        leave the window with holes)."""
+        n = common_prefix(llama.input_ids[: llama.n_tokens].tolist(), tokens)
+        # llama-cpp-python reads a prompt found whole again from its last token (fresh logits)
+        cut = n - 1 if n == len(tokens) and n > 0 else n
+        if cut < llama.n_tokens and not _holds_prefix(llama, cut):
+            self.clear_kv()
+            return 0
+        return n
 
     def transcript_tokens(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """The tokens a re-read of ``messages`` puts in the cache (rebuild_kv's, without a reply's prompt)."""
@@ -432,7 +440,7 @@ class EngineSession:
             grammar = Grammar(grammar)
         if grammar is not None:
             _check_grammar(llama, grammar.gbnf)
-        n_reused = common_prefix(llama.input_ids[: llama.n_tokens].tolist(), tokens)
+        n_reused = self._reusable(llama, tokens)
         result = ReplyResult("", FinishReason.CANCELLED, len(tokens), n_reused)
         if cancel.is_set():
             return result
@@ -680,6 +688,19 @@ class _ChatFormat:
         offered = tools is not None and bool(tools.offered)
         parser = ReplyParser("common", out["parser"]) if offered else ReplyParser("plain")
         return _Rendered(out["prompt"], True, grammar, parser, tuple(out["additional_stops"]))
+
+
+def _holds_prefix(llama: llama_cpp.Llama, n: int) -> bool:
+    """Whether the cache cut to its first ``n`` tokens still holds every cell the token at position ``n``
+    attends to. A sliding-window model's cache may lack cells the window has passed (a restored state
+    keeps only the window's last ``n_swa`` positions): that token needs positions from ``n - n_swa + 1``."""
+    if n <= 0 or n >= llama.n_tokens:
+        return True
+    n_swa = llama_cpp.llama_model_n_swa(llama.model)
+    if n_swa <= 0:
+        return True
+    pos_min = llama_cpp.llama_memory_seq_pos_min(llama_cpp.llama_get_memory(llama.ctx), 0)
+    return pos_min <= max(0, n - n_swa + 1)
 
 
 def _llama_grammar(llama: llama_cpp.Llama, grammar: Grammar) -> LlamaGrammar:
