@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import itertools
 import json
 import os
@@ -61,6 +63,10 @@ from lazykv.core.kinds import (
 )
 
 HEAD_MESSAGES = 64  # a re-read formats this many messages first, then twice as many while they fall short
+# copies of a sliding-window model's window kept in memory (WindowCheckpoints): the last replies' ends, so
+# a regenerate or an edit of the last turns reads at most one turn again
+CHECKPOINTS = 3
+WINDOW_ONLY = llama_cpp.LLAMA_STATE_SEQ_FLAGS_SWA_ONLY  # the sliding-window layers' cells of a sequence
 
 
 def default_threads() -> int:
@@ -85,6 +91,7 @@ class EngineSession:
         self._on_step: Callable[[StepEvent], None] | None = None
         self._step_cells = 0
         self._last_prompt: tuple[object, ChatPrompt] | None = None
+        self._checkpoints = WindowCheckpoints()
         self._abort: AbortWatch | None = None
         self._cancel: threading.Event | None = None  # the token of the request running (see cancellable)
 
@@ -259,6 +266,7 @@ class EngineSession:
         A writable ``state`` (a memoryview of a bytearray, as read_snapshot returns) is read by the
         engine in place; bytes are copied once."""
         llama, _ = self._require()
+        self._checkpoints.clear()  # another conversation's, or another point's
         try:
             llama.load_state(self._saved_state(tokens, state), seq_id=0)
         except llama_cpp.StateMismatchError as err:
@@ -305,6 +313,7 @@ class EngineSession:
         for start in range(0, len(tokens), chunk):
             self._eval_or_cancel(llama, tokens[start : start + chunk])
             on_progress(min(start + chunk, len(tokens)), len(tokens))
+        self._checkpoints.take(llama)
         return len(tokens)
 
     def _head_tokens(self, messages: Sequence[dict[str, str]], limit: int) -> list[int]:
@@ -343,6 +352,7 @@ class EngineSession:
             llama._ctx.kv_cache_seq_rm(-1, n_reused, -1)
             llama.n_tokens = n_reused
         self._eval_or_cancel(llama, tokens[n_reused:])
+        self._checkpoints.take(llama)
         return len(tokens) - n_reused
 
     def keep_kv_prefix(self, n: int) -> bool:
@@ -351,8 +361,15 @@ class EngineSession:
         when a sliding-window model's cache no longer holds the window the next token attends to (its
         older cells went as the window moved on): only a re-read gives that point then."""
         llama, _ = self._require()
-        if n > llama.n_tokens or not _holds_prefix(llama, n):
+        if n > llama.n_tokens:
             return False
+        if not _holds_prefix(llama, n):
+            tokens = llama.input_ids[:n].tolist()
+            kept = self._checkpoints.back_to(llama, n)
+            if not kept:
+                return False
+            self._eval_or_cancel(llama, tokens[kept:])  # from the checkpoint to the point
+            return True
         llama._ctx.kv_cache_seq_rm(-1, n, -1)
         llama.n_tokens = n
         return True
@@ -366,9 +383,12 @@ class EngineSession:
         # llama-cpp-python reads a prompt found whole again from its last token (fresh logits)
         cut = n - 1 if n == len(tokens) and n > 0 else n
         if cut < llama.n_tokens and not _holds_prefix(llama, cut):
-            self.clear_kv()
-            return 0
+            return self._checkpoints.back_to(llama, cut) or self._emptied()
         return n
+
+    def _emptied(self) -> int:
+        self.clear_kv()
+        return 0
 
     def transcript_tokens(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """The tokens a re-read of ``messages`` puts in the cache (rebuild_kv's, without a reply's prompt)."""
@@ -378,6 +398,7 @@ class EngineSession:
     def clear_kv(self) -> None:
         """Empty the KV cache (a lazy cache returns to its f16 phase)."""
         llama, _ = self._require()
+        self._checkpoints.clear()
         llama.reset()
         llama._ctx.kv_cache_clear()
 
@@ -447,6 +468,8 @@ class EngineSession:
         with self.cancellable(cancel):
             text, finish_reason = yield from self._stream(llama, tokens, stop, sampling, cancel, max_tokens,
                                                           grammar, special)
+        if finish_reason is not FinishReason.CANCELLED:
+            self._checkpoints.take(llama)  # the reply's end: where an edit or a regenerate goes back to
         # the cache took every generated token but the last one when a limit or a stop string ended it
         n_generated = max(0, llama.n_tokens - len(tokens))
         if finish_reason is FinishReason.LENGTH and max_tokens:
@@ -688,6 +711,56 @@ class _ChatFormat:
         offered = tools is not None and bool(tools.offered)
         parser = ReplyParser("common", out["parser"]) if offered else ReplyParser("plain")
         return _Rendered(out["prompt"], True, grammar, parser, tuple(out["additional_stops"]))
+
+
+class WindowCheckpoints:
+    """Copies of a sliding-window model's window cells at the ends of its last replies (llama.cpp's
+    sliding-window-only sequence state, as llama-server's context checkpoints): the window-sized cache
+    forgets the cells the window passed, so going back to an earlier point (a regenerate, an edited
+    message, a branch) restores the nearest copy at or before it and reads only what follows."""
+
+    def __init__(self, keep: int = CHECKPOINTS) -> None:
+        self.keep = keep
+        self._taken: list[tuple[int, bytes, bytes]] = []  # (tokens held, their digest, the state)
+
+    def clear(self) -> None:
+        self._taken.clear()
+
+    @property
+    def positions(self) -> list[int]:
+        return [n for n, _, _ in self._taken]
+
+    def take(self, llama: llama_cpp.Llama) -> None:
+        """A copy of the window as it is now (nothing for a model without one)."""
+        n = llama.n_tokens
+        if n <= 0 or self.keep <= 0 or llama_cpp.llama_model_n_swa(llama.model) <= 0:
+            return
+        size = llama_cpp.llama_state_seq_get_size_ext(llama.ctx, 0, WINDOW_ONLY)
+        buf = (ctypes.c_uint8 * size)()
+        if llama_cpp.llama_state_seq_get_data_ext(llama.ctx, buf, size, 0, WINDOW_ONLY) != size:
+            return
+        digest = _digest(llama.input_ids[:n])
+        self._taken = [t for t in self._taken if t[0] != n][-(self.keep - 1):] if self.keep > 1 else []
+        self._taken.append((n, digest, bytes(buf)))
+
+    def back_to(self, llama: llama_cpp.Llama, n: int) -> int:
+        """Put back the latest copy at or before ``n`` taken of the tokens the cache still holds, and cut
+        the cache there: the tokens it keeps (0: none fits, the cache is as it was)."""
+        for at, digest, state in reversed(self._taken):
+            if at > n or at >= llama.n_tokens or digest != _digest(llama.input_ids[:at]):
+                continue
+            data = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+            restored = llama_cpp.llama_state_seq_set_data_ext(llama.ctx, data, len(state), 0, WINDOW_ONLY)
+            if restored != len(state):
+                return 0
+            llama._ctx.kv_cache_seq_rm(-1, at, -1)
+            llama.n_tokens = at
+            return at
+        return 0
+
+
+def _digest(tokens: Any) -> bytes:
+    return hashlib.blake2b(np.asarray(tokens, dtype=np.int32).tobytes(), digest_size=16).digest()
 
 
 def _holds_prefix(llama: llama_cpp.Llama, n: int) -> bool:

@@ -42,11 +42,25 @@ class Fit(enum.Enum):
     RED = "red"  # likely to swap or fail
 
 
+def swa_cells(meta: ModelMeta, n_cells: int) -> int:
+    """The cells of a sliding-window layer's cache beside a context of ``n_cells``: the window and a
+    micro-batch, padded, at most the context (llama.cpp's iSWA cache without swa_full)."""
+    window = whole(meta.sliding_window) + N_UBATCH
+    return min(whole(n_cells), -(-window // CTX_PADDING) * CTX_PADDING)
+
+
+def layer_cells(meta: ModelMeta, n_cells: int) -> int:
+    """Cells over all layers: the global layers hold ``n_cells``, the sliding-window ones their window."""
+    n_swa = min(whole(meta.swa_layers), whole(meta.n_layer))
+    return (whole(meta.n_layer) - n_swa) * whole(n_cells) + n_swa * swa_cells(meta, n_cells)
+
+
 def kv_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int = 0) -> int:
-    """Bytes of K and V over all layers for ``n_cells`` cells, stored as ``kv_mode`` allocates them, with
-    a lazy cache's recent window of ``recent`` tokens (window_bytes)."""
+    """Bytes of K and V over all layers for ``n_cells`` cells, stored as ``kv_mode`` allocates them (a
+    sliding-window layer holds only its window: layer_cells), with a lazy cache's recent window of
+    ``recent`` tokens (window_bytes)."""
     numerator, denominator = BYTES_PER_VALUE[KvMode(kv_mode).storage]
-    cells = capped(whole(n_cells) * _values_per_cell(meta) * numerator // denominator)
+    cells = capped(layer_cells(meta, n_cells) * _layer_values(meta) * numerator // denominator)
     return capped(cells + window_bytes(meta, n_cells, kv_mode, recent))
 
 
@@ -70,6 +84,13 @@ def context_for_budget(meta: ModelMeta, budget: int, kv_mode: str, recent: int =
         return 0
     budget = whole(budget) - window_bytes(meta, MAX_CTX, kv_mode, recent)
     cells = max(0, budget) * denominator // per_cell // CTX_PADDING * CTX_PADDING
+    n_swa, n_layer = min(whole(meta.swa_layers), whole(meta.n_layer)), whole(meta.n_layer)
+    if n_swa and cells >= swa_cells(meta, MAX_CTX):  # past the window only the global layers grow
+        held = swa_cells(meta, MAX_CTX)
+        fixed = n_swa * held * _layer_values(meta) * numerator // denominator
+        per_global = (n_layer - n_swa) * _layer_values(meta) * numerator
+        cells = (max(0, budget - fixed) * denominator // per_global if per_global else MAX_CTX)
+        cells = max(held, cells) // CTX_PADDING * CTX_PADDING
     return min(cells, ctx_limit(meta))
 
 
@@ -124,7 +145,12 @@ def rung_cells(n_cells: int, kv_mode: str) -> tuple[tuple[KvPhase, int], ...]:
 
 def _values_per_cell(meta: ModelMeta) -> int:
     """K and V values one cell (token position) holds over all layers."""
-    return whole(meta.n_layer) * whole(meta.n_head_kv) * (whole(meta.head_k) + whole(meta.head_v))
+    return whole(meta.n_layer) * _layer_values(meta)
+
+
+def _layer_values(meta: ModelMeta) -> int:
+    """K and V values one cell holds in one layer."""
+    return whole(meta.n_head_kv) * (whole(meta.head_k) + whole(meta.head_v))
 
 
 class MemoryUseLike(Protocol):

@@ -82,8 +82,9 @@ def kv_mode_of(kv_mode: str) -> KvMode:
 
 def kv_cache_params(kv_mode: KvMode, flash_attn: bool, recent: int = 0) -> dict[str, object]:
     """A lazy cache is allocated as its last rung's type: q8_0 for lazy q8_0, q4_0 for the ladder; it keeps
-    the last ``recent`` tokens in f16 as well."""
-    params: dict[str, object] = {"flash_attn": flash_attn}
+    the last ``recent`` tokens in f16 as well. A sliding-window layer's cache holds its window and a batch,
+    not the whole context (``swa_full`` off, as llama.cpp's tools and server run them)."""
+    params: dict[str, object] = {"flash_attn": flash_attn, "swa_full": False}
     if kv_mode is not KvMode.F16:
         storage = GGML_TYPES[kv_mode.storage]
         params.update(type_k=storage, type_v=storage)

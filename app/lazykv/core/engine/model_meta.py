@@ -60,6 +60,7 @@ _HPARAMS: dict[str, tuple[str, int, int]] = {
     "attention.key_length": ("a K head size of {}", 1, 4096),
     "attention.value_length": ("a V head size of {}", 1, 4096),
     "attention.sliding_window": ("a sliding window of {} tokens", 0, 1 << 24),
+    "attention.sliding_window_pattern": ("a sliding-window pattern of {} layers", 0, 1 << 16),
     "vocab_size": ("a vocabulary of {} tokens", 1, 1 << 22),
     "expert_count": ("{} experts", 0, LLAMA_MAX_EXPERTS),
     "expert_used_count": ("{} experts used per token", 0, LLAMA_MAX_EXPERTS),
@@ -194,6 +195,7 @@ class ModelMeta:
     file_type: int = -1  # general.file_type (llama_ftype: the weights' quantization); -1 when absent
     tensors: TensorBytes | None = None  # None: not read (metadata built by hand)
     n_ff: int = 0  # feed-forward length (the largest layer's)
+    swa_layers: int = 0  # layers that attend through the sliding window (their cache: the window and a batch)
 
     def kv_support(self, flash_attn: bool = True) -> KvSupport:
         """Which KV cache modes can run this model, with the reason when q8_0/lazy cannot."""
@@ -508,7 +510,34 @@ def _meta_from(kv: dict[str, Any], path: Path, size: int, version: int, n_params
         file_type=_file_type(kv.get("general.file_type")),
         tensors=tensors,
         n_ff=num("feed_forward_length"),
+        swa_layers=_swa_layers(kv, arch, num, n_layer),
     )
+
+
+# llama.cpp's sliding-window pattern per architecture (its models' load_swa_pattern): of every n layers
+# one attends globally, the last (the first where dense_first); a GGUF may give its own n
+SWA_PATTERNS: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False), "gemma3": (6, False), "gemma3n": (5, False), "gemma-embedding": (6, False),
+    "cohere2": (4, False), "cohere2moe": (4, True), "exaone4": (4, False), "exaone-moe": (4, False),
+    "olmo2": (4, False), "gpt-oss": (2, False), "llama4": (4, False), "afmoe": (4, False),
+}
+
+
+def _swa_layers(kv: dict[str, Any], arch: str, num: Callable[..., int], n_layer: int) -> int:
+    """How many layers attend through the sliding window; 0 where the model has none, or where its
+    pattern is not known here (then every layer is counted at the full context: never too little)."""
+    if num("attention.sliding_window") <= 0 or arch not in SWA_PATTERNS:
+        return 0
+    n, dense_first = SWA_PATTERNS[arch]
+    if isinstance(kv.get(f"{arch}.attention.sliding_window_pattern"), _Scalar):
+        n = num("attention.sliding_window_pattern")
+    elif f"{arch}.attention.sliding_window_pattern" in kv:  # a per-layer array: not read here
+        return 0
+    if n == 0:
+        return n_layer
+    if dense_first:
+        return sum(1 for il in range(n_layer) if il % n != 0)
+    return sum(1 for il in range(n_layer) if il % n < n - 1)
 
 
 def _file_type(value: Any) -> int:
