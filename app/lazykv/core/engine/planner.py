@@ -51,6 +51,7 @@ from lazykv.core.engine.memory import (
     ctx_limit,
     fmt_bytes,
     kv_bytes,
+    swa_cells,
     whole,
 )
 from lazykv.core.engine.model_meta import CTX_PADDING, ModelMeta, padded_ctx
@@ -425,7 +426,8 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
         layer_floats -= n_embd // 2
     layer_act = layer_floats * per_token
     iswa = whole(meta.sliding_window) > 0
-    masks = (2 if iswa else 1) * cells * n_ub * 2  # f16 KQ masks: the full one and the sliding window's
+    # f16 KQ masks: the full one and the sliding window's (over the window's cells, swa_cells)
+    masks = (cells + (swa_cells(meta, cells) if iswa else 0)) * n_ub * 2
     inputs = 2 * n_embd * per_token + masks + _rotation_bytes(meta, mode) * (2 if iswa else 1)
     logits = n_vocab * per_token
     if out_dev < 0:  # the output on the CPU, with every layer (ngl 0 or no device)
