@@ -48,7 +48,8 @@ def test_gemma3s_sliding_layers_hold_their_window(gemma3_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kv_mode", ["f16", "lazy"])
-def test_an_edit_far_past_the_window_goes_back_to_the_last_replys_end(gemma3_path: Path, kv_mode: str) -> None:
+def test_an_edit_far_past_the_window_goes_back_to_the_last_replys_end(gemma3_path: Path,
+                                                                       kv_mode: str) -> None:
     s = EngineSession()
     s.load(LoadSpec(gemma3_path, n_ctx=4096, kv_mode=kv_mode, n_threads=engine_threads()))
     try:
@@ -80,3 +81,30 @@ def test_a_branch_from_the_live_parent_far_back_reads_from_the_nearest_checkpoin
         assert len(s.cached_tokens()) == point
     finally:
         s.close()
+
+
+def test_a_snapshot_carries_its_checkpoints_so_a_restored_chat_goes_back_without_a_re_read(
+        gemma3_path: Path) -> None:
+    s, other = EngineSession(), EngineSession()
+    spec = LoadSpec(gemma3_path, n_ctx=4096, kv_mode="lazy", n_threads=engine_threads())
+    s.load(spec)
+    other.load(spec)
+    try:
+        text = s.tokenize(TEXT.read_text())
+        reply(s, text[:1500])
+        first = s.cached_tokens()
+        reply(s, first + text[1500:2300])
+        snapshot = s.capture_kv()
+        other.restore_kv(snapshot.tokens, snapshot.state)
+        assert other.cached_tokens() == snapshot.tokens
+        assert len(first) in other._checkpoints.positions
+        edited = first + text[2500:2600]
+        answer, n_reused = reply(other, edited)
+        assert n_reused == len(first) and answer.strip()  # back to the first reply's end, not from 0
+        assert not other.keep_kv_prefix(len(first) - 10)  # before the first checkpoint: none fits
+        damaged = bytearray(snapshot.state)[:-100]  # a checkpoint cut short: restored without it
+        other.restore_kv(snapshot.tokens, bytes(damaged))
+        assert other._checkpoints.positions == [] and other.cached_tokens() == snapshot.tokens
+    finally:
+        s.close()
+        other.close()

@@ -67,6 +67,7 @@ HEAD_MESSAGES = 64  # a re-read formats this many messages first, then twice as 
 # a regenerate or an edit of the last turns reads at most one turn again
 CHECKPOINTS = 3
 WINDOW_ONLY = llama_cpp.LLAMA_STATE_SEQ_FLAGS_SWA_ONLY  # the sliding-window layers' cells of a sequence
+WINDOWS_KEY = "lazykv_windows"  # a captured state's checkpoints: the engine's bytes' size, their points
 
 
 def default_threads() -> int:
@@ -246,8 +247,13 @@ class EngineSession:
         lazy = llama.kv_lazy_info()
         rung = lazy.final if compact and lazy.phase in lazy.rungs and lazy.phase != lazy.final else None
         state = llama.save_state(seq_id=0, rung=rung)
-        meta = json.dumps(state.metadata, sort_keys=True).encode("utf-8")
-        blob = struct.pack("<I", len(meta)) + meta + state.llama_state
+        windows = self._checkpoints.held(llama)  # earlier points a branch or an edit may go back to
+        metadata = dict(state.metadata)
+        if windows:
+            at = [[n, len(w)] for n, w in windows]
+            metadata[WINDOWS_KEY] = {"native": len(state.llama_state), "at": at}
+        meta = json.dumps(metadata, sort_keys=True).encode("utf-8")
+        blob = b"".join([struct.pack("<I", len(meta)), meta, state.llama_state, *(w for _, w in windows)])
         tokens = llama.input_ids[: llama.n_tokens].tolist()
         return KvSnapshot(self.layout(written_at=rung), tokens, blob)
 
@@ -267,10 +273,13 @@ class EngineSession:
         engine in place; bytes are copied once."""
         llama, _ = self._require()
         self._checkpoints.clear()  # another conversation's, or another point's
+        saved = self._saved_state(tokens, state)
         try:
-            llama.load_state(self._saved_state(tokens, state), seq_id=0)
+            llama.load_state(saved, seq_id=0)
         except llama_cpp.StateMismatchError as err:
             raise KvRestoreError(err.reason) from err
+        for n, window in _windows(state, saved):
+            self._checkpoints.add(n, _digest(tokens[:n]), window)
 
     def _saved_state(self, tokens: Sequence[int], state: bytes | memoryview) -> llama_cpp.LlamaState:
         """capture_kv's blob (its metadata, then the engine's bytes, not copied) as a LlamaState."""
@@ -279,8 +288,10 @@ class EngineSession:
         try:
             (n_meta,) = struct.unpack_from("<I", state)
             metadata = json.loads(bytes(state[4 : 4 + n_meta]).decode("utf-8"))
-            native = state[4 + n_meta :]
-        except (struct.error, UnicodeDecodeError, ValueError) as err:
+            windows = metadata.pop(WINDOWS_KEY, None)
+            end = 4 + n_meta + int(windows["native"]) if windows else len(state)
+            native = state[4 + n_meta : end]
+        except (struct.error, UnicodeDecodeError, ValueError, TypeError, KeyError) as err:
             raise KvRestoreError(f"the saved KV state is damaged ({err})") from err
         if len(tokens) > info.n_ctx:
             raise KvRestoreError(f"{len(tokens)} saved tokens do not fit the context of {info.n_ctx}")
@@ -743,6 +754,18 @@ class WindowCheckpoints:
         self._taken = [t for t in self._taken if t[0] != n][-(self.keep - 1):] if self.keep > 1 else []
         self._taken.append((n, digest, bytes(buf)))
 
+    def add(self, n: int, digest: bytes, state: bytes) -> None:
+        """A copy saved earlier (a snapshot's), for the cache it was restored with."""
+        self._taken = [t for t in self._taken if t[0] != n][-(self.keep - 1):] if self.keep > 1 else []
+        if self.keep > 0:
+            self._taken.append((n, digest, state))
+            self._taken.sort(key=lambda t: t[0])
+
+    def held(self, llama: llama_cpp.Llama) -> list[tuple[int, bytes]]:
+        """The copies of points the cache still holds the tokens of (before its end), oldest first."""
+        return [(n, state) for n, digest, state in self._taken
+                if n < llama.n_tokens and digest == _digest(llama.input_ids[:n])]
+
     def back_to(self, llama: llama_cpp.Llama, n: int) -> int:
         """Put back the latest copy at or before ``n`` taken of the tokens the cache still holds, and cut
         the cache there: the tokens it keeps (0: none fits, the cache is as it was)."""
@@ -757,6 +780,23 @@ class WindowCheckpoints:
             llama.n_tokens = at
             return at
         return 0
+
+
+def _windows(blob: bytes | memoryview, saved: llama_cpp.LlamaState) -> list[tuple[int, bytes]]:
+    """The window checkpoints a captured state carries after the engine's bytes (capture_kv)."""
+    view = memoryview(blob)
+    (n_meta,) = struct.unpack_from("<I", view)
+    metadata = json.loads(bytes(view[4 : 4 + n_meta]).decode("utf-8"))
+    windows = metadata.get(WINDOWS_KEY)
+    if not windows:
+        return []
+    out, start = [], 4 + n_meta + int(windows["native"])
+    for n, size in windows["at"]:
+        if start + int(size) > len(view):
+            return []  # cut short: none is trusted
+        out.append((int(n), bytes(view[start : start + int(size)])))
+        start += int(size)
+    return out
 
 
 def _digest(tokens: Any) -> bytes:
