@@ -108,3 +108,19 @@ def test_a_snapshot_carries_its_checkpoints_so_a_restored_chat_goes_back_without
     finally:
         s.close()
         other.close()
+
+
+def test_a_re_read_leaves_checkpoints_at_its_last_messages_ends(gemma3_path: Path) -> None:
+    s = EngineSession()
+    s.load(LoadSpec(gemma3_path, n_ctx=4096, kv_mode="lazy", n_threads=engine_threads()))
+    try:
+        words = TEXT.read_text().split()
+        messages = [{"role": "user" if i % 2 == 0 else "assistant",
+                     "content": " ".join(words[i * 300:(i + 1) * 300])} for i in range(6)]
+        n = s.rebuild_kv(messages, lambda done, total: None)
+        ends = [len(s.transcript_tokens(messages[:i])) for i in range(4, 6)]
+        assert s._checkpoints.positions == [*ends, n]  # the last messages' ends, the last the whole
+        assert s.keep_kv_prefix(ends[0])  # a branch at the fourth message from the open chat: its checkpoint
+        assert len(s.cached_tokens()) == ends[0]
+    finally:
+        s.close()

@@ -321,11 +321,27 @@ class EngineSession:
         tokens = self._head_tokens(messages, max(0, info.n_ctx - 1))
         self.clear_kv()
         on_progress(0, len(tokens))
-        for start in range(0, len(tokens), chunk):
-            self._eval_or_cancel(llama, tokens[start : start + chunk])
-            on_progress(min(start + chunk, len(tokens)), len(tokens))
-        self._checkpoints.take(llama)
+        done = 0
+        for stop in [*self._message_ends(llama, messages, tokens), len(tokens)]:
+            for start in range(done, stop, chunk):
+                self._eval_or_cancel(llama, tokens[start : min(start + chunk, stop)])
+                on_progress(min(start + chunk, stop), len(tokens))
+            done = stop
+            self._checkpoints.take(llama)  # the end of a message: a point to go back to
         return len(tokens)
+
+    def _message_ends(self, llama: llama_cpp.Llama, messages: Sequence[dict[str, Any]],
+                      tokens: Sequence[int]) -> list[int]:
+        """Where the last messages end in ``tokens`` (a sliding-window model's re-read takes its window
+        checkpoints there); none for a model without a window."""
+        if llama_cpp.llama_model_n_swa(llama.model) <= 0:
+            return []
+        ends = []
+        for i in range(max(1, len(messages) - self._checkpoints.keep), len(messages)):
+            head = self._prompt(messages[:i], add_generation_prompt=False).tokens
+            if 0 < len(head) < len(tokens) and list(tokens[: len(head)]) == head:
+                ends.append(len(head))
+        return sorted(set(ends))
 
     def _head_tokens(self, messages: Sequence[dict[str, str]], limit: int) -> list[int]:
         """The first ``limit`` tokens of the conversation's prompt, made from only as many messages as
