@@ -13,7 +13,7 @@ import pytest
 
 from lazykv.core.engine.engine import EngineSession
 from lazykv.core.history import pieces
-from lazykv.core.history.branches import SWA_SNAPSHOT_NOTE, open_branch
+from lazykv.core.history.branches import CHECKPOINT_NOTE, open_branch
 from lazykv.core.history.persistence import OpenHow
 from lazykv.core.history.records import new_uid
 from lazykv.core.history.snapshot import (
@@ -145,20 +145,27 @@ def test_a_sliding_window_model_branches_exactly_anywhere_live_and_at_the_end_fr
         assert app.engine.kv_status().n_cells_used > 1100
         parent_id = create(app, parent)
         app.persistence.save(parent_id, parent)
-        # the open parent's full-size sliding-window cache (swa_full) holds every cell: exact far back
+        # the open parent's window-sized cache went back to its checkpoint at message 2: exact far back
         live = create(app, parent[:2])
         result = open_branch(app.persistence, parent_id, parent, live, 2, lambda d, t: None, live=True)
         assert result.how is OpenHow.RESTORED, result.note
         assert np.array_equal(next_logits(app.engine, probe).view(np.uint32), expected.view(np.uint32))
-        # its snapshot (a sequence state) keeps the window's last cells only: a branch at its last
-        # message is exact, one further back needs cells the engine did not save
-        near, far = create(app, parent), create(app, parent[:2])
+        # its snapshot (a sequence state) keeps the window's last cells and the window checkpoints the
+        # parent took (message 2's end, where it was read to first): a branch at its last message or at
+        # message 2 is exact; one at message 4 reads again from message 2's checkpoint, and says so
+        near, far, between = create(app, parent), create(app, parent[:2]), create(app, parent[:4])
         app.engine.clear_kv()
         result = open_branch(app.persistence, parent_id, parent, near, len(parent), lambda d, t: None)
         assert result.how is OpenHow.RESTORED, result.note
         result = open_branch(app.persistence, parent_id, parent, far, 2, lambda d, t: None)
-        assert result.how is OpenHow.REBUILT and result.note == SWA_SNAPSHOT_NOTE
-        assert app.engine.cached_tokens() == app.engine.transcript_tokens(parent[:2])
+        assert result.how is OpenHow.RESTORED, result.note
+        assert np.array_equal(next_logits(app.engine, probe).view(np.uint32), expected.view(np.uint32))
+        result = open_branch(app.persistence, parent_id, parent, between, 4, lambda d, t: None)
+        tokens = app.engine.transcript_tokens(parent[:4])
+        read = len(tokens) - len(app.engine.transcript_tokens(parent[:2]))
+        assert result.how is OpenHow.REBUILT and result.n_tokens == read
+        assert result.note == CHECKPOINT_NOTE.format(n=read)
+        assert app.engine.cached_tokens() == tokens
     finally:
         app.close()
 

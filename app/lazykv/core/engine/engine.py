@@ -390,16 +390,24 @@ class EngineSession:
         llama, _ = self._require()
         if n > llama.n_tokens:
             return False
-        if not _holds_prefix(llama, n):
-            tokens = llama.input_ids[:n].tolist()
-            kept = self._checkpoints.back_to(llama, n)
-            if not kept:
-                return False
-            self._eval_or_cancel(llama, tokens[kept:])  # from the checkpoint to the point
-            return True
+        if not _holds_prefix(llama, n):  # a sliding-window model: exact only from a checkpoint there
+            return self._checkpoints.back_to(llama, n, exact=True) == n
         llama._ctx.kv_cache_seq_rm(-1, n, -1)
         llama.n_tokens = n
         return True
+
+    def reread_from_checkpoint(self, n: int) -> int | None:
+        """Make the cache hold its first ``n`` tokens from the nearest window checkpoint before them,
+        reading what follows it: the tokens read, or None when no checkpoint fits (the cache unchanged)."""
+        llama, _ = self._require()
+        if n > llama.n_tokens:
+            return None
+        tokens = llama.input_ids[:n].tolist()
+        kept = self._checkpoints.back_to(llama, n)
+        if not kept:
+            return None
+        self._eval_or_cancel(llama, tokens[kept:])
+        return n - kept
 
     def _reusable(self, llama: llama_cpp.Llama, tokens: Sequence[int]) -> int:
         """How many cached tokens a prompt of ``tokens`` can keep: their common prefix, if the cache cut
@@ -782,11 +790,13 @@ class WindowCheckpoints:
         return [(n, state) for n, digest, state in self._taken
                 if n < llama.n_tokens and digest == _digest(llama.input_ids[:n])]
 
-    def back_to(self, llama: llama_cpp.Llama, n: int) -> int:
-        """Put back the latest copy at or before ``n`` taken of the tokens the cache still holds, and cut
-        the cache there: the tokens it keeps (0: none fits, the cache is as it was)."""
+    def back_to(self, llama: llama_cpp.Llama, n: int, exact: bool = False) -> int:
+        """Put back the latest copy at or before ``n`` (``exact``: at ``n``) taken of the tokens the cache
+        still holds, and cut the cache there: the tokens it keeps (0: none fits, the cache as it was)."""
         for at, digest, state in reversed(self._taken):
-            if at > n or at >= llama.n_tokens or digest != _digest(llama.input_ids[:at]):
+            if at > n or (exact and at != n) or at >= llama.n_tokens:
+                continue
+            if digest != _digest(llama.input_ids[:at]):
                 continue
             data = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
             restored = llama_cpp.llama_state_seq_set_data_ext(llama.ctx, data, len(state), 0, WINDOW_ONLY)

@@ -10,14 +10,11 @@ Where that cannot be exact the branch re-reads its transcript and ``BranchResult
 snapshot of another model or engine, or one the loaded cache's settings cannot take (the restore
 checks of ``Persistence``); a parent cache that does not start with the branch's tokens (its oldest
 turns dropped by "drop oldest", or a transcript changed since); a sliding-window model (Gemma-3) whose
-cache does not hold the window at the branch point. Its live cache does: the engine loads with
-llama.cpp's full-size sliding-window cache (``swa_full``, llama_cpp.Llama's default), which keeps every
-cell, so a branch anywhere in the open parent is exact. Its snapshot does not: llama.cpp's sequence
-state (``llama_kv_cache::state_write``, what ``capture_kv`` saves) leaves out every cell the window has
-passed (``is_masked_swa`` against the sequence's last position), so a snapshot holds the sliding-window
-layers' last ``n_swa`` positions only and a branch from it is exact at the parent's last message alone;
-further back it re-reads. (A whole-context state keeps them, at about 3.7x the bytes of Gemma-3-270M's
-snapshot at 4k tokens: not taken.)
+cache does not hold the window at the branch point. Its sliding layers' cache holds only the window and
+a batch (the engine loads without ``swa_full``), and a snapshot (llama.cpp's sequence state) only the
+window's last ``n_swa`` positions; both carry the engine's window checkpoints (``WindowCheckpoints``: the
+ends of the last replies, or of the last messages read). A branch at a checkpoint is exact; before one it
+reads again what follows the nearest checkpoint (and says so); with none before it, all of it.
 """
 
 from __future__ import annotations
@@ -31,9 +28,10 @@ from lazykv.core.history.persistence import OpenHow, Persistence, Refused, SaveR
 from lazykv.core.history.records import StoreError
 from lazykv.core.history.snapshot import SnapshotError
 
-SWA_SNAPSHOT_NOTE = ("this model's snapshot keeps only its sliding window's last cells; a branch made "
-                     "while the parent is open takes them from its cache")
+SWA_SNAPSHOT_NOTE = ("this model's snapshot keeps only its sliding window's last cells and its window "
+                     "checkpoints, none of them at or before this point")
 SWA_LIVE_NOTE = "this model's sliding-window cache no longer holds that point of the parent"
+CHECKPOINT_NOTE = "read {n} tokens again from the parent's nearest window checkpoint before this point"
 
 
 @dataclass(frozen=True)
@@ -80,12 +78,16 @@ def open_branch(
             raise Refused("the parent's cache does not hold this part of the conversation as it reads now "
                           "(its oldest turns were dropped, or it changed)")
         if not engine.keep_kv_prefix(len(tokens)):
-            raise Refused(SWA_LIVE_NOTE if live else SWA_SNAPSHOT_NOTE)
+            read = engine.reread_from_checkpoint(len(tokens))
+            if read is None:
+                raise Refused(SWA_LIVE_NOTE if live else SWA_SNAPSHOT_NOTE)
+            result = BranchResult(OpenHow.REBUILT, CHECKPOINT_NOTE.format(n=read), read,
+                                  time.perf_counter() - t0)
+        else:
+            result = BranchResult(OpenHow.RESTORED, "", len(tokens), time.perf_counter() - t0)
     except Refused as refused:
         n = engine.rebuild_kv(messages, on_progress)
         result = BranchResult(OpenHow.REBUILT, refused.note, n, time.perf_counter() - t0, refused.details)
-    else:
-        result = BranchResult(OpenHow.RESTORED, "", len(tokens), time.perf_counter() - t0)
     if persistence.crypto is None:
         return result
     try:
