@@ -224,13 +224,13 @@ def report(rows: list[dict[str, object]]) -> str:
         "(Compact snapshots) should give them the same bytes again (the same conversion; not measured "
         "here).",
         "",
-        "A sliding-window model (Gemma-3): its snapshot is a sequence state, and llama.cpp writes no cell "
-        "the window has passed, so the sliding-window layers keep their last 512 positions only. A branch "
-        "from the snapshot is exact at the parent's last message alone and re-reads further back (the "
-        "*open* column); from the live parent (the full-size sliding-window cache, llama-cpp-python's "
-        "default) it is exact anywhere. The same layout makes its snapshot small (the global layers hold "
-        "every cell, the sliding ones 512), so a branch's own cells on its sliding layers weigh more "
-        "against the parent than SmolLM2's.",
+        "A sliding-window model (Gemma-3): its sliding layers' cache holds the window and a batch (1,024 "
+        "cells), and its snapshot (a sequence state) the window's last 512 positions of them, with the "
+        "engine's window checkpoints (copies of the window at the ends of the last replies, or of the last "
+        "messages a re-read went through). A branch at a checkpoint is exact, from the snapshot or from the "
+        "live parent; before one it reads again what follows the nearest (the *how* column says so). The "
+        "same layout makes its snapshot small (the global layers hold every cell), so a branch's own cells "
+        "and its checkpoints weigh more against the parent than SmolLM2's.",
         "",
         "## Resume: from pieces against one whole file",
         "",
