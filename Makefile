@@ -76,6 +76,7 @@ bench: setup native-tools
 	QT_QPA_PLATFORM=offscreen $(PY) -m bench.gui_stall
 	$(PY) -m bench.resume
 	$(PY) -m bench.branches
+	$(PY) -m bench.swa
 	$(PY) -m bench.server_restart
 	$(PY) -m bench.store_cost
 	$(PY) -m bench.turn_save_cost
