@@ -119,3 +119,17 @@ def test_a_hanging_tool_times_out_and_stop_ends_a_call(qtbot: QtBot, fake_window
     qtbot.waitUntil(lambda: w.state is UiState.READY, timeout=10_000)
     assert w.conversation.turns()[-1]["tool"]["status"] == ToolStatus.CANCELLED
     assert len(fake.sent) == 3  # stopped: the model was not asked again
+
+
+def test_an_output_longer_than_the_context_holds_is_cut_to_fit(qtbot: QtBot, fake_window: FakeWindow,
+                                                                fake: FakeSession) -> None:
+    w = window_with_server(qtbot, fake_window)
+    fake.tool_replies = [[call("t__flood", {})]]
+    w.input.setPlainText("Flood")
+    w.chat.send()
+    consent(qtbot, w).allow_once.click()
+    qtbot.waitUntil(lambda: w.state is UiState.READY and len(fake.sent) == 2, timeout=30_000)
+    result = w.conversation.turns()[-2]
+    assert result["role"] == "tool" and result["tool"]["truncated"]
+    assert len(result["content"].encode()) <= 2 * w.context_tokens() + 200  # the note that it was cut
+

@@ -174,6 +174,9 @@ class MainWindow(QMainWindow):
     def private(self) -> bool:
         return self.conversations.private
 
+    def context_tokens(self) -> int:
+        return self.model_info.n_ctx if self.model_info is not None else 0
+
     def _start_tools(self) -> ToolCalls:
         """The MCP servers the user set up, connecting in the background; the tools always allowed."""
         try:

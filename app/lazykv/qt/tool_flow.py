@@ -17,11 +17,12 @@ from lazykv.core.engine import tool_calls
 from lazykv.core.engine.tool_calls import ToolRequest
 from lazykv.core.kinds import ToolStatus
 from lazykv.core.tools.consent import ConsentStore, Decision
-from lazykv.core.tools.mcp_hub import McpHub, ToolResult, ToolSpec
+from lazykv.core.tools.mcp_hub import McpHub, ToolResult, ToolSpec, cap_text
 from lazykv.qt.background import Background
 from lazykv.qt.tool_consent import ToolConsentDialog
 
 MAX_ROUNDS = 8  # replies in a row that call tools before the model must answer in words
+CONTEXT_SHARE = 2  # a result takes at most this many bytes per token of the context: about half of it
 DENIED = "The user did not allow this tool call."
 CANCELLED = "The tool call was stopped by the user."
 
@@ -31,6 +32,7 @@ class ToolCallsHost(Protocol):
     def conversation(self) -> Conversation: ...
     @property
     def private(self) -> bool: ...  # a Private chat: no "always" is remembered
+    def context_tokens(self) -> int: ...  # the loaded model's context (0: none loaded)
 
 
 class ToolCalls(QObject):
@@ -156,6 +158,10 @@ class ToolCalls(QObject):
         if self._on_done is None:  # the chat went away meanwhile
             return
         spec = self.hub.find(call["function"]["name"]) if self.hub is not None else None
+        n_ctx = self.host.context_tokens()
+        if n_ctx > 0:  # an output the context cannot hold would only make the answer fail
+            text, cut = cap_text(result.text, CONTEXT_SHARE * n_ctx)
+            result = ToolResult(text, result.is_error, result.truncated or cut)
         self.host.conversation.add_tool_result(
             call["id"], call["function"]["name"], result.for_model(), status, result.truncated,
             spec.server if spec else "", spec.name if spec else "")
