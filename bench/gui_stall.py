@@ -1,5 +1,6 @@
 """GUI responsiveness benchmark: the longest event-loop gap while the engine generates and converts,
-while a long code-heavy Markdown reply streams in, and while a 4,000-message conversation opens.
+while a long code-heavy Markdown reply streams in, while the model's tool calls run on an MCP server that
+floods or hangs, and while a 4,000-message conversation opens.
 
 ``python -m bench.gui_stall`` (part of ``make bench``) drives the real window offscreen with a 10 ms
 timer running (lazykv.qt.stall_meter) and writes bench/results/gui_stall.md. The baseline is the
@@ -28,6 +29,9 @@ N_CTX = 2048  # lazy f16 view: 1024 cells
 LONG_CONVERSATION = 4000  # messages
 HUGE_CONVERSATION = 100_000  # messages, as a big import
 TOKEN_INTERVAL_MS = 5  # the canned reply streams at 200 tokens/s, faster than this CPU's models
+MCP_SERVER = Path(__file__).resolve().parents[1] / "tests" / "support" / "mcp_server.py"  # the SDK's, stdio
+TOOL_TIMEOUT_S = 3
+TOOL_OUTPUT_KIB = 2  # the flood's 5 MB cut to what the model's answer still fits with in N_CTX
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,13 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     from lazykv.__main__ import default_model_path, freeze_start_up_heap
     from lazykv.core.history.records import new_uid
     from lazykv.core.settings import Settings
+    from lazykv.core.tools import mcp_config
     from lazykv.qt.main_window import MainWindow
     from lazykv.qt.stall_meter import StallMeter
+
+    server = mcp_config.McpServerConfig(name="t", command=sys.executable, args=(str(MCP_SERVER),))
+    mcp_config.save_servers([server])
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     settings = Settings()
     for name, value in {"n_ctx": N_CTX, "temperature": 0.0, "seed": 1, "max_reply_tokens": 64,
-                        "idle_conversion": False, "snapshot_encryption": "none"}.items():
+                        "idle_conversion": False, "snapshot_encryption": "none",
+                        "tool_timeout_s": TOOL_TIMEOUT_S, "tool_output_kib": TOOL_OUTPUT_KIB}.items():
         settings.set(name, value)
     window = MainWindow(settings, default_model=default_model_path())
     freeze_start_up_heap()  # as the app does
@@ -70,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     measure("engine idle (baseline, 2 s)", lambda: None, _timer_signal(app, 2000))
     if args.only != "open":
         _engine_and_stream_scenarios(window, measure)
+        _tool_scenarios(window, measure)
     long_id = window.database.call(lambda store: store.sync_transcript(
         new_uid(), long_conversation(LONG_CONVERSATION), 0, title="A long conversation", create=True)).id
     for run in range(args.runs):
@@ -125,6 +135,35 @@ def _engine_and_stream_scenarios(window, measure) -> None:  # noqa: ANN001 - Mai
     measure(f"code-heavy Markdown reply streamed ({len(stream.pieces)} pieces, {len(stream.text) // 1024} KB,"
             f" {stream.text.count('```') // 2} code blocks, a piece every {TOKEN_INTERVAL_MS} ms)",
             stream.start, stream.done)
+
+
+def _tool_scenarios(window, measure) -> None:  # noqa: ANN001 - MainWindow, a measuring function
+    """The model made to call a tool (as the API's named tool_choice): the consent dialog answered "Allow
+    once" as soon as it shows, the call run on the MCP server, its result shown, the model's answer."""
+    from PySide6.QtCore import QTimer
+    from tools.screenshots import pause
+
+    from lazykv.core.tools.mcp_hub import ServerState
+    from lazykv.qt.tool_consent import ToolConsentDialog
+
+    hub = window.tool_calls.hub
+    _wait_until(lambda: hub.status()["t"].state is ServerState.READY, pause, 60)
+
+    def allow() -> None:
+        asked = [d for d in window.findChildren(ToolConsentDialog) if d.isVisible()]
+        if asked:
+            asked[-1].allow_once.click()
+        else:
+            QTimer.singleShot(20, allow)
+
+    flood = f"a tool call whose 5 MB output is cut at the cap ({TOOL_OUTPUT_KIB} KiB), then the answer"
+    for tool, label in (("t__flood", flood),
+                        ("t__hang", f"a tool call that hangs until its timeout ({TOOL_TIMEOUT_S} s), then "
+                                    "the answer")):
+        window.chat.new_chat()
+        window.tool_calls.force_next(tool)
+        QTimer.singleShot(20, allow)
+        measure(label, lambda: window.chat.send_text("Use the tool, please."), window.reply_finished)
 
 
 def code_heavy_reply() -> str:

@@ -23,12 +23,15 @@ import json
 import logging
 import os
 import re
+import shutil
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from pathlib import Path
 from typing import IO, Any
 
 import anyio
@@ -47,6 +50,7 @@ PING_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 8.0  # close(): the SDK closes stdin, waits 2 s, SIGTERMs, waits 2 s, SIGKILLs
 POLL_S = 0.05  # how often a waiting call looks at its cancel event
 STDERR_TAIL_CHARS = 16_384  # the stderr kept per server, shown on demand
+LINE_CAP = Path(__file__).with_name("line_cap.py")  # a stdio server runs under it (its messages held short)
 HTTP_TIMEOUT_S = 30.0
 QUALIFIED_MAX = 64
 _QUALIFIED_OK = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -483,7 +487,12 @@ class McpHub:
             return
         tail = _StderrTail(lambda: self._poke(server))
         server.stderr = tail
-        params = StdioServerParameters(command=config.command, args=list(config.args), env=dict(config.env),
+        # through line_cap, a process of its own: the SDK never parses a flood in the app's process
+        path = os.pathsep.join(filter(None, [config.env.get("PATH", ""), os.environ.get("PATH", "")]))
+        if shutil.which(config.command, path=path) is None and not os.path.isfile(config.command):
+            raise FileNotFoundError(config.command)
+        capped = [str(LINE_CAP), str(self.output_cap), "--", config.command, *config.args]
+        params = StdioServerParameters(command=sys.executable, args=capped, env=dict(config.env),
                                        cwd=config.cwd)
         try:
             async with stdio_client(params, errlog=tail.writer) as streams:  # type: ignore[arg-type]
