@@ -6,25 +6,12 @@ fresh context gives."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.load_spec import LoadSpec
-from lazykv.core.engine.types import SamplingSettings
+from tests.core.test_window_checkpoints import TEXT, reply
 from tests.native.rawctx import engine_threads
-
-GREEDY = SamplingSettings(temperature=0.0, top_p=1.0, top_k=1, min_p=0.0, repeat_penalty=1.0, seed=1)
-TEXT = Path("/usr/share/common-licenses/GPL-3")
-
-
-def reply(s: EngineSession, tokens: list[int]) -> tuple[str, int]:
-    stream = s.stream_tokens(tokens, [], GREEDY, threading.Event(), max_tokens=8)
-    while True:
-        try:
-            next(stream)
-        except StopIteration as end:
-            return end.value.text, end.value.n_reused
 
 
 def test_a_cut_past_a_restored_window_is_read_again_not_reused(gemma3_path: Path) -> None:
@@ -34,18 +21,18 @@ def test_a_cut_past_a_restored_window_is_read_again_not_reused(gemma3_path: Path
     fresh.load(spec)
     try:
         tokens = saved.tokenize(TEXT.read_text())[:1400]
-        reply(saved, tokens)  # the parent: 1,400 tokens read, a reply
+        reply(saved, tokens, 8)  # the parent: 1,400 tokens read, a reply
         snapshot = saved.capture_kv()
         saved.clear_kv()
         saved.restore_kv(snapshot.tokens, snapshot.state)
         shorter = tokens[:1000]  # 400 tokens back: the window's first cells are gone
-        text, n_reused = reply(saved, shorter)
+        text, n_reused = reply(saved, shorter, 8)
         assert n_reused == 0  # read again, not reused with holes in the window
-        assert (text, 0) == reply(fresh, shorter)
+        assert (text, 0) == reply(fresh, shorter, 8)
         # within the window a cut is kept: the restored cache's own prompt, from its last token
         saved.clear_kv()
         saved.restore_kv(snapshot.tokens, snapshot.state)
-        assert reply(saved, snapshot.tokens)[1] == len(snapshot.tokens)
+        assert reply(saved, snapshot.tokens, 8)[1] == len(snapshot.tokens)
     finally:
         saved.close()
         fresh.close()
