@@ -193,6 +193,6 @@ def _checked(tool: dict[str, Any]) -> dict[str, Any]:
     server still checks them)."""
     try:
         tool_calls.check_tools([tool])
-    except ValueError:
+    except tool_calls.ToolError:
         return {**tool, "function": {**tool["function"], "parameters": {"type": "object"}}}
     return tool

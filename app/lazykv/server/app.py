@@ -275,9 +275,8 @@ def _tools(parsed: types.ChatCompletionRequest) -> ToolRequest | None | Response
         return None
     try:
         tool_calls.check_tools(parsed.tools)
-    except ValueError as err:
-        where = str(err).split("'")[1] if "'" in str(err) else "tools"
-        return error(400, f"Invalid tool definition: {err}.", param=where, code="invalid_value")
+    except tool_calls.ToolError as err:
+        return error(400, f"Invalid tool definition: {err}.", param=err.field, code="invalid_value")
     choice, function = parsed.tool_choice or "auto", None
     if isinstance(choice, types.NamedToolChoice):
         function = choice.function.name

@@ -37,7 +37,14 @@ from lazykv.core.engine.model_load import (
 )
 from lazykv.core.engine.model_meta import KvSupport
 from lazykv.core.engine.planner import AUTO
-from lazykv.core.engine.tool_calls import ChatPrompt, Grammar, ParsedReply, ReplyParser, ToolRequest
+from lazykv.core.engine.tool_calls import (
+    ChatPrompt,
+    DeltaTracker,
+    Grammar,
+    ParsedReply,
+    ReplyParser,
+    ToolRequest,
+)
 from lazykv.core.engine.types import (
     CancelledError,
     GrammarError,
@@ -262,7 +269,7 @@ class EngineSession:
         a lazy cache would step to, the cell counts), or None when it would take it; changes nothing."""
         llama, _ = self._require()
         try:
-            return llama.state_refusal(self._saved_state(tokens, state), seq_id=0)
+            return llama.state_refusal(self._saved_state(tokens, state)[0], seq_id=0)
         except KvRestoreError as err:
             return str(err)
 
@@ -273,24 +280,27 @@ class EngineSession:
         engine in place; bytes are copied once."""
         llama, _ = self._require()
         self._checkpoints.clear()  # another conversation's, or another point's
-        saved = self._saved_state(tokens, state)
+        saved, windows = self._saved_state(tokens, state)
         try:
             llama.load_state(saved, seq_id=0)
         except llama_cpp.StateMismatchError as err:
             raise KvRestoreError(err.reason) from err
-        for n, window in _windows(state, saved):
+        for n, window in windows:
             self._checkpoints.add(n, _digest(tokens[:n]), window)
 
-    def _saved_state(self, tokens: Sequence[int], state: bytes | memoryview) -> llama_cpp.LlamaState:
-        """capture_kv's blob (its metadata, then the engine's bytes, not copied) as a LlamaState."""
+    def _saved_state(self, tokens: Sequence[int], state: bytes | memoryview
+                     ) -> tuple[llama_cpp.LlamaState, list[tuple[int, bytes]]]:
+        """capture_kv's blob (its metadata, then the engine's bytes, not copied) as a LlamaState, and the
+        window checkpoints after them (those cut short: none)."""
         llama, info = self._require()
         state = memoryview(state)
         try:
             (n_meta,) = struct.unpack_from("<I", state)
             metadata = json.loads(bytes(state[4 : 4 + n_meta]).decode("utf-8"))
-            windows = metadata.pop(WINDOWS_KEY, None)
-            end = 4 + n_meta + int(windows["native"]) if windows else len(state)
+            listed = metadata.pop(WINDOWS_KEY, None)
+            end = 4 + n_meta + int(listed["native"]) if listed else len(state)
             native = state[4 + n_meta : end]
+            windows = _windows(state, end, listed["at"]) if listed else []
         except (struct.error, UnicodeDecodeError, ValueError, TypeError, KeyError) as err:
             raise KvRestoreError(f"the saved KV state is damaged ({err})") from err
         if len(tokens) > info.n_ctx:
@@ -306,7 +316,7 @@ class EngineSession:
             seed=llama._seed,
             seq_id=0,
             metadata=metadata,
-        )
+        ), windows
 
     def rebuild_kv(self, messages: Sequence[dict[str, str]], on_progress: Callable[[int, int], None],
                    chunk: int = 256) -> int:
@@ -538,17 +548,16 @@ class EngineSession:
     def _read_back(self, stream: Generator[str, None, ReplyResult], prompt: ChatPrompt
                    ) -> Generator[str, None, ReplyResult]:
         """``stream``'s words as the parser reads them while they come, and its calls at the end."""
-        text, sent = "", ""
+        text, tracker = "", DeltaTracker()
         while True:
             try:
                 text += next(stream)
             except StopIteration as end:
                 result: ReplyResult = end.value
                 break
-            content = self.parse_reply(text, prompt, partial=True).content
-            if content.startswith(sent) and len(content) > len(sent):
-                yield content[len(sent):]
-                sent = content
+            for delta in tracker.deltas(self.parse_reply(text, prompt, partial=True)):
+                if "content" in delta:
+                    yield delta["content"]
         reply = self.parse_reply(result.text, prompt)
         return replace(result, text=reply.content, tool_calls=reply.tool_calls)
 
@@ -774,12 +783,10 @@ class WindowCheckpoints:
         buf = (ctypes.c_uint8 * size)()
         if llama_cpp.llama_state_seq_get_data_ext(llama.ctx, buf, size, 0, WINDOW_ONLY) != size:
             return
-        digest = _digest(llama.input_ids[:n])
-        self._taken = [t for t in self._taken if t[0] != n][-(self.keep - 1):] if self.keep > 1 else []
-        self._taken.append((n, digest, bytes(buf)))
+        self.add(n, _digest(llama.input_ids[:n]), bytes(buf))
 
     def add(self, n: int, digest: bytes, state: bytes) -> None:
-        """A copy saved earlier (a snapshot's), for the cache it was restored with."""
+        """A copy of the window at ``n`` tokens (taken now, or a snapshot's); the latest ``keep`` stay."""
         self._taken = [t for t in self._taken if t[0] != n][-(self.keep - 1):] if self.keep > 1 else []
         if self.keep > 0:
             self._taken.append((n, digest, state))
@@ -808,19 +815,14 @@ class WindowCheckpoints:
         return 0
 
 
-def _windows(blob: bytes | memoryview, saved: llama_cpp.LlamaState) -> list[tuple[int, bytes]]:
-    """The window checkpoints a captured state carries after the engine's bytes (capture_kv)."""
-    view = memoryview(blob)
-    (n_meta,) = struct.unpack_from("<I", view)
-    metadata = json.loads(bytes(view[4 : 4 + n_meta]).decode("utf-8"))
-    windows = metadata.get(WINDOWS_KEY)
-    if not windows:
-        return []
-    out, start = [], 4 + n_meta + int(windows["native"])
-    for n, size in windows["at"]:
-        if start + int(size) > len(view):
-            return []  # cut short: none is trusted
-        out.append((int(n), bytes(view[start : start + int(size)])))
+def _windows(state: memoryview, start: int, listed: Sequence[Sequence[int]]) -> list[tuple[int, bytes]]:
+    """The window checkpoints a captured state lists (their points and sizes), read from ``start`` on;
+    none when they are cut short."""
+    out = []
+    for n, size in listed:
+        if start + int(size) > len(state):
+            return []
+        out.append((int(n), bytes(state[start : start + int(size)])))
         start += int(size)
     return out
 

@@ -108,31 +108,39 @@ def new_call_id() -> str:
     return "".join(secrets.choice(CALL_ID_CHARS) for _ in range(9))
 
 
+class ToolError(ValueError):
+    """A malformed tool; ``field`` names where ("tools[0].function.name")."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"'{field}' {why}")
+        self.field = field
+
+
 def check_tools(tools: Sequence[Mapping[str, Any]]) -> None:
-    """ValueError naming the field of the first malformed tool (the API answers 400 with it)."""
+    """ToolError naming the field of the first malformed tool (the API answers 400 with it)."""
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if tool.get("type") != "function":
-            raise ValueError(f"'{where}.type' must be \"function\"")
+            raise ToolError(f"{where}.type", 'must be "function"')
         fn = tool.get("function")
         if not isinstance(fn, Mapping):
-            raise ValueError(f"'{where}.function' must be an object with a 'name'")
+            raise ToolError(f"{where}.function", "must be an object with a 'name'")
         name = fn.get("name")
         if not isinstance(name, str) or not NAME_RE.match(name):
-            raise ValueError(f"'{where}.function.name' must be 1-64 letters, digits, '_' or '-'")
+            raise ToolError(f"{where}.function.name", "must be 1-64 letters, digits, '_' or '-'")
         if name in seen:
-            raise ValueError(f"'{where}.function.name' {name!r} names two tools")
+            raise ToolError(f"{where}.function.name", f"{name!r} names two tools")
         seen.add(name)
         if "description" in fn and not isinstance(fn["description"], str):
-            raise ValueError(f"'{where}.function.description' must be a string")
+            raise ToolError(f"{where}.function.description", "must be a string")
         params = fn.get("parameters", {"type": "object"})
         if not isinstance(params, Mapping):
-            raise ValueError(f"'{where}.function.parameters' must be a JSON schema object")
+            raise ToolError(f"{where}.function.parameters", "must be a JSON schema object")
         try:
             structured.schema_grammar(dict(params))
         except structured.SchemaError as err:
-            raise ValueError(f"'{where}.function.parameters': {err}") from None
+            raise ToolError(f"{where}.function.parameters", f"cannot be enforced: {err}") from None
 
 
 # --- the generic format ---------------------------------------------------------------------------------
