@@ -6,6 +6,8 @@ format for templates that know no tools (the demo models)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,9 +79,29 @@ def test_required_gives_a_grammar_from_the_first_token_and_auto_a_lazy_one() -> 
     assert "get_weather" not in none["prompt"] and not none["grammar"]
 
 
-def test_a_broken_template_is_refused_with_a_reason() -> None:
-    with pytest.raises(llama_chat.ChatTemplateError):
-        llama_chat.ChatTemplates(template="{% for %}", bos_token="<s>", eos_token="</s>")
+# (a macro that calls itself without end overflows the stack of llama.cpp's Jinja runtime: not here until
+# it has a depth limit; see the closing note of session 24)
+BROKEN = ["{% for %}", "{{ messages[0].content | nosuchfilter }}", "{% if %}{% endif", "{{ " * 2000]
+
+
+def test_broken_templates_are_refused_with_a_reason_never_an_abort() -> None:
+    """Hostile template sources (a crafted GGUF's): each is refused with a reason or renders; run in a
+    child process, so an abort would fail this test, not pytest."""
+    script = (
+        "import json, sys\n"
+        "from llama_cpp import llama_chat\n"
+        "for src in json.loads(sys.argv[1]):\n"
+        "    try:\n"
+        "        t = llama_chat.ChatTemplates(template=src, bos_token='<s>', eos_token='</s>')\n"
+        "        t.apply({'messages': [{'role': 'user', 'content': 'Hi'}]})\n"
+        "        print('rendered')\n"
+        "    except llama_chat.ChatTemplateError as err:\n"
+        "        print('refused', bool(str(err)))\n")
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(BROKEN)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.split("\n")[:len(BROKEN)]
+    assert lines[0] == "refused True" and all(line in ("refused True", "rendered") for line in lines), lines
 
 
 # --- the generic format ---------------------------------------------------------------------------------
