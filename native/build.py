@@ -18,7 +18,7 @@ The engine is the pinned llama-cpp-python sdist plus the patch series in
             with LAZYKV_BACKEND, another backend's engine beside this one (``make vulkan-check``)
   backend   print the backend the build is for (cpu, cuda, vulkan, metal) and why, one line
   tools     build llama.cpp's test and tool programs (test-llama-archs,
-            test-save-load-state, test-backend-ops, llama-perplexity,
+            test-save-load-state, test-backend-ops, test-jinja, llama-perplexity,
             llama-bench, ggml-rpc-server) of the exported series into the tools cache,
             and convert-rows-cuda-sim (ggml-cuda's conversion kernel run on the host,
             native/gpu_check/cuda_sim); print their directory; does nothing when current
@@ -112,8 +112,8 @@ TOOLS_CMAKE_ARGS = [
     "-DLLAMA_OPENSSL=OFF",
     "-DGGML_RPC=ON",
 ]
-TOOLS = ("test-llama-archs", "test-save-load-state", "test-backend-ops", "llama-perplexity", "llama-bench",
-         "ggml-rpc-server")
+TOOLS = ("test-llama-archs", "test-save-load-state", "test-backend-ops", "test-jinja", "llama-perplexity",
+         "llama-bench", "ggml-rpc-server")
 # ggml-cuda's conversion kernel run on the host against the CPU backend (native/gpu_check/cuda_sim), built
 # beside the tools from the same sources and libraries
 CUDA_SIM_DIR = NATIVE / "gpu_check" / "cuda_sim"
