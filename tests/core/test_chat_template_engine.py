@@ -4,8 +4,12 @@ llama.cpp's built-in Gemma format is used (real engine)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
+
+import pytest
 
 from lazykv.core.engine.chat_template import TemplateSource
 from lazykv.core.engine.engine import EngineSession
@@ -62,3 +66,46 @@ def test_the_files_own_template_is_still_used(smollm2_path: Path) -> None:
         assert "You are a helpful AI assistant named SmolLM" in text  # only the file's template says so
     finally:
         s.close()
+
+
+CRAFTED = {  # a crafted file's template, each of which overflowed the stack of llama.cpp's Jinja engine
+    # read at load (common's parser): the load is refused
+    "{{ " + "(" * 100_000 + "1" + ")" * 100_000 + " }}":
+        "The model's chat template cannot be used: nested deeper than 128 levels.",
+    # run when a prompt is rendered: the prompt is refused
+    "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}":
+        "The model's chat template refused these messages: statements nested deeper than 256 levels",
+}
+
+
+@pytest.mark.parametrize("template", list(CRAFTED), ids=["nested parentheses", "self-calling macro"])
+def test_a_crafted_template_in_a_model_file_is_refused_with_a_sentence(
+        smollm2_path: Path, tmp_path: Path, template: str) -> None:
+    """A GGUF whose template nests without end killed the app when it was opened or spoken to; now the
+    load or the prompt is refused with a sentence, the details holding the rest. In a child process: an
+    abort fails this test only."""
+    crafted, source = tmp_path / "crafted.gguf", tmp_path / "template.jinja"
+    source.write_text(template)
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(smollm2_path), str(crafted),
+                    "--chat-template-file", str(source), "--force"],
+                   check=True, capture_output=True, timeout=120)
+    script = (
+        "import sys\n"
+        "from lazykv.core.errors import EngineError\n"
+        "from lazykv.core.engine.engine import EngineSession\n"
+        "from lazykv.core.engine.load_spec import LoadSpec\n"
+        "from lazykv.core.kinds import KvMode\n"
+        "s = EngineSession()\n"
+        "try:\n"
+        "    s.load(LoadSpec(sys.argv[1], n_ctx=256, kv_mode=KvMode.F16, kv_recent=0))\n"
+        "    s.chat_prompt([{'role': 'user', 'content': 'Hi'}])\n"
+        "    print('rendered')\n"
+        "except EngineError as err:\n"
+        "    print(str(err))\n"
+        "    print('details' if err.details else 'no details')\n"
+        "finally:\n"
+        "    s.close()\n")
+    done = subprocess.run([sys.executable, "-c", script, str(crafted)], capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-2:] == [CRAFTED[template], "details"], done.stdout

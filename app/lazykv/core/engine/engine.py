@@ -695,6 +695,15 @@ class _Rendered:
     stops: tuple[str, ...] = ()
 
 
+def _template_reason(err: Exception) -> str:
+    """The template's own words in a Jinja error (its ``raise_exception`` message, or the rule it broke),
+    without the source excerpt around them: the error ends with ``Error: <what>`` where it was executing."""
+    text = str(err).strip()
+    reason = text.rpartition("Error: ")[2].strip() if "Error: " in text else text
+    line = reason.splitlines()[0].rstrip(".") if reason else "it gives no reason"
+    return line[0].lower() + line[1:] if line[1:2].islower() else line
+
+
 class _ChatFormat:
     """How a conversation becomes the model's prompt: the file's own chat template (through llama.cpp's
     ``common/chat``, which also renders tools), else llama.cpp's built-in one for the model's family, else
@@ -717,7 +726,8 @@ class _ChatFormat:
             try:
                 self._common = llama_chat.ChatTemplates(model=llama.model)
             except llama_chat.ChatTemplateError as err:
-                raise EngineError(f"The model's chat template cannot be read: {err}") from err
+                raise EngineError(f"The model's chat template cannot be used: {_template_reason(err)}.",
+                                  details=str(err)) from err
             self.native_tools = bool(self._common.caps.get("supports_tool_calls"))
         ends = (token_text(llama.token_eos()), token_text(llama_cpp.llama_vocab_eot(vocab)))
         self.stop = tuple(dict.fromkeys(m for m in (*self.choice.end_markers, *ends) if m))
@@ -746,7 +756,8 @@ class _ChatFormat:
         try:
             out = self._common.apply(tool_calls.common_request(messages, tools, add_generation_prompt))
         except llama_chat.ChatTemplateError as err:  # the template's raise_exception, or a broken template
-            raise PromptError(f"The model's chat template refused these messages: {err}") from err
+            raise PromptError(f"The model's chat template refused these messages: {_template_reason(err)}",
+                              details=str(err)) from err
         grammar = None
         if out["grammar"]:
             lazy = bool(out["grammar_lazy"])
