@@ -48,18 +48,19 @@ class RawContext:
     """One context; K and V of type `kv`, flash attention on, `n_seq` sequences."""
 
     def __init__(self, model: RawModel, kv: int, n_ctx: int = 512, n_seq: int = 1, unified: bool = True,
-                 lazy: bool = False):
+                 lazy: bool = False, recent: int = 0, n_threads: int = 0):
         self.model = model
         p = llama_cpp.llama_context_default_params()
         p.n_ctx = n_ctx
         p.n_batch = n_ctx
         p.n_ubatch = min(n_ctx, 512)
         p.n_seq_max = n_seq
-        p.n_threads = p.n_threads_batch = engine_threads()
+        p.n_threads = p.n_threads_batch = n_threads or engine_threads()
         p.type_k = p.type_v = kv
         p.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         p.kv_unified = unified
         p.kv_lazy_quant = lazy
+        p.kv_lazy_recent = recent
         self.ptr = llama_cpp.llama_init_from_model(model.ptr, p)
         if not self.ptr:
             raise RuntimeError("cannot create context")
@@ -88,6 +89,24 @@ class RawContext:
             raise DecodeError(rc)
         logits = llama_cpp.llama_get_logits_ith(self.ptr, len(tokens) - 1)
         return np.ctypeslib.as_array(logits, shape=(self.model.n_vocab,)).copy()
+
+    def decode_each(self, steps: list[tuple[int, int]]) -> list[np.ndarray]:
+        """One batch of single tokens, each (token, seq_id) after its sequence's last position (an API
+        server's decode of several slots); the logits of each."""
+        b = self.batch
+        b.n_tokens = len(steps)
+        nxt: dict[int, int] = {}
+        for i, (tok, seq_id) in enumerate(steps):
+            pos = nxt.get(seq_id, self.pos_max(seq_id) + 1)
+            nxt[seq_id] = pos + 1
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, True
+            b.seq_id[i][0] = seq_id
+        rc = llama_cpp.llama_decode(self.ptr, b)
+        if rc != 0:
+            raise DecodeError(rc)
+        n_vocab = self.model.n_vocab
+        return [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ptr, i), shape=(n_vocab,)).copy()
+                for i in range(len(steps))]
 
     def pos_max(self, seq_id: int) -> int:
         return llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id)

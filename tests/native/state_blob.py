@@ -19,7 +19,7 @@ EXT_TAG = 0x6C6B7678  # LLAMA_STATE_EXT_TAG, 'lkvx'
 EXT_REQUIRED = 0x80000000
 EXT_LAYOUT = 1
 EXT_LAZY = 2
-EXT_RECENT = 3  # with EXT_REQUIRED: a lazy cache's recent window (patch 0049)
+EXT_RECENT = 3  # a lazy cache's recent window (patch 0049); optional: a reader may pass over it
 
 QK8 = 32
 Q8_BLOCK = 34
@@ -46,18 +46,20 @@ class CacheState:
     positions: list[int] = field(default_factory=list)
     k: list[Tensor] = field(default_factory=list)
     v: list[Tensor] = field(default_factory=list)
-    recent: tuple[int, int] | None = None  # (tokens per sequence, slots) of a lazy cache's recent window
+    recent: tuple[int, int] | None = None  # (tokens per sequence, slots per ring) of a lazy cache's window
     window: Window | None = None
 
 
 @dataclass
 class Window:
-    """The recent window written after a stream's cells: per slot written, the cell (its index among the
-    written cells) and the slot; the ring's head; the f16 K and V rows per layer (uint8 [n, row_size])."""
+    """The recent window written after a stream's cells: a ring per sequence (one for a sequence's state),
+    its head, and per row written, oldest first, the cell (its index among the written cells) and the
+    slot (ring * slots per ring + offset); the f16 K and V rows per layer (uint8 [n, row_size]), ring
+    after ring."""
 
     cells: list[int]
     slots: list[int]
-    head: int
+    heads: list[int]
     k: list[np.ndarray]
     v: list[np.ndarray]
 
@@ -118,8 +120,8 @@ def _parse_cache(r: _Reader) -> CacheState:
         cache.type_k, cache.type_v, cache.n_layer = struct.unpack("<iiI", entries[EXT_LAYOUT][:12])
     if EXT_LAZY in entries:
         cache.lazy_phases = struct.unpack("<ii", entries[EXT_LAZY][:8])
-    if EXT_RECENT | EXT_REQUIRED in entries:
-        cache.recent = struct.unpack("<II", entries[EXT_RECENT | EXT_REQUIRED][:8])
+    if EXT_RECENT in entries:
+        cache.recent = struct.unpack("<II", entries[EXT_RECENT][:8])
     n_cells = r.u32()
     if n_cells == 0:
         return cache
@@ -136,14 +138,16 @@ def _parse_cache(r: _Reader) -> CacheState:
             rows = np.frombuffer(r.take(n_cells * row), dtype=np.uint8).reshape(n_cells, row)
             dest.append(Tensor(typ, rows))
     if cache.recent is not None:
-        n = r.u32()
-        pairs = [(r.u32(), r.u32()) for _ in range(n)]
-        head = r.u32()
+        ring, heads, pairs = cache.recent[1], [], []
+        for k in range(r.u32()):
+            heads.append(r.u32())
+            pairs += [(r.u32(), k * ring + r.u32()) for _ in range(r.u32())]
+        n = len(pairs)
         rows_k = [np.frombuffer(r.take(n * 2 * _f16_width(t)), dtype=np.uint8).reshape(n, -1)
                   for t in cache.k]
         rows_v = [np.frombuffer(r.take(n * 2 * _f16_width(t)), dtype=np.uint8).reshape(n, -1)
                   for t in cache.v]
-        cache.window = Window([c for c, _ in pairs], [j for _, j in pairs], head, rows_k, rows_v)
+        cache.window = Window([c for c, _ in pairs], [j for _, j in pairs], heads, rows_k, rows_v)
     return cache
 
 

@@ -28,9 +28,9 @@ Q8 = llama_cpp.GGML_TYPE_Q8_0
 F16 = llama_cpp.GGML_TYPE_F16
 ON_DEVICE = llama_cpp.LLAMA_STATE_SEQ_FLAGS_ON_DEVICE
 
-# a plain cache's sequence state: magic, seq id, then the cache's extension block: tag, version, size,
-# then its layout entry: id, size, K/V type, layer count
-SEQ_N_LAYER_OFFSET = 4 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + 4
+# a plain cache's sequence state of 30 cells (upstream's): magic, seq id; stream count, K/V rotation sizes;
+# the cell count, each cell's position, sequence count and sequence; whether V is transposed, the layer count
+SEQ_N_LAYER_OFFSET = 4 + 4 + 3 * 4 + 4 + 30 * 12 + 4
 
 
 @pytest.fixture(scope="module")

@@ -36,9 +36,8 @@ N_CTX = 1024  # lazy q8_0: f16 512 / q8_0 1024; ladder q4_0: 256 / 512 / 1024; l
 N_LIVE = 100  # sequence 0's conversation
 N_DAMAGED = 700  # more than any f16 view (and the q4_0 ladder's q8_0 rung) holds: a lazy cache would convert
 N_OVERSIZED = 1000  # with sequence 0's cells, more than any cache of N_CTX holds
-# a plain cache's sequence state: an 8-byte header; the extension block (tag, version, size; the layout
-# entry: id, size, type_k, type_v, n_layer); n_stream, rot_k, rot_v; the cell count
-CELL_COUNT_OFFSET = 8 + 12 + 20 + 12
+# a plain cache's sequence state (upstream's): an 8-byte header; n_stream, rot_k, rot_v; the cell count
+CELL_COUNT_OFFSET = 8 + 12
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
-"""The saved state format next to upstream's (issue 25, sections 4 and 6; patches 0030-0033).
+"""The saved state format next to upstream's (issue 25, sections 4 and 6; issue 46, section 1; patches
+0030-0033).
 
-Upstream's fields and version numbers (11 / 4, PR #28498) stay as they are; what this series adds
-(the storage layout, a lazy cache's rungs) is one extension block per KV cache, before its stream
-count: tag, version, size, then entries of id, size, data. A reader skips an entry it does not know
-unless the entry is marked required, and reads a state without the block as upstream does. The
-engine's own check (llama_state_seq_check_data) answers what the bindings used to guess, without
-changing the context.
+Upstream's fields and version numbers (11 / 4, PR #28498) stay as they are, and a plain cache's state is
+upstream's, byte for byte. What this series adds for a lazy cache (its storage layout, rungs and window)
+is one extension block before its stream count: tag, version, size, then entries of id, size, data. A
+reader skips an entry it does not know unless the entry is marked required; a state without the block
+(upstream's, a plain cache's) is read with the K/V types its rows carry. The engine's own check
+(llama_state_seq_check_data) answers what the bindings used to guess, without changing the context.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 
 from .helpers import make_llama, prompt_tokens, random_tokens, synthetic_model
 from .rawctx import RawContext, RawModel
-from .state_blob import EXT_LAYOUT, EXT_REQUIRED, EXT_TAG, parse_context_state, parse_ext_block
+from .state_blob import EXT_LAYOUT, EXT_LAZY, EXT_REQUIRED, EXT_TAG, parse_context_state, parse_ext_block
 
 F16, Q8, Q4 = llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_Q4_0
 SEQ_HEADER = 8  # a sequence state: the magic and the sequence id, then the cache's state
@@ -71,16 +72,26 @@ def filled(model: RawModel, kv: int, n: int = 40, lazy: bool = False, n_seq: int
 # ---------------------------------------------------------------- the block
 
 
-def test_versions_are_upstreams_and_every_cache_writes_the_block(hd64: RawModel) -> None:
+@pytest.mark.parametrize("kv", [F16, Q8])
+def test_a_plain_cache_writes_upstreams_state_and_a_lazy_cache_the_block(hd64: RawModel, kv: int) -> None:
+    """A plain cache's state is upstream's: the stream count first, the rotation sizes (PR #28498), then the
+    cells and rows, nothing else (the independent reader takes every byte); a lazy cache's starts with the
+    block."""
     assert (llama_cpp.LLAMA_SESSION_VERSION, llama_cpp.LLAMA_STATE_SEQ_VERSION) == (11, 4)
-    plain = filled(hd64, Q8)
-    version, entries = parse_ext_block(plain.seq_state(0)[SEQ_HEADER:])
-    assert version == llama_cpp.LLAMA_STATE_EXT_VERSION == 1
-    assert set(entries) == {EXT_LAYOUT}  # a plain cache has no rungs
-    assert struct.unpack("<iiI", entries[EXT_LAYOUT]) == (Q8, Q8, 2)
-    arch, [cache] = parse_context_state(plain.state())
-    assert arch == "llama" and (cache.ext_version, cache.type_k, cache.n_rot_k) == (1, Q8, 64)
-    assert cache.lazy_phases is None and len(cache.positions) == 40
+    plain = filled(hd64, kv)
+    blob = plain.seq_state(0)
+    assert parse_ext_block(blob[SEQ_HEADER:]) == (0, {})
+    assert struct.unpack_from("<III", blob, SEQ_HEADER) == (1, 0 if kv == F16 else 64, 0 if kv == F16 else 64)
+    whole = plain.state()
+    assert EXT_TAG.to_bytes(4, "little") not in whole
+    arch, [cache] = parse_context_state(whole)
+    assert arch == "llama" and cache.ext_version == 0 and len(cache.positions) == 40
+    assert all(t.type == kv for t in cache.k + cache.v)
+
+    lazy = filled(hd64, Q8, lazy=True)
+    version, entries = parse_ext_block(lazy.seq_state(0)[SEQ_HEADER:])
+    assert version == llama_cpp.LLAMA_STATE_EXT_VERSION == 1 and set(entries) == {EXT_LAYOUT, EXT_LAZY}
+    assert struct.unpack("<iiI", entries[EXT_LAYOUT]) == (F16, F16, 2)  # its f16 phase
 
 
 def test_a_lazy_cache_records_its_rung_and_a_compact_state_its_written_rung(smollm2_path: Path) -> None:
@@ -109,19 +120,33 @@ def test_an_upstream_state_without_the_block_reads_as_upstream_reads_it(hd64: Ra
     assert ok, err
     assert np.array_equal(same.decode([7]), want)  # bit for bit
 
-    f16 = RawContext(hd64, F16, n_ctx=512)  # read as this cache stores rows: q8_0 rows are not f16 rows
+    f16 = RawContext(hd64, F16, n_ctx=512)  # the rows say q8_0: not what an f16 cache reads
     rc, reason = check(f16, bare, 0)
-    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and "rotation mismatch" in reason
+    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and "K/V type mismatch" in reason and "q8_0" in reason
+
+
+def test_a_plain_f16_state_is_converted_by_a_lazy_cache_that_has_stepped(hd64: RawModel) -> None:
+    """Upstream's state carries no block: a lazy cache on its q8_0 rung learns the rows' type from the rows
+    themselves and converts them as it reads them (as it did when every state carried the block)."""
+    src = filled(hd64, F16, n=40)
+    blob = src.seq_state(0)
+    lazy = RawContext(hd64, Q8, n_ctx=512, n_seq=2, lazy=True)
+    lazy.decode(random_tokens(6, 300), seq_id=1)  # past the f16 view (256 cells): the q8_0 rung
+    assert lazy.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_Q8_0
+    assert check(lazy, blob, 0) == (llama_cpp.LLAMA_STATE_CHECK_OK, "")
+    ok, err = lazy.set_seq_state(blob, 0)
+    assert ok, err
+    assert lazy.pos_max(0) == 39 and lazy.pos_max(1) == 299
 
 
 def test_an_unknown_entry_is_skipped_unless_it_is_required(hd64: RawModel) -> None:
-    src = filled(hd64, Q8)
+    src = filled(hd64, Q8, lazy=True)
     blob = src.seq_state(0)
-    want = filled(hd64, Q8).decode([7])
+    want = filled(hd64, Q8, lazy=True).decode([7])
     optional = with_block(blob, [(77, b"future"), layout_entry(blob), (78, b"")])
     required = with_block(blob, [layout_entry(blob), (79 | EXT_REQUIRED, b"window")])
 
-    dst = RawContext(hd64, Q8, n_ctx=512, n_seq=2)
+    dst = RawContext(hd64, Q8, n_ctx=512, n_seq=2, lazy=True)
     assert check(dst, optional, 0) == (llama_cpp.LLAMA_STATE_CHECK_OK, "")
     ok, err = dst.set_seq_state(optional, 0)
     assert ok, err
@@ -139,14 +164,14 @@ def test_a_state_of_the_layout_version_before_the_block_is_refused(hd64: RawMode
     """The in-memory blobs carry no version: a state written between 0010 and 0030 (the layout after the
     rotation sizes) is refused by the new reader, never misread (the app re-reads such a snapshot's
     transcript, see tests/core/test_persistence.py)."""
-    blob = filled(hd64, Q8).seq_state(0)
+    blob = filled(hd64, Q8, lazy=True).seq_state(0)
     type_k, type_v, n_layer = struct.unpack("<iiI", layout_entry(blob)[1])
     bare = with_block(blob, None)
     at = SEQ_HEADER + 12  # after the stream count and the rotation sizes
     old = bare[:at] + struct.pack("<iiI", type_k, type_v, n_layer) + bare[at:]
-    dst = RawContext(hd64, Q8, n_ctx=512)
+    dst = RawContext(hd64, Q8, n_ctx=512, lazy=True)
     rc, reason = check(dst, old, 0)
-    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and "damaged" in reason
+    assert rc == llama_cpp.LLAMA_STATE_CHECK_REFUSED and reason  # a cell or layer count that does not fit
     assert not dst.set_seq_state(old, 0)[0]
 
 
@@ -154,11 +179,11 @@ DAMAGES = {"tag": SEQ_HEADER, "block size": SEQ_HEADER + 8, "entry size": SEQ_HE
 
 
 def damaged_block_verdict(model: RawModel, damage: str) -> dict[str, object]:
-    """A q8_0 sequence state with one field of its extension block overwritten: the engine's check and
-    whether the restore went through."""
-    blob = bytearray(filled(model, Q8).seq_state(0))
+    """A lazy cache's sequence state with one field of its extension block overwritten: the engine's check
+    and whether the restore went through."""
+    blob = bytearray(filled(model, Q8, lazy=True).seq_state(0))
     struct.pack_into("<I", blob, DAMAGES[damage], 0x7FFFFFFF)
-    dst = RawContext(model, Q8, n_ctx=512)
+    dst = RawContext(model, Q8, n_ctx=512, lazy=True)
     rc, reason = check(dst, bytes(blob), 0)
     return {"rc": rc, "reason": reason, "restored": dst.set_seq_state(bytes(blob), 0)[0]}
 

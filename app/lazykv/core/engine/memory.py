@@ -66,11 +66,13 @@ def kv_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int = 0) -> in
 
 def window_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int) -> int:
     """The recent window's f16 K/V rows beside a lazy cache of ``n_cells`` cells (kv_lazy_recent, native
-    patch 0047): ``recent`` tokens' worth (at most the cells), one sequence; 0 for a plain cache."""
+    patch 0047): ``recent`` tokens' worth (at most the cells), one sequence, and the row that takes a
+    batch's tokens the window does not keep; 0 for a plain cache."""
     if not KvMode(kv_mode).is_lazy or recent <= 0:
         return 0
     numerator, denominator = BYTES_PER_VALUE[StorageType.F16]
-    return capped(min(whole(recent), whole(n_cells)) * _values_per_cell(meta) * numerator // denominator)
+    rows = min(whole(recent), whole(n_cells)) + 1
+    return capped(rows * _values_per_cell(meta) * numerator // denominator)
 
 
 def context_for_budget(meta: ModelMeta, budget: int, kv_mode: str, recent: int = 0) -> int:
