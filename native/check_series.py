@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
-"""Check that every prefix of the patch series builds and passes the C++ tests it adds.
+"""Check that every prefix of the patch series builds and passes the C++ tests it adds or changes.
 
-The series must be bisectable: after each patch, libllama and ggml build, and the llama.cpp test
-programs that the prefix adds build and pass (the Python tests need the whole wheel and run on the
-full series only, in ``make test``). For each patch in order this script
+The series must be bisectable: after each patch, libllama, ggml, common and test-backend-ops build,
+and the llama.cpp test programs that the patch adds or changes build and pass (the Python tests need
+the whole wheel and run on the full series only, in ``make test``). For each patch in order this
+script
 
   1. applies it (``git am``) to a worktree of the pristine sdist (``native/work/series-src``) that
      holds the previous prefix, so only the files the patch touches change;
-  2. configures (once) and builds the targets ``llama`` and ``ggml`` and the test programs the patch
-     adds (new ``vendor/llama.cpp/tests/test-*.cpp`` files) in one incremental CMake build dir
+  2. configures (once) and builds the targets ``llama``, ``ggml``, ``llama-common`` and
+     ``test-backend-ops`` and the test programs the patch adds or changes (its
+     ``vendor/llama.cpp/tests/test-*.cpp`` files) in one incremental CMake build dir
      (``native/work/build-series``, Ninja, ccache when installed). The libraries are shared and, on
      Linux, linked with ``--no-undefined``: a static ``libllama.a`` is never linked whole, so a patch
      that declares functions no patch has defined yet would pass;
-  3. runs those test programs.
+  3. runs those test programs (test-backend-ops, which compares backends, is built here and run by the
+     Python suite on the full series).
 
 It stops at the first prefix that fails (``--keep-going`` goes on) and prints one line per prefix
 and a summary; ``--record`` writes the summary of a full run into native/README.md. Slow: on two
@@ -60,22 +63,28 @@ build = _build_module()
 class Step:
     index: int
     patch: Path
-    tests: list[str]  # test programs the patch adds (CMake target names)
+    tests: list[str]  # test programs the patch adds or changes (CMake target names)
     result: str = "not run"  # ok | build failed | test failed: NAME | does not apply | not run
     seconds: float = 0.0
 
 
-def added_tests(patch: Path) -> list[str]:
-    """The llama.cpp test programs a patch adds: new files vendor/llama.cpp/tests/test-*.cpp."""
+# built at every prefix; test-backend-ops is not run here (it compares backends: the Python suite runs it)
+ALWAYS_BUILT = ("llama", "ggml", "llama-common", "test-backend-ops")
+NOT_RUN = ("test-backend-ops",)
+
+
+def changed_tests(patch: Path) -> list[str]:
+    """The llama.cpp test programs a patch adds or changes: its vendor/llama.cpp/tests/test-*.cpp files
+    that it does not delete."""
     text = patch.read_text(errors="replace")
-    names = re.findall(r"^diff --git a/\S+ b/vendor/llama\.cpp/tests/(test-[\w-]+)\.cpp\nnew file mode", text,
+    diffs = re.findall(r"^diff --git a/\S+ b/vendor/llama\.cpp/tests/(test-[\w-]+)\.cpp\n(\S+)", text,
                        flags=re.MULTILINE)
-    return sorted(set(names))
+    return sorted({name for name, mode in diffs if mode != "deleted"})
 
 
 def plan(first: int, last: int) -> list[Step]:
     patches = build.patch_files()
-    return [Step(i, p, added_tests(p)) for i, p in enumerate(patches, start=1) if first <= i <= last]
+    return [Step(i, p, changed_tests(p)) for i, p in enumerate(patches, start=1) if first <= i <= last]
 
 
 def run(cmd: list[str], cwd: Path | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
@@ -129,12 +138,12 @@ def build_and_test(step: Step, jobs: str, log: Path) -> str:
         out.write(res.stdout + res.stderr)
         if res.returncode != 0:
             return "configure failed"
-        targets = ["llama", "ggml", *step.tests]
+        targets = list(dict.fromkeys([*ALWAYS_BUILT, *step.tests]))
         res = run(["cmake", "--build", str(SERIES_BUILD), "-j", jobs, "--target", *targets])
         out.write(res.stdout[-20000:] + res.stderr[-20000:])
         if res.returncode != 0:
             return "build failed"
-        for name in step.tests:
+        for name in (t for t in step.tests if t not in NOT_RUN):
             try:
                 res = run([str(SERIES_BUILD / "bin" / name)], cwd=SERIES_BUILD, timeout=TEST_TIMEOUT_S)
             except subprocess.TimeoutExpired:

@@ -1,0 +1,37 @@
+"""native/check_series.py's plan (issue 46, section 4): what each prefix of the series builds and runs,
+from the patch files themselves; no build."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _check_series() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("lazykv_check_series", ROOT / "native" / "check_series.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_prefix_builds_common_and_test_backend_ops() -> None:
+    assert {"llama", "ggml", "llama-common", "test-backend-ops"} <= set(_check_series().ALWAYS_BUILT)
+
+
+def test_a_patch_runs_the_tests_it_adds_or_changes_never_one_it_deletes() -> None:
+    cs = _check_series()
+    steps = {step.patch.name: step.tests for step in cs.plan(1, 10_000)}
+    jinja = next(name for name in steps if "jinja-bound-the-nesting" in name)
+    assert steps[jinja] == ["test-jinja"]  # a changed test program (0065's nesting bounds)
+    texts = {name: (ROOT / "native" / "patches" / name).read_text() for name in steps}
+    deleting = [name for name, text in texts.items()
+                if "b/vendor/llama.cpp/tests/test-fa-quant-paths.cpp\ndeleted file mode" in text]
+    assert deleting and all("test-fa-quant-paths" not in steps[name] for name in deleting)
+    assert any(tests == ["test-backend-ops"] for tests in steps.values())
+    assert "test-backend-ops" in cs.NOT_RUN  # built at every prefix, run by the Python suite
