@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import stat
 import subprocess
@@ -11,6 +10,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.support.native_scripts import load_native_script
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_PY = ROOT / "native" / "build.py"
@@ -42,12 +43,7 @@ GPU1:
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lazykv_native_build_backend", BUILD_PY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_native_script("build.py", "lazykv_native_build_backend")
 
 
 class Machine:

@@ -3,21 +3,16 @@ from the patch files themselves; no build."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
+
+from tests.support.native_scripts import load_native_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _check_series() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lazykv_check_series", ROOT / "native" / "check_series.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_native_script("check_series.py", "lazykv_check_series")
 
 
 def test_every_prefix_builds_common_and_test_backend_ops() -> None:

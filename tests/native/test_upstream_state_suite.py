@@ -13,7 +13,6 @@ cache cannot run, so where the program reports exactly that, the cell is skipped
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -30,6 +29,7 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
+from tests.support.native_scripts import load_native_script
 from tests.support.summary import write_summary
 from tests.support.synthetic_gguf import write_llama_gguf
 
@@ -87,12 +87,7 @@ Table = dict[str, dict[str, Cell]]  # model -> test -> cell
 
 
 def _build_module():  # noqa: ANN202 - the module object of native/build.py
-    spec = importlib.util.spec_from_file_location("lazykv_native_build", ROOT / "native" / "build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_native_script("build.py", "lazykv_native_build")
 
 
 def tools_dir() -> Path:
