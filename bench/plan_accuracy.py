@@ -4,7 +4,7 @@ For both test models × 3 context sizes × the 4 KV modes, on the CPU and over R
 ggml-rpc-server on 127.0.0.1, half of the layers and all of them) - or, with ``--placements
 gpu-half,gpu-all``, on this machine's first GPU (``make vulkan-check``: Mesa's lavapipe) - loads the
 model as the app does (EngineSession.load) and compares llama.cpp's own figures
-(llama_get_memory_use, patch 0018) with ``lazykv.core.engine.planner.plan``, per buffer kind (weights,
+(llama_get_memory_use, patch 0012) with ``lazykv.core.engine.planner.plan``, per buffer kind (weights,
 KV cache, compute) and place (host memory, the device). Writes bench/results/plan_accuracy.md (``--out``
 elsewhere); exit status 1 when an error is over 5 %.
 """
@@ -155,7 +155,7 @@ def report(rows: list[Row], command: str, seconds: float) -> str:
         "",
         f"`{command}` ({seconds:.0f} s), engine llama_cpp_python {llama_cpp.__version__}. The plan is",
         "`lazykv.core.engine.planner.plan` (pure, from the GGUF header); the reference is what the engine",
-        "allocated (`llama_get_memory_use`, patch 0018) when the app loaded the model (`EngineSession.load`,",
+        "allocated (`llama_get_memory_use`, patch 0012) when the app loaded the model (`EngineSession.load`,",
         "n_ubatch 512, flash attention). RPC: a local `ggml-rpc-server` on 127.0.0.1 (CPU backend);",
         "`rpc-half` offloads the output layer and the last n_layer/2 layers, `rpc-all` every layer;",
         "`gpu-half` and `gpu-all` the same to this machine's first GPU.",

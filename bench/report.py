@@ -509,9 +509,9 @@ def sweep_section(results: list[SweepResult], plots: list[str]) -> str:
     return (
         "## 4. Depth sweep: CPU flash attention over q8_0\n\n"
         "q8_0-ref: a q8_0 cache on ggml-cpu's reference paths (`llama_set_cpu_use_ref`: the vec-only "
-        "flash attention kernel, which dequantizes V per query, as the engine did before patch 0005; "
+        "flash attention kernel, which dequantizes V per query, as the engine did before patch 0003; "
         "also the plain MUL_MAT for the rotation and no op fusion); q8_0: the tiled prefill and "
-        "split-KV decode paths of patch 0005. "
+        "split-KV decode paths of patch 0003. "
         "f16, q8_0 and lazy share one process, q8_0-ref has its own; the kinds are timed interleaved, so "
         "drift of the shared machine hits all of them alike; the lazy cache is converted (untimed) "
         "before the first chunk that does not fit its f16 view.\n\n"

@@ -1,9 +1,9 @@
 """Section 4, sweep: prefill and decode tok/s by depth for f16, q8_0 on the reference CPU flash attention
-path, q8_0 on the new paths (patches 0005, 0006) and lazy.
+path, q8_0 on the new paths (patches 0003, 0004) and lazy.
 
 Two child processes (`python -m bench.sweep --child KINDS ...`) live for the whole sweep: one hosts the
 f16, q8_0 and lazy contexts, the other q8_0-ref (a q8_0 context whose CPU backend runs ggml-cpu's reference
-paths, `llama_set_cpu_use_ref`: the vec-only flash attention kernel q8_0 took before patch 0005, the plain
+paths, `llama_set_cpu_use_ref`: the vec-only flash attention kernel q8_0 took before patch 0003, the plain
 MUL_MAT for the rotation, no op fusion). They take one command at a time (JSON lines on
 stdin/stdout), so nothing is timed while anything else runs. At each depth every context is filled to the
 depth (untimed), then DECODE_ROUNDS rounds of decodes and PREFILL_ROUNDS rounds of the n_batch prefill chunk

@@ -462,7 +462,7 @@ def _layout_of_rows(native: bytes, at: int) -> bytes:
 
 
 def _layout_before_the_extension_block(blob: bytes, versions: bool = True) -> bytes:
-    """capture_kv's blob as the engine of patches 0010-0029 wrote it: the storage layout after the
+    """capture_kv's blob as an earlier engine wrote it: the storage layout after the
     rotation sizes instead of in the extension block, and (``versions``) state versions 12 / 5 in its
     metadata."""
     (n_meta,) = struct.unpack_from("<I", blob)

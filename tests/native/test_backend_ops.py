@@ -1,5 +1,5 @@
 """llama.cpp's own test-backend-ops for what the series adds to ggml, on the CPU: GGML_OP_CONVERT_ROWS
-(patch 0034) and flash attention over quantized K/V (0037, 0038).
+(patch 0018) and flash attention over quantized K/V (0003).
 
 `test-backend-ops -b CPU` compares the CPU backend with the CPU backend on its reference paths (`use_ref`):
 for CONVERT_ROWS the plain product with the Hadamard matrix and each type's reference quantization,
@@ -42,24 +42,24 @@ def test_convert_rows_matches_the_reference_implementation() -> None:
 
 def test_flash_attention_over_quantized_kv_matches_the_reference_path() -> None:
     """The CPU's tiled and split-KV flash attention paths over K and V each f16, q8_0, q5_0 or q4_0 (patch
-    0038's cases, `nh=2`), against the reference kernel, within the op's tolerance (NMSE 5e-4)."""
+    0003's cases, `nh=2`), against the reference kernel, within the op's tolerance (NMSE 5e-4)."""
     cmd = [str(backend_ops_program()), "test", "-b", "CPU", "-o", "FLASH_ATTN_EXT", "-p", "nh=2,"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
     assert passed is not None, proc.stdout[-4000:]
     assert passed.group(1) == passed.group(2)
-    # 0038: 15 K/V type pairs (all but f16/f16) x 2 head sizes x 2 GQA x 4 shapes; upstream has a few nh=2 too
+    # 0003: 15 K/V type pairs (all but f16/f16) x 2 head sizes x 2 GQA x 4 shapes; upstream has a few nh=2 too
     assert int(passed.group(2)) >= 15 * 2 * 2 * 4
     for case in ("type_K=q5_0,type_V=q5_0", "type_K=q8_0,type_V=f16", "type_K=f16,type_V=q4_0"):
         assert case in proc.stdout
 
 
 def test_flash_attention_over_a_second_kv_range_matches_the_reference_path() -> None:
-    """ggml_flash_attn_ext_add_kv (0046), the recent window's attention: a quantized or F16 first range and an
+    """ggml_flash_attn_ext_add_kv (0022), the recent window's attention: a quantized or F16 first range and an
     F16 second one, decodes and batches, grouped-query attention and sinks (test_flash_attn_ext_kv2, patch
-    0054). The CPU's tiled and split-KV paths against its one-chunk path; on lavapipe, `make vulkan-check`'s
-    build compares ggml-vulkan's (0055) with the CPU."""
+    0022). The CPU's tiled and split-KV paths against its one-chunk path; on lavapipe, `make vulkan-check`'s
+    build compares ggml-vulkan's (0022) with the CPU."""
     cmd = [str(backend_ops_program()), "test", "-b", "CPU", "-o", "FLASH_ATTN_EXT", "-p", "kv2="]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -1,5 +1,5 @@
 """CPU flash attention over a q8_0 or q4_0 KV cache: the tiled prefill and split-KV decode paths
-(patches 0005, 0023) against the reference path.
+(patch 0003) against the reference path.
 
 Op level: ggml's FLASH_ATTN_EXT on the CPU backend against the same graph with `use_ref` (the vec-only
 implementation q8_0 K/V always took before the patch), within test-backend-ops' tolerance. End to end: the
@@ -20,7 +20,7 @@ import pytest
 from .ggml_fa import FLASH_ATTN_EXT_MAX_NMSE, FaCase, flash_attn, nmse
 
 HERE = Path(__file__).resolve().parent
-# q8_0 (patch 0005), q4_0 (0023) and q5_0 (0037) K/V, alone and mixed
+# q8_0, q4_0 and q5_0 K/V (patch 0003), alone and mixed
 KV_TYPES = [("q8_0", "q8_0"), ("q8_0", "f16"), ("q4_0", "q4_0"), ("q4_0", "q8_0"), ("f16", "q4_0"),
             ("q5_0", "q5_0"), ("q5_0", "q8_0")]
 # (n_q, n_kv): prefill rows (tiled kernel: n_q >= 64, here not a multiple of the 64-row Q tile) over KV

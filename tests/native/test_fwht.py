@@ -1,6 +1,6 @@
 """The CPU backend's fast Walsh-Hadamard transform, which rotates Q, K and V of a quantized KV cache.
 
-Patch 0006 does its short butterflies (lengths 1, 2 and 4) inside AVX2 registers instead of scalar passes.
+Patch 0004 does its short butterflies (lengths 1, 2 and 4) inside AVX2 registers instead of scalar passes.
 The sums and differences are the same, in the same order, so the result must be bit-identical to a
 float32 transform done stage by stage (scale first, as the op does); and it must agree with the dense
 product by the Hadamard matrix (the reference path).

@@ -1,4 +1,4 @@
-"""The lazy ladder f16 -> q8_0 -> q4_0 (patch 0024) on the real test models.
+"""The lazy ladder f16 -> q8_0 -> q4_0 (patch 0015) on the real test models.
 
 A q4_0 cache of 2048 cells holds 512 cells as f16 (floor(2048 * 18/64) = 576, rounded down to
 the 256-cell padding), 1024 as q8_0 (floor(2048 * 18/34) = 1084) and 2048 as q4_0. A lazy q8_0

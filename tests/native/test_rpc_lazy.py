@@ -1,7 +1,7 @@
 """The lazy cache in device memory: every layer and the KV cache on llama.cpp's RPC backend.
 
 A `ggml-rpc-server` on 127.0.0.1 serves its CPU backend; to this process its buffers are not host
-memory, so the cache takes the device path (patch 0017): the conversion runs as ggml ops on the
+memory, so the cache takes the device path (patch 0011): the conversion runs as ggml ops on the
 server, after the last graph is done, and no cache byte travels through this process. The
 server's socket traffic (/proc/PID/io) proves the latter.
 """
@@ -324,7 +324,7 @@ def test_ladder_steps_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
 
 
 def test_recent_window_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
-    """The recent window (patches 0046-0050) lives with the cache on the device and is attended there: the
+    """The recent window (patches 0022, 0023) lives with the cache on the device and is attended there: the
     f16 rung is bit-identical to the cache without a window, and on the q4_0 rung decoding on the device
     agrees with the same ladder in host memory (the server runs as many threads as the host)
     and is closer to f16 than the ladder without the window."""

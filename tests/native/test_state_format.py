@@ -1,5 +1,5 @@
 """The saved state format next to upstream's (issue 25, sections 4 and 6; issue 46, section 1; patches
-0030-0033).
+0016, 0017).
 
 Upstream's fields and version numbers (11 / 4, PR #28498) stay as they are, and a plain cache's state is
 upstream's, byte for byte. What this series adds for a lazy cache (its storage layout, rungs and window)
@@ -161,9 +161,9 @@ def test_an_unknown_entry_is_skipped_unless_it_is_required(hd64: RawModel) -> No
 
 
 def test_a_state_of_the_layout_version_before_the_block_is_refused(hd64: RawModel) -> None:
-    """The in-memory blobs carry no version: a state written between 0010 and 0030 (the layout after the
-    rotation sizes) is refused by the new reader, never misread (the app re-reads such a snapshot's
-    transcript, see tests/core/test_persistence.py)."""
+    """The in-memory blobs carry no version: a state written by an earlier engine (the layout after
+    the rotation sizes, not in the extension block) is refused by the new reader, never misread (the
+    app re-reads such a snapshot's transcript, see tests/core/test_persistence.py)."""
     blob = filled(hd64, Q8, lazy=True).seq_state(0)
     type_k, type_v, n_layer = struct.unpack("<iiI", layout_entry(blob)[1])
     bare = with_block(blob, None)

@@ -1,4 +1,4 @@
-"""llama.cpp's own tools reach the lazy cache through a flag (patch 0039), not only the environment.
+"""llama.cpp's own tools reach the lazy cache through a flag (patch 0015), not only the environment.
 
 `llama-perplexity --kv-lazy-quant` over a text longer than the f16 view converts the cache in place, as
 `LLAMA_KV_CACHE_LAZY_QUANT=1` does; without either, a q8_0 cache is a plain one and converts nothing.

@@ -66,7 +66,7 @@ def kv_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int = 0) -> in
 
 def window_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int) -> int:
     """The recent window's f16 K/V rows beside a lazy cache of ``n_cells`` cells (kv_lazy_recent, native
-    patch 0047): ``recent`` tokens' worth (at most the cells), one sequence, and the row that takes a
+    patch 0023): ``recent`` tokens' worth (at most the cells), one sequence, and the row that takes a
     batch's tokens the window does not keep; 0 for a plain cache."""
     if not KvMode(kv_mode).is_lazy or recent <= 0:
         return 0
@@ -130,7 +130,7 @@ def plan_context(meta: ModelMeta, n_ctx: int, kv_mode: str, budget: int = 0, rec
 
 def rung_cells(n_cells: int, kv_mode: str) -> tuple[tuple[KvPhase, int], ...]:
     """A lazy cache of ``n_cells`` cells (padded): each rung and the tokens it holds, as the engine lays
-    them out (native patch 0024, ``lazy_attach``): a rung holds as many cells as its rows fit in the
+    them out (native patch 0015, ``lazy_attach``): a rung holds as many cells as its rows fit in the
     cache's memory, rounded down to the 256-cell padding from 256 on; the last rung holds them all.
     () for a plain cache. The memory panel shows the same figures as the engine reports them."""
     rungs = LAZY_RUNGS.get(KvMode(kv_mode), ())

@@ -1,0 +1,58 @@
+"""The patch series in upstream form (issue 46, section 2): at most 36 commits, subjects as llama.cpp
+writes them, two ranges that never touch each other's tree. Read from the patch files; no build."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+PATCHES = Path(__file__).resolve().parents[1] / "native" / "patches"
+SUBJECT = re.compile(r"^[a-z0-9-]+ : \S")
+AREAS = {"kv-cache", "ggml-cpu", "ggml", "ggml-cuda", "ggml-vulkan", "ggml-rpc", "state", "common", "python",
+         "llama", "model"}
+
+
+def _patches() -> list[Path]:
+    return sorted(PATCHES.glob("[0-9][0-9][0-9][0-9]-*.patch"))
+
+
+def _subject(patch: Path) -> str:
+    """The Subject header, unfolded, without git's [PATCH] prefix."""
+    m = re.search(r"^Subject: (.*(?:\n [^\n]*)*)", patch.read_text(errors="replace"), re.MULTILINE)
+    assert m, f"{patch.name} has no Subject"
+    return re.sub(r"^\[PATCH[^\]]*\]\s*", "", re.sub(r"\n ", " ", m.group(1)))
+
+
+def _paths(patch: Path) -> set[str]:
+    return set(re.findall(r"^diff --git a/(\S+) b/", patch.read_text(errors="replace"), re.MULTILINE))
+
+
+def test_the_series_is_at_most_36_commits() -> None:
+    assert 0 < len(_patches()) <= 36
+
+
+@pytest.mark.parametrize("patch", _patches(), ids=lambda p: p.name[:4])
+def test_a_subject_names_its_area_in_72_characters(patch: Path) -> None:
+    subject = _subject(patch)
+    assert SUBJECT.match(subject) and len(subject) <= 72, subject
+    assert subject.split(" : ", 1)[0] in AREAS, subject
+
+
+def test_no_patch_touches_both_trees_and_llama_cpp_comes_first() -> None:
+    trees = []
+    for patch in _patches():
+        vendored = {p.startswith("vendor/llama.cpp/") for p in _paths(patch)}
+        assert len(vendored) == 1, f"{patch.name} touches llama.cpp and llama-cpp-python"
+        trees.append(vendored.pop())
+    assert trees == sorted(trees, reverse=True), "the llama-cpp-python range follows the llama.cpp range"
+    assert all(_subject(p).startswith("python : ") != t for p, t in zip(_patches(), trees, strict=True))
+
+
+def test_no_body_names_a_sibling_patch_by_number() -> None:
+    """Bodies describe the final mechanism, not the series' history ("0036 removes ...")."""
+    for patch in _patches():
+        text = patch.read_text(errors="replace")
+        message = text.split("\n---\n", 1)[0] if "\n---\n" in text else text.split("\ndiff --git", 1)[0]
+        assert not re.search(r"\b00[0-9]{2}\b", message.split("\n\n", 1)[-1]), patch.name
