@@ -112,8 +112,8 @@ TOOLS_CMAKE_ARGS = [
     "-DLLAMA_OPENSSL=OFF",
     "-DGGML_RPC=ON",
 ]
-TOOLS = ("test-llama-archs", "test-save-load-state", "test-backend-ops", "test-jinja", "llama-perplexity",
-         "llama-bench", "ggml-rpc-server")
+TOOLS = ("test-llama-archs", "test-save-load-state", "test-backend-ops", "test-jinja", "test-kv-lazy",
+         "llama-perplexity", "llama-bench", "ggml-rpc-server")
 # ggml-cuda's conversion kernel run on the host against the CPU backend (native/gpu_check/cuda_sim), built
 # beside the tools from the same sources and libraries
 CUDA_SIM_DIR = NATIVE / "gpu_check" / "cuda_sim"
