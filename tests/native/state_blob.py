@@ -19,7 +19,7 @@ EXT_TAG = 0x6C6B7678  # LLAMA_STATE_EXT_TAG, 'lkvx'
 EXT_REQUIRED = 0x80000000
 EXT_LAYOUT = 1
 EXT_LAZY = 2
-EXT_RECENT = 3  # a lazy cache's recent window (patch 0026); optional: a reader may pass over it
+EXT_RECENT = 3  # a lazy cache's recent window (patch 0025); optional: a reader may pass over it
 
 QK8 = 32
 Q8_BLOCK = 34

@@ -1,5 +1,5 @@
 """llama.cpp's own test-backend-ops for what the series adds to ggml, on the CPU: GGML_OP_CONVERT_ROWS
-(patch 0018) and flash attention over quantized K/V (0003).
+(patch 0005) and flash attention over quantized K/V (0003).
 
 `test-backend-ops -b CPU` compares the CPU backend with the CPU backend on its reference paths (`use_ref`):
 for CONVERT_ROWS the plain product with the Hadamard matrix and each type's reference quantization,
@@ -56,10 +56,10 @@ def test_flash_attention_over_quantized_kv_matches_the_reference_path() -> None:
 
 
 def test_flash_attention_over_a_second_kv_range_matches_the_reference_path() -> None:
-    """ggml_flash_attn_ext_add_kv (0021), the recent window's attention: a quantized or F16 first range and an
+    """ggml_flash_attn_ext_add_kv (0020), the recent window's attention: a quantized or F16 first range and an
     F16 second one, decodes and batches, grouped-query attention and sinks (test_flash_attn_ext_kv2, patch
-    0021). The CPU's tiled and split-KV paths against its one-chunk path; on lavapipe, `make vulkan-check`'s
-    build compares ggml-vulkan's (0021) with the CPU."""
+    0020). The CPU's tiled and split-KV paths against its one-chunk path; on lavapipe, `make vulkan-check`'s
+    build compares ggml-vulkan's (0020) with the CPU."""
     cmd = [str(backend_ops_program()), "test", "-b", "CPU", "-o", "FLASH_ATTN_EXT", "-p", "kv2="]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
