@@ -90,24 +90,6 @@ class RawContext:
         logits = llama_cpp.llama_get_logits_ith(self.ptr, len(tokens) - 1)
         return np.ctypeslib.as_array(logits, shape=(self.model.n_vocab,)).copy()
 
-    def decode_each(self, steps: list[tuple[int, int]]) -> list[np.ndarray]:
-        """One batch of single tokens, each (token, seq_id) after its sequence's last position (an API
-        server's decode of several slots); the logits of each."""
-        b = self.batch
-        b.n_tokens = len(steps)
-        nxt: dict[int, int] = {}
-        for i, (tok, seq_id) in enumerate(steps):
-            pos = nxt.get(seq_id, self.pos_max(seq_id) + 1)
-            nxt[seq_id] = pos + 1
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, True
-            b.seq_id[i][0] = seq_id
-        rc = llama_cpp.llama_decode(self.ptr, b)
-        if rc != 0:
-            raise DecodeError(rc)
-        n_vocab = self.model.n_vocab
-        return [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ptr, i), shape=(n_vocab,)).copy()
-                for i in range(len(steps))]
-
     def pos_max(self, seq_id: int) -> int:
         return llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id)
 

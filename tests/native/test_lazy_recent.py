@@ -253,10 +253,9 @@ def test_sequence_restore_with_window(smollm2_path: Path, tokens: list[int]) -> 
 # ---------------------------------------------------------------- one window per sequence
 
 
-def two_sequences(model: RawModel, busy: int, batched: bool = False) -> np.ndarray:
+def two_sequences(model: RawModel, busy: int) -> np.ndarray:
     """Sequence 0 reads 600 tokens (the cache steps to 8-bit, then 4-bit); sequence 1 then decodes `busy`
-    single tokens (alone, or in batches beside sequence 0's next token when `batched`); sequence 0's next
-    logits."""
+    single tokens; sequence 0's next logits."""
     ctx = RawContext(model, KV_TYPES["q4_0"], n_ctx=N_CTX, n_seq=2, lazy=True, recent=W, n_threads=1)
     words = text_tokens(model, 7, 700)
     for i in range(0, 600, 128):
