@@ -166,8 +166,20 @@ static double kld(const float * p, const float * q, int n) {
 
 static llama_kv_lazy_info lazy_info(llama_context * ctx) {
     llama_kv_lazy_info info = {};
+    info.size = sizeof(info);
     llama_kv_lazy_get_info(ctx, &info);
     return info;
+}
+
+// the type of the rung the cells are stored in
+static ggml_type rung_type(const llama_kv_lazy_info & info) {
+    return info.rungs[info.rung];
+}
+
+// llama_kv_lazy_convert to the next rung
+static int32_t convert_step(llama_context * ctx) {
+    const llama_kv_lazy_info info = lazy_info(ctx);
+    return llama_kv_lazy_convert(ctx, info.rungs[std::min(info.rung + 1, info.n_rungs - 1)]);
 }
 
 struct device_probe {
@@ -277,7 +289,7 @@ int main(int argc, char ** argv) {
     llama_context * probe_ctx = make_ctx(model, KV_LAZY, n_ctx);
     const llama_kv_lazy_info info0 = lazy_info(probe_ctx);
     llama_free(probe_ctx);
-    const int n_f16 = info0.n_cells_f16;
+    const int n_f16 = info0.n_cells_rung[0];
     const int n_eval = std::min(n_ctx, n_f16 + 2048);
     const int step = 512;
     std::vector<std::vector<float>> logits(3, std::vector<float>((size_t) n_eval*N_VOCAB));
@@ -306,7 +318,7 @@ int main(int argc, char ** argv) {
         llama_free(ctx);
     }
     const bool exact = std::memcmp(logits[KV_LAZY].data(), logits[KV_F16].data(), (size_t) n_f16*N_VOCAB*sizeof(float)) == 0;
-    ok = ok && exact && lazy_after.phase == LLAMA_KV_LAZY_Q8_0;
+    ok = ok && exact && rung_type(lazy_after) == GGML_TYPE_Q8_0;
     double kld_lazy = 0, kld_q8 = 0;
     int top1_lazy = 0, top1_q8 = 0;
     for (int i = n_f16; i < n_eval; ++i) {
@@ -375,7 +387,7 @@ int main(int argc, char ** argv) {
         decode(ctx, tokens, conv_step - step, step, !queued);
         if (!queued) llama_get_logits(ctx);
         const double t0 = now_s();
-        if (llama_kv_lazy_convert(ctx) != 1) {
+        if (convert_step(ctx) != 1) {
             fprintf(stderr, "llama_kv_lazy_convert did not convert\n");
             exit(2);
         }
@@ -446,18 +458,18 @@ int main(int argc, char ** argv) {
         const llama_kv_lazy_info li = lazy_info(ctx);
         // the f16 rung filled but for a batch, in batches of at most half of it (a batch larger than the rung
         // would convert inside the decode)
-        const int batch = std::min(step, (int) li.n_cells_f16/2);
-        const int n_fill = ((int) li.n_cells_f16/batch - 1)*batch;
+        const int batch = std::min(step, (int) li.n_cells_rung[0]/2);
+        const int n_fill = ((int) li.n_cells_rung[0]/batch - 1)*batch;
         for (int pos = 0; pos < n_fill; pos += batch) decode(ctx, tokens, pos, batch, false);
         llama_synchronize(ctx);
         const double row_values = (double) N_LAYER*2*N_HEAD_KV*HEAD_DIM;
-        const double read[2] = { row_values*li.n_cells_f16*2.0, row_values*li.n_cells_q8*34.0/32.0 };
+        const double read[2] = { row_values*li.n_cells_rung[0]*2.0, row_values*li.n_cells_rung[1]*34.0/32.0 };
         const char * names[2] = { "f16 -> q8_0", "q8_0 -> q4_0" };
-        printf("## The ladder's steps on the device (f16 %u cells, q8_0 %u, q4_0 %u)\n\n", li.n_cells_f16, li.n_cells_q8, li.n_cells_total);
+        printf("## The ladder's steps on the device (f16 %u cells, q8_0 %u, q4_0 %u)\n\n", li.n_cells_rung[0], li.n_cells_rung[1], li.n_cells_rung[li.n_rungs - 1]);
         printf("| step | bytes read | engine's pause | graph computes | copy of the bytes read | pause / copy |\n|---|---|---|---|---|---|\n");
         for (int k = 0; k < 2; ++k) {
             g_conversion_graphs = -1;
-            if (llama_kv_lazy_convert(ctx) != 1) {
+            if (convert_step(ctx) != 1) {
                 fprintf(stderr, "the ladder's step %s did not convert\n", names[k]);
                 exit(2);
             }
@@ -470,7 +482,7 @@ int main(int argc, char ** argv) {
         const float * l = llama_get_logits(ctx);
         bool finite = true;
         for (int i = 0; i < 8*N_VOCAB; ++i) finite = finite && std::isfinite(l[i]);
-        const bool on_q4 = lazy_info(ctx).phase == LLAMA_KV_LAZY_Q4_0;
+        const bool on_q4 = rung_type(lazy_info(ctx)) == GGML_TYPE_Q4_0;
         ok = ok && finite && on_q4;
         printf("| 8 tokens decoded on the q4_0 rung: logits finite | %s |  |  |  | %s |\n\n", finite ? "yes" : "NO", on_q4 ? "phase q4_0" : "NOT ON q4_0");
         llama_free(ctx);

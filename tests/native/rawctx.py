@@ -10,6 +10,14 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 from llama_cpp._logger import capture_errors
+from llama_cpp.llama import KvLazyInfo
+
+RUNG_TYPES = {
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+    "q5_0": llama_cpp.GGML_TYPE_Q5_0,
+}
 
 
 def engine_threads() -> int:
@@ -131,12 +139,22 @@ class RawContext:
             n = llama_cpp.llama_state_seq_set_data_ext(self.ptr, buf, len(blob), seq_id, flags)
         return n == len(blob), "".join(errors)
 
-    def lazy_info(self) -> llama_cpp.llama_kv_lazy_info:
-        info = llama_cpp.llama_kv_lazy_info()
+    def raw_info(self) -> llama_cpp.llama_kv_lazy_info:
+        info = llama_cpp.llama_kv_lazy_info(size=ctypes.sizeof(llama_cpp.llama_kv_lazy_info))
         assert llama_cpp.llama_kv_lazy_get_info(self.ptr, ctypes.byref(info)) == 0
         return info
 
+    def lazy_info(self) -> KvLazyInfo:
+        return KvLazyInfo.from_native(self.raw_info())
+
+    def convert(self, to: str | None = None) -> int:
+        """llama_kv_lazy_convert to the rung `to` (default: the next one; the last when on it)."""
+        info = self.lazy_info()
+        return llama_cpp.llama_kv_lazy_convert(self.ptr, RUNG_TYPES[to or info.next or info.final or "q8_0"])
+
     def rot_info(self) -> tuple[int, int]:
-        info = llama_cpp.llama_state_rot_info()
-        assert llama_cpp.llama_state_get_rot_info(self.ptr, ctypes.byref(info))
+        """The K/V rotation sizes of the cells as stored now (a lazy cache's f16 rung is not rotated)."""
+        info = self.raw_info()
+        if info.lazy and info.rungs[info.rung] == llama_cpp.GGML_TYPE_F16:
+            return 0, 0
         return info.n_rot_k, info.n_rot_v

@@ -19,7 +19,7 @@ EXT_TAG = 0x6C6B7678  # LLAMA_STATE_EXT_TAG, 'lkvx'
 EXT_REQUIRED = 0x80000000
 EXT_LAYOUT = 1
 EXT_LAZY = 2
-EXT_RECENT = 3  # a lazy cache's recent window (patch 0025); optional: a reader may pass over it
+EXT_RECENT = 3  # a lazy cache's recent window; optional: a reader may pass over it
 
 QK8 = 32
 Q8_BLOCK = 34
@@ -41,7 +41,7 @@ class CacheState:
     type_v: int = -1
     n_layer: int = 0
     ext_version: int = 0  # 0: no extension block (an upstream state)
-    lazy_phases: tuple[int, int] | None = None  # (rung when saved, rung written at) of a lazy cache
+    lazy_rung: int | None = None  # a lazy cache's rung when saved (its ggml type); the layout's is the written one
     ext_entries: dict[int, bytes] = field(default_factory=dict)
     positions: list[int] = field(default_factory=list)
     k: list[Tensor] = field(default_factory=list)
@@ -95,6 +95,16 @@ def parse_context_state(blob: bytes, n_caches: int = 1) -> tuple[str, list[Cache
     return arch, caches
 
 
+def parse_seq_state(blob: bytes) -> CacheState:
+    """The KV cache of a sequence state (after its magic and sequence id)."""
+    r = _Reader(blob)
+    r.take(8)
+    cache = _parse_cache(r)
+    if r.off != len(blob):
+        raise ValueError(f"{len(blob) - r.off} trailing bytes")
+    return cache
+
+
 def parse_ext_block(data: bytes) -> tuple[int, dict[int, bytes]]:
     """(version, {entry id: data}) of the extension block at the start of ``data``, ({} if none)."""
     r = _Reader(data)
@@ -119,7 +129,7 @@ def _parse_cache(r: _Reader) -> CacheState:
     if EXT_LAYOUT in entries:
         cache.type_k, cache.type_v, cache.n_layer = struct.unpack("<iiI", entries[EXT_LAYOUT][:12])
     if EXT_LAZY in entries:
-        cache.lazy_phases = struct.unpack("<ii", entries[EXT_LAZY][:8])
+        (cache.lazy_rung,) = struct.unpack("<i", entries[EXT_LAZY][:4])
     if EXT_RECENT in entries:
         cache.recent = struct.unpack("<II", entries[EXT_RECENT][:8])
     n_cells = r.u32()

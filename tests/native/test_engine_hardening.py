@@ -40,7 +40,7 @@ def hd96(tmp_path_factory: pytest.TempPathFactory) -> RawModel:
 
 
 def convert(ctx: RawContext) -> int:
-    return llama_cpp.llama_kv_lazy_convert(ctx.ptr)
+    return ctx.convert()
 
 
 # ------------------------------------------------------------ when a lazy cache converts
@@ -72,7 +72,7 @@ def test_a_refused_header_converts_nothing(hd96: RawModel) -> None:
     lazy.decode(random_tokens(2, 20), seq_id=1)
     ok, err = lazy.set_seq_state(bytes(blob), 0)
     assert not ok and "layers" in err
-    assert lazy.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_F16
+    assert lazy.lazy_info().phase == "f16"
     assert lazy.pos_max(1) == 19
 
 
@@ -116,7 +116,7 @@ def test_head_size_96_lazy_restores_across_phases(hd96: RawModel) -> None:
     fresh = RawContext(hd96, Q8, n_ctx=256, lazy=True)
     ok, err = fresh.set_seq_state(q8_state, 0)
     assert ok, err
-    assert fresh.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_Q8_0
+    assert fresh.lazy_info().phase == "q8_0"
     np.testing.assert_array_equal(fresh.decode(prompt[-1:]), want_q8)
 
 
@@ -126,7 +126,7 @@ def test_f16_state_larger_than_the_f16_view_converts_then_reads(hd96: RawModel) 
     prompt = random_tokens(5, 301)
     big = RawContext(hd96, Q8, n_ctx=1024, lazy=True)
     big.decode(prompt[:-1])
-    assert big.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_F16
+    assert big.lazy_info().phase == "f16"
     state = big.seq_state(0)
     assert convert(big) == 1
     want = big.decode(prompt[-1:])
@@ -135,7 +135,7 @@ def test_f16_state_larger_than_the_f16_view_converts_then_reads(hd96: RawModel) 
     assert small.lazy_info().n_cells_f16 == 256
     ok, err = small.set_seq_state(state, 0)
     assert ok, err
-    assert small.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_Q8_0
+    assert small.lazy_info().phase == "q8_0"
     np.testing.assert_array_equal(small.decode(prompt[-1:]), want)
 
 

@@ -76,7 +76,7 @@ def test_lazy_needs_q8_0_and_flash_attention(smollm2_path: Path) -> None:
 def test_multi_stream_cache_refused_clearly(smollm2_path: Path) -> None:
     model = RawModel(smollm2_path)
     ctx = RawContext(model, llama_cpp.GGML_TYPE_Q8_0, n_ctx=512, n_seq=2, unified=False, lazy=True)
-    assert ctx.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_DISABLED  # a plain q8_0 cache, as asked
+    assert ctx.lazy_info().phase == "disabled"  # a plain q8_0 cache, as asked
     ctx.decode([1, 2, 3], seq_id=1)
 
 
@@ -256,9 +256,9 @@ def test_batch_too_large_for_the_whole_cache_fails_without_converting(smollm2_pa
         ctx.decode(list(range(1000, 1000 + N_CTX - 100)))
     assert failed.value.rc == 1  # no KV slot, as for a plain cache
     info = ctx.lazy_info()
-    assert (info.phase, info.n_conversions, info.n_cells_used) == (llama_cpp.LLAMA_KV_LAZY_F16, 0, 300)
+    assert (info.phase, info.n_conversions, info.n_cells_used) == ("f16", 0, 300)
     ctx.decode(list(range(400, 700)))  # a batch that fits converts
-    assert ctx.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_Q8_0
+    assert ctx.lazy_info().phase == "q8_0"
 
 
 def test_graph_reuse_across_the_conversion(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -272,4 +272,4 @@ def test_graph_reuse_across_the_conversion(smollm2_path: Path, monkeypatch: pyte
     fresh.decode(tokens[: N_F16 - 20])
     for tok in tokens[N_F16 - 20 :]:
         np.testing.assert_array_equal(reused.decode([tok]), fresh.decode([tok]))
-    assert reused.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_Q8_0
+    assert reused.lazy_info().phase == "q8_0"

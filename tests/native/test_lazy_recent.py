@@ -260,7 +260,7 @@ def two_sequences(model: RawModel, busy: int) -> np.ndarray:
     words = text_tokens(model, 7, 700)
     for i in range(0, 600, 128):
         ctx.decode(words[i:min(i + 128, 600)], seq_id=0)
-    assert ctx.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_Q4_0
+    assert ctx.lazy_info().phase == "q4_0"
     other = text_tokens(model, 8, busy + 1)
     ctx.decode(other[:1], seq_id=1, pos0=0)
     for tok in other[1:]:

@@ -60,7 +60,7 @@ def test_sequence_operations_in_the_f16_phase_are_bit_identical_to_f16(model: Ra
     plain = RawContext(model, F16, n_ctx=N_CTX, n_seq=2)
     for got, want in zip(script(lazy, model), script(plain, model), strict=True):
         np.testing.assert_array_equal(got, want)
-    assert lazy.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_F16
+    assert lazy.lazy_info().phase == "f16"
 
 
 def test_k_shift_pending_across_the_conversion(model: RawModel) -> None:
@@ -73,7 +73,7 @@ def test_k_shift_pending_across_the_conversion(model: RawModel) -> None:
     tail = text_tokens(model, 5, 340)  # 200 cells in use + 340 > 512
     got, want = lazy.decode(tail, seq_id=0), plain.decode(tail, seq_id=0)
     info = lazy.lazy_info()
-    assert (info.phase, info.n_conversions) == (llama_cpp.LLAMA_KV_LAZY_Q8_0, 1)
+    assert (info.phase, info.n_conversions) == ("q8_0", 1)
     assert lazy.pos_max(1) == plain.pos_max(1)
     assert kld(want, got) < 0.05
     # both sequences go on sensibly in the q8_0 layout
@@ -88,19 +88,19 @@ def test_sequence_operations_after_the_conversion(model: RawModel) -> None:
     for ctx in (lazy, plain):
         script(ctx, model)
         ctx.decode(text_tokens(model, 8, 350), seq_id=0)  # crosses the breakpoint
-    assert lazy.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_Q8_0
+    assert lazy.lazy_info().phase == "q8_0"
 
     for ctx in (lazy, plain):
         ctx.seq_rm(0, 200, 400)
         ctx.seq_add(0, 400, 1000, -200)  # K-shift of quantized, rotated cells
         ctx.seq_cp(0, 1, 0, 50)
         ctx.seq_keep(0)  # drops seq 1: fewer cells than the f16 view holds
-    assert lazy.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_Q8_0  # not empty: stays q8_0
+    assert lazy.lazy_info().phase == "q8_0"  # not empty: stays q8_0
     assert lazy.lazy_info().n_cells_used < N_F16
     tail = text_tokens(model, 9, 16)
     assert kld(plain.decode(tail, seq_id=0), lazy.decode(tail, seq_id=0)) < 0.05
 
     lazy.seq_rm(0)  # empty: back to f16, bit-identical to a fresh f16 cache again
-    assert lazy.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_F16
+    assert lazy.lazy_info().phase == "f16"
     fresh = RawContext(model, F16, n_ctx=N_CTX, n_seq=2)
     np.testing.assert_array_equal(lazy.decode(tail, seq_id=1), fresh.decode(tail, seq_id=1))

@@ -44,19 +44,19 @@ CELL_COUNT_OFFSET = 8 + 12
 class Kind:
     name: str
     kv: str  # key of helpers.KV_TYPES
-    rung: int | None  # the lazy phase to convert to before the restore (None: as it is)
+    rung: str | None  # the lazy rung to convert to before the restore (None: as it is)
 
 
 KINDS = [
     Kind("lazy-f16", "lazy", None),
-    Kind("lazy-q8_0", "lazy", llama_cpp.LLAMA_KV_LAZY_Q8_0),
+    Kind("lazy-q8_0", "lazy", "q8_0"),
     Kind("q8_0", "q8_0", None),
     Kind("ladder-f16", "ladder", None),
-    Kind("ladder-q8_0", "ladder", llama_cpp.LLAMA_KV_LAZY_Q8_0),
-    Kind("ladder-q4_0", "ladder", llama_cpp.LLAMA_KV_LAZY_Q4_0),
+    Kind("ladder-q8_0", "ladder", "q8_0"),
+    Kind("ladder-q4_0", "ladder", "q4_0"),
     Kind("ladder-q5_0-f16", "ladder-q5", None),
-    Kind("ladder-q5_0-q8_0", "ladder-q5", llama_cpp.LLAMA_KV_LAZY_Q8_0),
-    Kind("ladder-q5_0-q5_0", "ladder-q5", llama_cpp.LLAMA_KV_LAZY_Q5_0),
+    Kind("ladder-q5_0-q8_0", "ladder-q5", "q8_0"),
+    Kind("ladder-q5_0-q5_0", "ladder-q5", "q5_0"),
 ]
 DAMAGES = ["cut-short", "oversized", "count-wraps"]
 
@@ -102,17 +102,17 @@ def live_context(model: RawModel, kind: Kind) -> tuple[RawContext, list[int]]:
     tokens = random_tokens(7, N_LIVE + 1)
     ctx.decode(tokens[:N_LIVE], seq_id=0, pos0=0)
     if kind.rung is not None:
-        assert llama_cpp.llama_kv_lazy_convert_to(ctx.ptr, kind.rung) == 1
+        assert ctx.convert(kind.rung) == 1
         assert ctx.lazy_info().phase == kind.rung
     return ctx, tokens
 
 
 def snapshot(ctx: RawContext) -> tuple:
     """The lazy cache's phase, rung capacity, cells in use and conversions so far (() for a plain cache)."""
-    info = llama_cpp.llama_kv_lazy_info()
-    if llama_cpp.llama_kv_lazy_get_info(ctx.ptr, ctypes.byref(info)) != 0:
+    info = ctx.lazy_info()
+    if info.phase == "disabled":
         return ()
-    return (info.phase, info.n_cells_cur, info.n_cells_used, info.n_conversions)
+    return (info.phase, info.n_cells_capacity, info.n_cells_used, info.n_conversions)
 
 
 def next_logits(ctx: RawContext, tokens: list[int]) -> np.ndarray:
@@ -179,7 +179,7 @@ def test_a_good_state_still_converts_and_restores(host_model: RawModel,
     ok, errors = ctx.set_seq_state(donor_states["damaged"], 1)
     assert ok, errors
     assert ctx.pos_max(1) == N_DAMAGED - 1 and ctx.pos_max(0) == N_LIVE - 1
-    assert ctx.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_Q8_0
+    assert ctx.lazy_info().phase == "q8_0"
 
 
 # ---------------------------------------------------------------- on an RPC device

@@ -25,7 +25,8 @@ import pytest
 
 from .helpers import make_llama, prompt_tokens, random_tokens, synthetic_model
 from .rawctx import RawContext, RawModel
-from .state_blob import EXT_LAYOUT, EXT_LAZY, EXT_REQUIRED, EXT_TAG, parse_context_state, parse_ext_block
+from .state_blob import (EXT_LAYOUT, EXT_LAZY, EXT_REQUIRED, EXT_TAG, parse_context_state, parse_ext_block,
+                         parse_seq_state)
 
 F16, Q8, Q4 = llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_Q4_0
 SEQ_HEADER = 8  # a sequence state: the magic and the sequence id, then the cache's state
@@ -98,14 +99,17 @@ def test_a_lazy_cache_records_its_rung_and_a_compact_state_its_written_rung(smol
     ladder = make_llama(smollm2_path, "ladder", n_ctx=1024)
     ladder.eval(prompt_tokens(ladder))
     assert ladder.kv_lazy_info().phase == "f16"
-    states = {rung: ladder.save_state(rung=rung).llama_state for rung in (None, "q8_0", "q4_0")}
-    f16_phase = llama_cpp.LLAMA_KV_LAZY_F16
-    for rung, phase_written in ((None, f16_phase), ("q8_0", llama_cpp.LLAMA_KV_LAZY_Q8_0),
-                                ("q4_0", llama_cpp.LLAMA_KV_LAZY_Q4_0)):
-        _, [cache] = parse_context_state(states[rung])
-        assert cache.lazy_phases == (f16_phase, phase_written)
-        assert cache.type_k == {None: F16, "q8_0": Q8, "q4_0": Q4}[rung]
+    states = {rung: ladder.save_state(seq_id=0, rung=rung).llama_state for rung in (None, "q4_0")}
+    for rung, written in ((None, F16), ("q4_0", Q4)):
+        cache = parse_seq_state(states[rung])
+        assert cache.lazy_rung == F16  # the rung when saved
+        assert cache.type_k == written
         assert all(t.type == cache.type_k for t in cache.k + cache.v)  # the rows are what the block says
+    with pytest.raises(ValueError, match="last rung"):
+        ladder.save_state(seq_id=0, rung="q8_0")  # a middle rung the cells have not reached
+    with pytest.raises(ValueError, match="sequence state"):
+        ladder.save_state(rung="q4_0")
+    assert ladder.kv_lazy_info().phase == "f16"  # the live cache is unchanged
 
 
 def test_an_upstream_state_without_the_block_reads_as_upstream_reads_it(hd64: RawModel) -> None:
@@ -132,7 +136,7 @@ def test_a_plain_f16_state_is_converted_by_a_lazy_cache_that_has_stepped(hd64: R
     blob = src.seq_state(0)
     lazy = RawContext(hd64, Q8, n_ctx=512, n_seq=2, lazy=True)
     lazy.decode(random_tokens(6, 300), seq_id=1)  # past the f16 view (256 cells): the q8_0 rung
-    assert lazy.lazy_info().phase == llama_cpp.LLAMA_KV_LAZY_Q8_0
+    assert lazy.lazy_info().phase == "q8_0"
     assert check(lazy, blob, 0) == (llama_cpp.LLAMA_STATE_CHECK_OK, "")
     ok, err = lazy.set_seq_state(blob, 0)
     assert ok, err
@@ -246,22 +250,20 @@ def test_the_rotation_of_a_rung_comes_from_the_engine(smollm2_path: Path, gemma3
     """Per cache, from each cache's own head size: Gemma-3's SWA cache rotates K by 256 like its base
     (head size 256 in both); SmolLM2 by 64. The f16 rung is unrotated; a plain cache has no rungs."""
 
-    def rot(llm: llama_cpp.Llama, phase: int) -> tuple[int, int, int, int] | None:
-        info = llama_cpp.llama_state_rot_info()
-        if not llama_cpp.llama_kv_lazy_get_rot_info(llm._ctx.ctx, phase, ctypes.byref(info)):
-            return None
-        return info.n_rot_k, info.n_rot_v, info.n_rot_k_swa, info.n_rot_v_swa
+    def rot(llm: llama_cpp.Llama) -> tuple[int, ...]:
+        info = llm.kv_lazy_info()
+        return info.rungs, (info.n_rot_k, info.n_rot_v, info.n_rot_k_swa, info.n_rot_v_swa)
 
     ladder = make_llama(smollm2_path, "ladder", n_ctx=1024)
-    assert rot(ladder, llama_cpp.LLAMA_KV_LAZY_F16) == (0, 0, 0, 0)
-    assert rot(ladder, llama_cpp.LLAMA_KV_LAZY_Q8_0) == (64, 64, 0, 0)
-    assert rot(ladder, llama_cpp.LLAMA_KV_LAZY_Q4_0) == (64, 64, 0, 0)
-    assert rot(ladder, llama_cpp.LLAMA_KV_LAZY_Q5_0) is None
-    assert rot(make_llama(smollm2_path, "q8_0"), llama_cpp.LLAMA_KV_LAZY_Q8_0) is None
+    assert rot(ladder) == (("f16", "q8_0", "q4_0"), (64, 64, 0, 0))
+    assert ladder.state_metadata()["n_rot_k"] == 0  # cells on the f16 rung are not rotated
+    assert ladder.state_metadata(written_at="q4_0")["n_rot_k"] == 64
+    assert rot(make_llama(smollm2_path, "q8_0")) == ((), (0, 0, 0, 0))  # a plain cache has no rungs
+    assert make_llama(smollm2_path, "q8_0").state_metadata()["n_rot_k"] == 64  # but its cells are rotated
     gemma = make_llama(gemma3_path, "ladder", n_ctx=1024)
-    assert rot(gemma, llama_cpp.LLAMA_KV_LAZY_Q4_0) == (256, 64, 256, 64)
+    assert rot(gemma) == (("f16", "q8_0", "q4_0"), (256, 64, 256, 64))
     gemma.eval(prompt_tokens(gemma))
-    meta = gemma.save_state(rung="q4_0").metadata
+    meta = gemma.save_state(seq_id=0, rung="q4_0").metadata
     assert (meta["n_rot_k"], meta["n_rot_v"], meta["n_rot_k_swa"], meta["n_rot_v_swa"]) == (256, 64, 256, 64)
 
 
@@ -272,19 +274,16 @@ def test_a_compact_state_is_converted_once(smollm2_path: Path) -> None:
     tokens = ladder.tokenize(b" ".join(b"word%d" % i for i in range(500)))[:500]
     ladder.eval(tokens)
     ctx = ladder._ctx.ctx
-    assert llama_cpp.llama_kv_lazy_set_state_rung(ctx, llama_cpp.LLAMA_KV_LAZY_Q4_0) == 0
-    try:
-        sizes, datas = [], []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            size = llama_cpp.llama_state_seq_get_size(ctx, 0)
-            sizes.append(time.perf_counter() - t0)
-            buf = (ctypes.c_uint8 * size)()
-            t0 = time.perf_counter()
-            assert llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0) == size
-            datas.append(time.perf_counter() - t0)
-    finally:
-        llama_cpp.llama_kv_lazy_set_state_rung(ctx, llama_cpp.LLAMA_KV_LAZY_DISABLED)
+    compact = llama_cpp.LLAMA_STATE_SEQ_FLAGS_LAST_RUNG
+    sizes, datas = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        size = llama_cpp.llama_state_seq_get_size_ext(ctx, 0, compact)
+        sizes.append(time.perf_counter() - t0)
+        buf = (ctypes.c_uint8 * size)()
+        t0 = time.perf_counter()
+        assert llama_cpp.llama_state_seq_get_data_ext(ctx, buf, size, 0, compact) == size
+        datas.append(time.perf_counter() - t0)
     assert min(sizes) < 0.2 * min(datas), (sizes, datas)
 
 
