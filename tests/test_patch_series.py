@@ -56,3 +56,27 @@ def test_no_body_names_a_sibling_patch_by_number() -> None:
         text = patch.read_text(errors="replace")
         message = text.split("\n---\n", 1)[0] if "\n---\n" in text else text.split("\ndiff --git", 1)[0]
         assert not re.search(r"\b00[0-9]{2}\b", message.split("\n\n", 1)[-1]), patch.name
+
+
+def _net_added(path: str, pattern: re.Pattern[str]) -> list[str]:
+    """The lines matching pattern that the whole series adds to path (added minus removed)."""
+    added: list[str] = []
+    for patch in _patches():
+        for diff in patch.read_text(errors="replace").split("\ndiff --git ")[1:]:
+            if not diff.startswith(f"a/{path} "):
+                continue
+            for line in diff.splitlines():
+                if line.startswith("+") and not line.startswith("+++") and pattern.search(line):
+                    added.append(line[1:].strip())
+                elif line.startswith("-") and not line.startswith("---") and pattern.search(line):
+                    added.remove(line[1:].strip())
+    return added
+
+
+def test_llama_h_grows_by_at_most_six_functions() -> None:
+    """Issue 46: one info getter, the progress callback, one conversion call and the two state checks;
+    test knobs and the memory-use C form live in the staging header llama-ext.h."""
+    functions = _net_added("vendor/llama.cpp/include/llama.h", re.compile(r"\bLLAMA_API\b"))
+    names = sorted(re.search(r"(llama_\w+)\s*\(", f).group(1) for f in functions)
+    assert names == ["llama_kv_lazy_convert", "llama_kv_lazy_get_info", "llama_kv_lazy_set_progress_callback",
+                     "llama_state_check_data", "llama_state_seq_check_data"], names

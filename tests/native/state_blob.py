@@ -41,7 +41,7 @@ class CacheState:
     type_v: int = -1
     n_layer: int = 0
     ext_version: int = 0  # 0: no extension block (an upstream state)
-    lazy_rung: int | None = None  # a lazy cache's rung when saved (its ggml type); the layout's is the written one
+    lazy_rung: int | None = None  # a lazy cache's rung when saved (a ggml type); the layout: the rows' type
     ext_entries: dict[int, bytes] = field(default_factory=dict)
     positions: list[int] = field(default_factory=list)
     k: list[Tensor] = field(default_factory=list)

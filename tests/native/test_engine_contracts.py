@@ -131,7 +131,7 @@ CHILD = textwrap.dedent(
         @llama_cpp.llama_kv_lazy_progress_callback
         def on_progress(info_p, _data):
             info = info_p.contents
-            converting = info.phase == "converting"
+            converting = info.converting
             if converting and info.progress_done >= 1 and server.poll() is None:
                 kill_server()
         llama_cpp.llama_kv_lazy_set_progress_callback(ctx.ptr, on_progress, None)

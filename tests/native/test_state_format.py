@@ -25,8 +25,15 @@ import pytest
 
 from .helpers import make_llama, prompt_tokens, random_tokens, synthetic_model
 from .rawctx import RawContext, RawModel
-from .state_blob import (EXT_LAYOUT, EXT_LAZY, EXT_REQUIRED, EXT_TAG, parse_context_state, parse_ext_block,
-                         parse_seq_state)
+from .state_blob import (
+    EXT_LAYOUT,
+    EXT_LAZY,
+    EXT_REQUIRED,
+    EXT_TAG,
+    parse_context_state,
+    parse_ext_block,
+    parse_seq_state,
+)
 
 F16, Q8, Q4 = llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_Q4_0
 SEQ_HEADER = 8  # a sequence state: the magic and the sequence id, then the cache's state
