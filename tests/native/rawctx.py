@@ -10,14 +10,8 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 from llama_cpp._logger import capture_errors
+from llama_cpp.llama import _KV_LAZY_RUNG_TYPES as RUNG_TYPES  # the bindings' table of rung types
 from llama_cpp.llama import KvLazyInfo
-
-RUNG_TYPES = {
-    "f16": llama_cpp.GGML_TYPE_F16,
-    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
-    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
-    "q5_0": llama_cpp.GGML_TYPE_Q5_0,
-}
 
 
 def engine_threads() -> int:
