@@ -15,7 +15,12 @@ script
      Linux, linked with ``--no-undefined``: a static ``libllama.a`` is never linked whole, so a patch
      that declares functions no patch has defined yet would pass;
   3. runs those test programs (test-backend-ops, which compares backends, is built here and run by the
-     Python suite on the full series).
+     Python suite on the full series);
+  4. where the patch touches a GPU backend, compiles its code without a GPU, in a build dir of its own:
+     the CUDA sources it touches (``nvcc``; cuBLAS's headers from PyPI's ``nvidia-cublas`` wheel when the
+     toolkit has none; one architecture, object files only) and the Vulkan backend with its shaders
+     (``glslc`` and the Vulkan headers: ``tools/sysdeps.sh vulkan``). Without the compiler a prefix says
+     so ("cuda not compiled: no nvcc") and the summary counts it.
 
 It stops at the first prefix that fails (``--keep-going`` goes on) and prints one line per prefix
 and a summary; ``--record`` writes the summary of a full run into native/README.md. Slow: on two
@@ -35,12 +40,15 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 NATIVE = Path(__file__).resolve().parent
 SERIES_SRC = NATIVE / "work" / "series-src"
 SERIES_BUILD = NATIVE / "work" / "build-series"
+DEVICE_BUILDS = {backend: NATIVE / "work" / f"build-series-{backend}" for backend in ("cuda", "vulkan")}
+CUBLAS = NATIVE / "work" / "cublas"  # cuBLAS headers (and the libraries CMake's CUDA::cublas names) from PyPI
+CUDA_ARCH = "90"  # one architecture: a compile check, not a build to run
 README = NATIVE / "README.md"
 RECORD_START = "<!-- check_series: last full run -->"
 RECORD_END = "<!-- /check_series -->"
@@ -64,8 +72,10 @@ class Step:
     index: int
     patch: Path
     tests: list[str]  # test programs the patch adds or changes (CMake target names)
-    result: str = "not run"  # ok | build failed | test failed: NAME | does not apply | not run
+    devices: dict[str, list[str]]  # GPU backend -> the sources of it that the patch adds or changes
+    result: str = "not run"  # ok, build failed, test failed: NAME, cuda compile failed, does not apply...
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # "cuda compiled", "vulkan not compiled: no glslc"
 
 
 # built at every prefix; test-backend-ops is not run here (it compares backends: the Python suite runs it)
@@ -82,9 +92,31 @@ def changed_tests(patch: Path) -> list[str]:
     return sorted({name for name, mode in diffs if mode != "deleted"})
 
 
+def changed_device_sources(patch: Path) -> dict[str, list[str]]:
+    """The GPU backends a patch touches (cuda, vulkan) and the files of each that it adds or changes, relative
+    to ggml/src/ggml-<backend>/."""
+    text = patch.read_text(errors="replace")
+    found: dict[str, list[str]] = {}
+    pattern = r"^diff --git a/\S+ b/vendor/llama\.cpp/ggml/src/ggml-(cuda|vulkan)/(\S+)\n(\S+)"
+    for backend, rel, mode in re.findall(pattern, text, flags=re.MULTILINE):
+        if mode != "deleted":
+            found.setdefault(backend, []).append(rel)
+    return {backend: sorted(set(files)) for backend, files in sorted(found.items())}
+
+
+def cuda_objects(files: list[str]) -> list[str]:
+    """The Ninja targets of the CUDA object files that compile the changed sources: each changed .cu, and
+    ggml-cuda.cu (the dispatcher, which includes the headers) whenever a header changes."""
+    units = {f for f in files if f.endswith(".cu")}
+    if any(f.endswith((".cuh", ".h")) for f in files):
+        units.add("ggml-cuda.cu")
+    return [f"ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/{u}.o" for u in sorted(units)]
+
+
 def plan(first: int, last: int) -> list[Step]:
     patches = build.patch_files()
-    return [Step(i, p, changed_tests(p)) for i, p in enumerate(patches, start=1) if first <= i <= last]
+    return [Step(i, p, changed_tests(p), changed_device_sources(p)) for i, p in enumerate(patches, start=1)
+            if first <= i <= last]
 
 
 def run(cmd: list[str], cwd: Path | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
@@ -130,10 +162,88 @@ def cmake_args() -> list[str]:
     return args + os.environ.get("CMAKE_ARGS", "").split()
 
 
-def build_and_test(step: Step, jobs: str, log: Path) -> str:
+def cublas_args() -> list[str] | None:
+    """CMake arguments that give a toolkit without cuBLAS (a bare nvcc) the headers and the CUDA::cublas
+    targets ggml-cuda links (never linked here: object files only); None when they cannot be had."""
+    nvcc = shutil.which("nvcc")
+    toolkit = Path(nvcc).resolve().parent.parent if nvcc else None
+    if toolkit and (toolkit / "include" / "cublas_v2.h").is_file():
+        return []
+    include = next(CUBLAS.glob("nvidia/*/include/cublas_v2.h"), None)
+    if include is None:
+        CUBLAS.mkdir(parents=True, exist_ok=True)
+        res = run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(CUBLAS),
+                   "nvidia-cublas"])
+        wheel = next(CUBLAS.glob("nvidia_cublas-*.whl"), None)
+        if res.returncode != 0 or wheel is None:
+            return None
+        import zipfile
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(CUBLAS, [n for n in z.namelist() if "/include/" in n or "/lib/libcublas" in n])
+        include = next(CUBLAS.glob("nvidia/*/include/cublas_v2.h"), None)
+        if include is None:
+            return None
+    root = include.parent.parent
+    lib = next(root.glob("lib/libcublas.so*"), None)
+    lib_lt = next(root.glob("lib/libcublasLt.so*"), None)
+    cudart = next((toolkit / "lib64").glob("libcudart.so*"), None) if toolkit else None
+    if not (lib and lib_lt and cudart):
+        return None
+    flags = f"-I{include.parent}"
+    # CUDA::cuda_driver names libcuda, which a machine without the driver lacks: any library stands in for
+    # it, as nothing is linked
+    return [f"-DCUDA_cublas_LIBRARY={lib}", f"-DCUDA_cublasLt_LIBRARY={lib_lt}",
+            f"-DCUDA_cuda_driver_LIBRARY={cudart}", f"-DCMAKE_CUDA_FLAGS={flags}",
+            f"-DCMAKE_CXX_FLAGS={flags}"]
+
+
+def compile_device(backend: str, files: list[str], jobs: str, out) -> tuple[bool, str]:  # noqa: ANN001
+    """Compile a GPU backend's changed code in its own build dir: (True, note) when it compiled; (False, note)
+    when it did not, the note saying why: "... not compiled: ..." (no toolchain here) or a failure."""
+    src = SERIES_SRC / "vendor" / "llama.cpp"
+    base = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+            "-DLLAMA_OPENSSL=OFF"]
+    if shutil.which("ccache"):
+        base += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+    if backend == "cuda":
+        if not shutil.which("nvcc"):
+            return False, "cuda not compiled: no nvcc"
+        extra = cublas_args()
+        if extra is None:
+            return False, "cuda not compiled: no cuBLAS headers (pip download nvidia-cublas failed)"
+        args = [*base, "-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={CUDA_ARCH}", *extra]
+        targets = cuda_objects(files)
+    else:
+        missing = build.vulkan_toolchain()
+        if missing:
+            return False, f"vulkan not compiled: no {', '.join(missing)} (tools/sysdeps.sh vulkan)"
+        args = [*base, "-DGGML_VULKAN=ON"]
+        targets = ["ggml-vulkan"]
+    if not targets:
+        return True, f"{backend}: nothing to compile"
+    res = run(["cmake", "-S", str(src), "-B", str(DEVICE_BUILDS[backend]), *args])
+    out.write(res.stdout[-5000:] + res.stderr[-5000:])
+    if res.returncode != 0:
+        return False, f"{backend} configure failed"
+    res = run(["cmake", "--build", str(DEVICE_BUILDS[backend]), "-j", jobs, "--target", *targets])
+    out.write(res.stdout[-20000:] + res.stderr[-20000:])
+    if res.returncode != 0:
+        return False, f"{backend} compile failed"
+    return True, f"{backend} compiled"
+
+
+def build_and_test(step: Step, jobs: str, log: Path, devices_only: bool = False) -> str:
     src = SERIES_SRC / "vendor" / "llama.cpp"
     with log.open("a") as out:
         out.write(f"\n===== {step.patch.name}\n")
+        for backend, files in step.devices.items():
+            compiled, note = compile_device(backend, files, jobs, out)
+            step.notes.append(note)
+            if not compiled and "not compiled" not in note:
+                return note
+        if devices_only:
+            return "ok"
         res = run(["cmake", "-S", str(src), "-B", str(SERIES_BUILD), *cmake_args()])
         out.write(res.stdout + res.stderr)
         if res.returncode != 0:
@@ -160,7 +270,8 @@ def record(steps: list[Step], started: datetime.datetime, seconds: float) -> Non
     verdict = "every prefix builds and passes its tests" if not failed else \
         "; ".join(f"{s.patch.name[:4]} {s.result}" for s in failed)
     text = (f"{RECORD_START}\nLast full run of `native/check_series.py`: {started:%Y-%m-%d %H:%M} UTC, "
-            f"{seconds / 60:.0f} min, {len(steps)} prefixes: {verdict}.\n{RECORD_END}")
+            f"{seconds / 60:.0f} min, {len(steps)} prefixes: {verdict}. {device_summary(steps)}\n"
+            f"{RECORD_END}")
     readme = README.read_text()
     if RECORD_START in readme and RECORD_END in readme:
         head, rest = readme.split(RECORD_START, 1)
@@ -170,7 +281,16 @@ def record(steps: list[Step], started: datetime.datetime, seconds: float) -> Non
     README.write_text(readme)
 
 
+def device_summary(steps: list[Step]) -> str:
+    """One sentence on the GPU code of the prefixes that touch it: where it compiled, where it could not."""
+    notes = [f"{s.patch.name[:4]} {note}" for s in steps for note in s.notes]
+    if not notes:
+        return "No prefix touches GPU code."
+    return "GPU code: " + "; ".join(notes) + "."
+
+
 def main(argv: list[str] | None = None) -> int:
+    global SERIES_SRC
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--from", dest="first", type=int, default=1, help="first patch number (default 1)")
@@ -180,21 +300,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-going", action="store_true", help="go on after a failing prefix")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (patches, tests) and stop")
     parser.add_argument("--record", action="store_true", help="write a full run's summary into README.md")
+    parser.add_argument("--worktree", type=Path, default=SERIES_SRC,
+                        help="where the prefixes are applied (another worktree runs beside a running check)")
+    parser.add_argument("--devices-only", action="store_true",
+                        help="only compile the GPU code of the prefixes that touch it (no libllama or tests)")
     args = parser.parse_args(argv)
+    SERIES_SRC = args.worktree.resolve()
 
     steps = plan(args.first, args.last)
     if not steps:
         print("check_series: no patch in that range", file=sys.stderr)
         return 2
+    if args.devices_only:
+        steps = [s for s in steps if s.devices]
+        if not steps:
+            print("check_series: no patch in that range touches GPU code", file=sys.stderr)
+            return 2
     if args.dry_run:
         for s in steps:
+            devices = "; ".join(f"compile {b} ({', '.join(f)})" for b, f in s.devices.items())
+            if args.devices_only:
+                print(f"{s.patch.name}: {devices}")
+                continue
             print(f"{s.patch.name}: build llama, ggml{''.join(', ' + t for t in s.tests)}"
-                  f"{'; run ' + ', '.join(s.tests) if s.tests else ''}")
+                  f"{'; run ' + ', '.join(s.tests) if s.tests else ''}{'; ' + devices if devices else ''}")
         return 0
 
     started = datetime.datetime.now(datetime.UTC)
     t0 = time.monotonic()
-    log = NATIVE / "work" / "check_series.log"
+    log = NATIVE / "work" / ("check_series-devices.log" if args.devices_only else "check_series.log")
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"check_series {started:%Y-%m-%d %H:%M:%S} UTC\n")
     try:
@@ -203,11 +337,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check_series: {err}", file=sys.stderr)
         return 1
 
+    applied = steps[0].index - 1
     for step in steps:
         t = time.monotonic()
-        step.result = build_and_test(step, args.jobs, log) if apply(step.patch) else "does not apply"
+        # --devices-only skips the prefixes between: they are applied without a build
+        ok = all(apply(p) for p in build.patch_files()[applied:step.index])
+        applied = step.index
+        step.result = build_and_test(step, args.jobs, log, args.devices_only) if ok else "does not apply"
         step.seconds = time.monotonic() - t
-        print(f"{step.patch.name}: {step.result} ({step.seconds:.0f} s)", flush=True)
+        notes = f" [{'; '.join(step.notes)}]" if step.notes else ""
+        print(f"{step.patch.name}: {step.result} ({step.seconds:.0f} s){notes}", flush=True)
         if step.result != "ok" and (not args.keep_going or step.result == "does not apply"):
             break
 
@@ -215,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     ran = [s for s in steps if s.result != "not run"]
     ok = all(s.result == "ok" for s in steps)
     n_ok = sum(s.result == "ok" for s in ran)
-    print(f"check_series: {n_ok} of {len(steps)} prefixes ok in {seconds / 60:.0f} min; log: {log}")
-    if args.record and args.first == 1 and args.last >= len(build.patch_files()):
+    print(f"check_series: {n_ok} of {len(steps)} prefixes ok in {seconds / 60:.0f} min; "
+          f"{device_summary(steps)} log: {log}")
+    if args.record and not args.devices_only and args.first == 1 and args.last >= len(build.patch_files()):
         record(steps, started, seconds)
     return 0 if ok else 1
 

@@ -37,3 +37,38 @@ def test_a_patch_runs_the_tests_it_adds_or_changes_never_one_it_deletes(tmp_path
     assert steps[jinja] == ["test-jinja"]  # a changed test program (0028's nesting bounds)
     assert any("test-backend-ops" in tests for tests in steps.values())
     assert "test-backend-ops" in cs.NOT_RUN  # built at every prefix, run by the Python suite
+
+
+def test_a_patch_that_touches_gpu_code_compiles_what_it_changes(tmp_path: Path) -> None:
+    """Section 4: the CUDA sources a patch changes compile (a header: the dispatcher that includes it), and
+    the Vulkan backend with its shaders; a deleted file is not compiled."""
+    cs = _check_series()
+    patch = tmp_path / "0001-ggml-cuda-x.patch"
+    src = "vendor/llama.cpp/ggml/src"
+
+    def diff(path: str, mode: str) -> str:
+        return f"diff --git a/{src}/{path} b/{src}/{path}\n{mode}\n"
+
+    patch.write_text(diff("ggml-cuda/convert-rows.cu", "new file mode 100644")
+                     + diff("ggml-cuda/convert-rows.cuh", "new file mode 100644")
+                     + diff("ggml-cuda/old.cu", "deleted file mode 100644")
+                     + diff("ggml-vulkan/vulkan-shaders/x.glsl", "index 1111111..2222222 100644")
+                     + diff("ggml-cpu/ops.cpp", "index 3333333..4444444 100644"))
+    devices = cs.changed_device_sources(patch)
+    assert devices == {"cuda": ["convert-rows.cu", "convert-rows.cuh"], "vulkan": ["vulkan-shaders/x.glsl"]}
+    assert cs.cuda_objects(devices["cuda"]) == [
+        "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/convert-rows.cu.o",
+        "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/ggml-cuda.cu.o"]
+    steps = {step.patch.name[:4]: step.devices for step in cs.plan(1, 10_000)}
+    assert set(steps["0022"]) == {"cuda"} and set(steps["0020"]) == {"cuda", "vulkan"}
+    assert not steps["0021"]  # the CPU's fast paths: no GPU code
+
+
+def test_the_summary_says_where_gpu_code_compiled_and_where_it_could_not(tmp_path: Path) -> None:
+    cs = _check_series()
+    steps = cs.plan(19, 20)
+    steps[0].notes = ["vulkan compiled"]
+    steps[1].notes = ["cuda not compiled: no nvcc", "vulkan compiled"]
+    summary = cs.device_summary(steps)
+    assert summary.startswith("GPU code: 0019 vulkan compiled; 0020 cuda not compiled: no nvcc")
+    assert cs.device_summary(cs.plan(1, 2)) == "No prefix touches GPU code."
