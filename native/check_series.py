@@ -40,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,12 +163,23 @@ def cmake_args() -> list[str]:
     return args + os.environ.get("CMAKE_ARGS", "").split()
 
 
-def cublas_args() -> list[str] | None:
-    """CMake arguments that give a toolkit without cuBLAS (a bare nvcc) the headers and the CUDA::cublas
-    targets ggml-cuda links (never linked here: object files only); None when they cannot be had."""
+def cuda_toolkit() -> Path | None:
+    """The CUDA toolkit's root (the one with cuda_runtime.h): CUDA_HOME, CUDA_PATH, nvcc's (through a wrapper
+    script too, as CMake finds it: /usr/local/cuda), else None."""
     nvcc = shutil.which("nvcc")
-    toolkit = Path(nvcc).resolve().parent.parent if nvcc else None
-    if toolkit and (toolkit / "include" / "cublas_v2.h").is_file():
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+                  str(Path(nvcc).resolve().parent.parent) if nvcc else None, "/usr/local/cuda"]
+    found = [Path(c) for c in candidates if c and (Path(c) / "include" / "cuda_runtime.h").is_file()]
+    return found[0] if found else None
+
+
+def cublas_args() -> list[str] | str:
+    """CMake arguments that give a toolkit without cuBLAS (a bare nvcc) the headers and the CUDA::cublas
+    targets ggml-cuda links (never linked here: object files only); why not, when they cannot be had."""
+    toolkit = cuda_toolkit()
+    if toolkit is None:
+        return "no CUDA toolkit (cuda_runtime.h) beside nvcc"
+    if (toolkit / "include" / "cublas_v2.h").is_file():
         return []
     include = next(CUBLAS.glob("nvidia/*/include/cublas_v2.h"), None)
     if include is None:
@@ -176,19 +188,18 @@ def cublas_args() -> list[str] | None:
                    "nvidia-cublas"])
         wheel = next(CUBLAS.glob("nvidia_cublas-*.whl"), None)
         if res.returncode != 0 or wheel is None:
-            return None
-        import zipfile
+            return "no cuBLAS headers (pip download nvidia-cublas failed)"
         with zipfile.ZipFile(wheel) as z:
             z.extractall(CUBLAS, [n for n in z.namelist() if "/include/" in n or "/lib/libcublas" in n])
         include = next(CUBLAS.glob("nvidia/*/include/cublas_v2.h"), None)
         if include is None:
-            return None
+            return f"no cublas_v2.h in {wheel.name}"
     root = include.parent.parent
     lib = next(root.glob("lib/libcublas.so*"), None)
     lib_lt = next(root.glob("lib/libcublasLt.so*"), None)
-    cudart = next((toolkit / "lib64").glob("libcudart.so*"), None) if toolkit else None
+    cudart = next((toolkit / "lib64").glob("libcudart.so*"), None)
     if not (lib and lib_lt and cudart):
-        return None
+        return f"no libcublas, libcublasLt or libcudart ({root}, {toolkit / 'lib64'})"
     flags = f"-I{include.parent}"
     # CUDA::cuda_driver names libcuda, which a machine without the driver lacks: any library stands in for
     # it, as nothing is linked
@@ -210,8 +221,8 @@ def compile_device(backend: str, files: list[str], jobs: str, out) -> tuple[bool
         if not shutil.which("nvcc"):
             return False, "cuda not compiled: no nvcc"
         extra = cublas_args()
-        if extra is None:
-            return False, "cuda not compiled: no cuBLAS headers (pip download nvidia-cublas failed)"
+        if isinstance(extra, str):
+            return False, f"cuda not compiled: {extra}"
         args = [*base, "-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={CUDA_ARCH}", *extra]
         targets = cuda_objects(files)
     else:
