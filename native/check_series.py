@@ -208,27 +208,24 @@ def cublas_args() -> list[str] | str:
             f"-DCMAKE_CXX_FLAGS={flags}"]
 
 
-def compile_device(backend: str, files: list[str], jobs: str, out) -> tuple[bool, str]:  # noqa: ANN001
-    """Compile a GPU backend's changed code in its own build dir: (True, note) when it compiled; (False, note)
-    when it did not, the note saying why: "... not compiled: ..." (no toolchain here) or a failure."""
+def compile_device(backend: str, files: list[str], jobs: str, out) -> tuple[bool | None, str]:  # noqa: ANN001
+    """Compile a GPU backend's changed code in its own build dir (configured as the prefix's, plus the
+    backend): (True, note) when it compiled, (False, note) when it failed, (None, note) when this machine
+    lacks the toolchain; the note says which."""
     src = SERIES_SRC / "vendor" / "llama.cpp"
-    base = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_TESTS=OFF",
-            "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-            "-DLLAMA_OPENSSL=OFF"]
-    if shutil.which("ccache"):
-        base += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+    base = cmake_args()
     if backend == "cuda":
         if not shutil.which("nvcc"):
-            return False, "cuda not compiled: no nvcc"
+            return None, "cuda not compiled: no nvcc"
         extra = cublas_args()
         if isinstance(extra, str):
-            return False, f"cuda not compiled: {extra}"
+            return None, f"cuda not compiled: {extra}"
         args = [*base, "-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={CUDA_ARCH}", *extra]
         targets = cuda_objects(files)
     else:
         missing = build.vulkan_toolchain()
         if missing:
-            return False, f"vulkan not compiled: no {', '.join(missing)} (tools/sysdeps.sh vulkan)"
+            return None, f"vulkan not compiled: no {', '.join(missing)} (tools/sysdeps.sh vulkan)"
         args = [*base, "-DGGML_VULKAN=ON"]
         targets = ["ggml-vulkan"]
     if not targets:
@@ -251,7 +248,7 @@ def build_and_test(step: Step, jobs: str, log: Path, devices_only: bool = False)
         for backend, files in step.devices.items():
             compiled, note = compile_device(backend, files, jobs, out)
             step.notes.append(note)
-            if not compiled and "not compiled" not in note:
+            if compiled is False:
                 return note
         if devices_only:
             return "ok"
