@@ -34,7 +34,7 @@ def test_a_patch_runs_the_tests_it_adds_or_changes_never_one_it_deletes(tmp_path
     assert cs.changed_tests(patch) == ["test-added", "test-changed"]
     steps = {step.patch.name: step.tests for step in cs.plan(1, 10_000)}
     jinja = next(name for name in steps if "jinja-bound-the-nesting" in name)
-    assert steps[jinja] == ["test-jinja"]  # a changed test program (0028's nesting bounds)
+    assert steps[jinja] == ["test-jinja"]  # a changed test program (0027's nesting bounds)
     assert any("test-backend-ops" in tests for tests in steps.values())
     assert "test-backend-ops" in cs.NOT_RUN  # built at every prefix, run by the Python suite
 

@@ -28,7 +28,6 @@ QUANT_NAMES = {Q8_0: "q8_0", Q4_0: "q4_0", Q5_0: "q5_0"}
 _p = ctypes.c_void_p
 for _lib, _name, _args, _res in (
     (_BASE, "ggml_convert_rows", [_p, _p, _p, ctypes.c_int], _p),
-    (_BASE, "ggml_convert_rows_zero_tail", [_p, _p, _p, ctypes.c_int], _p),
     (_BASE, "ggml_backend_tensor_alloc", [_p, _p, _p], ctypes.c_int),
     (_BASE, "ggml_backend_buffer_free", [_p], None),
     (_CPU, "ggml_backend_cpu_buffer_from_ptr", [_p, ctypes.c_size_t], _p),
@@ -45,17 +44,22 @@ def aligned(n_bytes: int) -> np.ndarray:
     return raw[offset : offset + n_bytes]
 
 
+FILL = 0xA5  # the bytes around the source before a conversion: anything but zeros
+
+
 def convert(src: np.ndarray, src_type: int, dst_type: int, n_per_row: int, n_rot: int,
-            in_place: bool = False, n_threads: int = 1, zero_tail: bool = False) -> bytes:
+            in_place: bool = False, n_threads: int = 1, n_extra: int = 0) -> bytes:
     """Convert the rows in `src` (bytes of rows of src_type) with a graph of one GGML_OP_CONVERT_ROWS on the
-    CPU backend; returns the destination rows' bytes - with zero_tail (ggml_convert_rows_zero_tail, in place),
-    followed by the rest of the source's bytes."""
-    in_place = in_place or zero_tail
+    CPU backend; returns the destination's bytes: the converted rows, then its `n_extra` rows past the
+    source's, which the op zeroes (in place, over the source's bytes and past them)."""
     n_rows = src.nbytes // _BASE.ggml_row_size(src_type, n_per_row)
-    dst_bytes = n_rows * _BASE.ggml_row_size(dst_type, n_per_row)
-    buf = aligned(src.nbytes)
-    buf[:] = np.frombuffer(src.tobytes(), dtype=np.uint8)
+    dst_bytes = (n_rows + n_extra) * _BASE.ggml_row_size(dst_type, n_per_row)
+    buf = aligned(max(src.nbytes, dst_bytes) if in_place else src.nbytes)
+    buf[:] = FILL
+    buf[:src.nbytes] = np.frombuffer(src.tobytes(), dtype=np.uint8)
     dst = buf if in_place else aligned(dst_bytes)
+    dst[src.nbytes if in_place else 0:] = FILL
+    before = dst.copy()
 
     mem_size = _BASE.ggml_tensor_overhead() * 4 + _BASE.ggml_graph_overhead()
     ctx = _BASE.ggml_init(_InitParams(mem_size, None, True))
@@ -65,12 +69,11 @@ def convert(src: np.ndarray, src_type: int, dst_type: int, n_per_row: int, n_rot
         buffers.append(_CPU.ggml_backend_cpu_buffer_from_ptr(dst.ctypes.data, dst.nbytes))
     try:
         a = _BASE.ggml_new_tensor_4d(ctx, src_type, n_per_row, n_rows, 1, 1)
-        b = _BASE.ggml_new_tensor_4d(ctx, dst_type, n_per_row, n_rows, 1, 1)
+        b = _BASE.ggml_new_tensor_4d(ctx, dst_type, n_per_row, n_rows + n_extra, 1, 1)
         assert _BASE.ggml_backend_tensor_alloc(buffers[0], a, buf.ctypes.data) == 0
         assert _BASE.ggml_backend_tensor_alloc(buffers[-1], b, dst.ctypes.data) == 0
         graph = _BASE.ggml_new_graph(ctx)
-        op = _BASE.ggml_convert_rows_zero_tail if zero_tail else _BASE.ggml_convert_rows
-        _BASE.ggml_build_forward_expand(graph, op(ctx, a, b, n_rot))
+        _BASE.ggml_build_forward_expand(graph, _BASE.ggml_convert_rows(ctx, a, b, n_rot))
         _CPU.ggml_backend_cpu_set_n_threads(backend, n_threads)
         assert _BASE.ggml_backend_graph_compute(backend, graph) == 0
     finally:
@@ -78,7 +81,8 @@ def convert(src: np.ndarray, src_type: int, dst_type: int, n_per_row: int, n_rot
             _BASE.ggml_backend_buffer_free(buffer)
         _BASE.ggml_backend_free(backend)
         _BASE.ggml_free(ctx)
-    return (dst if zero_tail else dst[:dst_bytes]).tobytes()
+    assert np.array_equal(dst[dst_bytes:], before[dst_bytes:]), "a byte past the destination was written"
+    return dst[:dst_bytes].tobytes()
 
 
 def dequantize(data: bytes, dst_type: int, n_values: int) -> tuple[np.ndarray, np.ndarray]:
@@ -285,20 +289,25 @@ def test_q8_0_rows_requantize_as_the_reference(dst_type: int, n_blocks: int) -> 
                          [(F16, Q8_0, 128), (Q8_0, Q4_0, 0), (Q8_0, Q5_0, 0), (Q5_0, Q4_0, 0)],
                          ids=["f16-q8_0", "q8_0-q4_0", "q8_0-q5_0", "q5_0-q4_0"])
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
-def test_zero_tail_zeroes_the_source_after_the_rows(src_type: int, dst_type: int, n_rot: int,
-                                                    n_threads: int) -> None:
-    """ggml_convert_rows_zero_tail, as a lazy KV cache steps from a quantized rung: the rows of an in-place
-    conversion, and every byte of the source after them zero - on one thread (each row's tail part zeroed
-    after it), on several (q5_0 -> q4_0: rows of similar size, staged, the tail zeroed at the end; the others
-    in growing chunks). The source's bytes start as anything but zeros."""
+@pytest.mark.parametrize("past", [0, 3], ids=["to-source-end", "past-source"])
+def test_rows_past_the_source_are_zeroed(src_type: int, dst_type: int, n_rot: int, n_threads: int,
+                                         past: int) -> None:
+    """A destination with more rows than the source, as a lazy KV cache steps from a quantized rung: in place,
+    its rows past the source's cover the source's stale bytes (and `past` rows more), and come out zero - on
+    one thread (each row's tail part zeroed after it), on several (q5_0 -> q4_0: rows of similar size, staged,
+    the tail zeroed at the end; the others in growing chunks). No byte past the destination is written
+    (convert() checks), and out of place the extra rows are zeroed as well."""
     rng = np.random.default_rng(n_threads)
     n_per_row = 256
     x = rng.normal(0, 2, (997, n_per_row)).astype(np.float16)
     src = x if src_type == F16 else np.frombuffer(convert(x, F16, src_type, n_per_row, 64), np.uint8)
     want = convert(src, src_type, dst_type, n_per_row, n_rot, in_place=True, n_threads=n_threads)
-    got = np.frombuffer(
-        convert(src, src_type, dst_type, n_per_row, n_rot, n_threads=n_threads, zero_tail=True), np.uint8)
-    assert got.size == src.nbytes and src.nbytes > len(want)
-    assert got[:len(want)].tobytes() == want
-    nonzero = np.flatnonzero(got[len(want):])
-    assert nonzero.size == 0, f"{nonzero.size} tail bytes not zeroed, the first at {nonzero[:5] + len(want)}"
+    dst_row = _BASE.ggml_row_size(dst_type, n_per_row)
+    n_extra = -(-src.nbytes // dst_row) - len(want) // dst_row + past
+    for in_place in (True, False):
+        got = np.frombuffer(convert(src, src_type, dst_type, n_per_row, n_rot, in_place=in_place,
+                                    n_threads=n_threads, n_extra=n_extra), np.uint8)
+        assert got.size >= src.nbytes > len(want)
+        assert got[:len(want)].tobytes() == want
+        nonzero = np.flatnonzero(got[len(want):])
+        assert nonzero.size == 0, f"{in_place=}: {nonzero.size} bytes not zeroed, the first: {nonzero[:5] + len(want)}"

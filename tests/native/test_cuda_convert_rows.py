@@ -43,6 +43,8 @@ def test_the_cuda_kernel_writes_the_cpu_backends_bytes() -> None:
     for conversion in ("f16 -> q8_0", "f16 -> q4_0", "f16 -> q5_0", "q8_0 -> q4_0", "q8_0 -> q5_0"):
         assert any(c[0] == conversion and c[3] == "yes" for c in cases), conversion
     assert ("f16 -> q8_0", "128 x 1000 x 1 x 1", "128", "yes") in cases
+    # destinations with rows past the source's, zeroed: in place over the source's stale bytes, and apart
+    assert {c[3] for c in cases if "rows zeroed" in c[1]} == {"yes", "no"}
 
     # in place, rows of the destination smaller than the source's (by a factor r): two launches straight over
     # the source, the first r^2 of the rows staged in the device's pool (28 % of the destination for

@@ -24,6 +24,8 @@ struct sim_case {
     int       n_rot;
     bool      in_place;
     bool      strided = false; // source rows 64 values apart from the next (a view of a wider tensor)
+    int64_t   n_extra = 0;     // destination rows past the source's (zeroed; ne[2] = ne[3] = 1): in place, within
+                               // the source's bytes, as a KV cache's step from a quantized rung
 };
 
 // values a KV cache holds, and blocks that test the quantizers' edges: all zero, a largest magnitude twice with
@@ -74,6 +76,10 @@ int main() {
     // in place, rows that straddle the tiles of 512 chunks (12 and 20 chunks a row)
     cases.push_back({ GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, { 96, 700, 1, 1 }, 0, true });
     cases.push_back({ GGML_TYPE_F16, GGML_TYPE_Q8_0, { 160, 500, 1, 1 }, 32, true });
+    // destination rows past the source's, zeroed (test-backend-ops' cases within the source's bytes)
+    cases.push_back({ GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, { 1024, 37, 1, 1 }, 0, true, false, 32 });
+    cases.push_back({ GGML_TYPE_Q8_0, GGML_TYPE_Q5_0, { 256, 1001, 1, 1 }, 0, true, false, 500 });
+    cases.push_back({ GGML_TYPE_F16, GGML_TYPE_Q8_0, { 128, 300, 1, 1 }, 128, false, false, 17 });
 
     printf("| conversion | shape | n_rot | in place | schedules | bytes | bytes that differ | launches | staged rows' bytes |\n");
     printf("|---|---|---|---|---|---|---|---|---|\n");
@@ -104,9 +110,12 @@ int main() {
         const std::vector<uint8_t> src_bytes((uint8_t *) parent->data, (uint8_t *) parent->data + ggml_nbytes(parent));
 
         // on the CPU backend
-        ggml_tensor * dst_cpu = ggml_new_tensor_4d(ctx, c.dst, ne0, c.ne[1], c.ne[2], c.ne[3]);
+        ggml_tensor * dst_cpu = ggml_new_tensor_4d(ctx, c.dst, ne0, c.ne[1] + c.n_extra, c.ne[2], c.ne[3]);
         if (c.in_place) {
+            GGML_ASSERT(ggml_nbytes(dst_cpu) <= ggml_nbytes(parent));
             dst_cpu->data = parent->data; // the destination over the source, as a KV cache converts
+        } else {
+            memset(dst_cpu->data, 0xA5, ggml_nbytes(dst_cpu)); // rows the op zeroes start as anything else
         }
         ggml_tensor * out = ggml_convert_rows(ctx, src, dst_cpu, c.n_rot);
         ggml_cgraph * gf = ggml_new_graph(ctx);
@@ -119,9 +128,11 @@ int main() {
 
         // the device's kernel, simulated, over the same source bytes: in place under several schedules of its
         // blocks (the scheduler's seeds), the bytes that differ summed over them
-        ggml_tensor * dst_sim = ggml_new_tensor_4d(ctx, c.dst, ne0, c.ne[1], c.ne[2], c.ne[3]);
+        ggml_tensor * dst_sim = ggml_new_tensor_4d(ctx, c.dst, ne0, c.ne[1] + c.n_extra, c.ne[2], c.ne[3]);
         if (c.in_place) {
             dst_sim->data = parent->data;
+        } else {
+            memset(dst_sim->data, 0xA5, ggml_nbytes(dst_sim));
         }
         ggml_tensor * node = ggml_convert_rows(ctx, src, dst_sim, c.n_rot);
         if (!ggml_cuda_convert_rows_supported(node)) {
@@ -146,9 +157,13 @@ int main() {
         }
         n_same += n_diff == 0;
 
-        printf("| %s -> %s | %lld x %lld x %lld x %lld%s | %d | %s | %d | %zu | %zu | %llu | %zu |\n", ggml_type_name(c.src),
+        char extra[48] = "";
+        if (c.n_extra > 0) {
+            snprintf(extra, sizeof(extra), " (+%lld rows zeroed)", (long long) c.n_extra);
+        }
+        printf("| %s -> %s | %lld x %lld x %lld x %lld%s%s | %d | %s | %d | %zu | %zu | %llu | %zu |\n", ggml_type_name(c.src),
                 ggml_type_name(c.dst), (long long) ne0, (long long) c.ne[1], (long long) c.ne[2], (long long) c.ne[3],
-                c.strided ? " (strided rows)" : "", c.n_rot, c.in_place ? "yes" : "no", n_schedules, ref.size(), n_diff,
+                c.strided ? " (strided rows)" : "", extra, c.n_rot, c.in_place ? "yes" : "no", n_schedules, ref.size(), n_diff,
                 (unsigned long long) launches, pool);
         ggml_free(ctx);
     }

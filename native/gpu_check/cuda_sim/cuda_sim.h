@@ -350,6 +350,10 @@ static inline cudaError_t cudaMemcpyAsync(void * dst, const void * src, size_t n
     memmove(dst, src, n);
     return 0;
 }
+static inline cudaError_t cudaMemsetAsync(void * dst, int value, size_t n, cudaStream_t) {
+    memset(dst, value, n);
+    return 0;
+}
 #define CUDA_CHECK(x) GGML_ASSERT((x) == 0)
 
 struct ggml_cuda_pool {
