@@ -59,11 +59,13 @@ def test_no_body_names_a_sibling_patch_by_number() -> None:
 
 
 def _net_added(path: str, pattern: re.Pattern[str]) -> list[str]:
-    """The lines matching pattern that the whole series adds to path (added minus removed)."""
+    """The lines matching pattern that the whole series adds to path, or to the files under it when it ends
+    with a slash (added minus removed)."""
     added: list[str] = []
     for patch in _patches():
         for diff in patch.read_text(errors="replace").split("\ndiff --git ")[1:]:
-            if not diff.startswith(f"a/{path} "):
+            changed = diff.split(" ", 1)[0].removeprefix("a/")
+            if not (changed.startswith(path) if path.endswith("/") else changed == path):
                 continue
             for line in diff.splitlines():
                 if line.startswith("+") and not line.startswith("+++") and pattern.search(line):
@@ -80,3 +82,12 @@ def test_llama_h_grows_by_at_most_six_functions() -> None:
     names = sorted(re.search(r"(llama_\w+)\s*\(", f).group(1) for f in functions)
     assert names == ["llama_kv_lazy_convert", "llama_kv_lazy_get_info", "llama_kv_lazy_set_progress_callback",
                      "llama_state_check_data", "llama_state_seq_check_data"], names
+
+
+def test_ggml_gains_two_public_functions() -> None:
+    """Issue 46: ggml's public headers gain ggml_convert_rows and ggml_flash_attn_ext_add_kv, nothing else:
+    no zero-tail variant (a destination covers what the op clears) and no RPC query (a lost server fails
+    through the ggml_status a graph computation returns)."""
+    functions = _net_added("vendor/llama.cpp/ggml/include/", re.compile(r"\bGGML_(BACKEND_)?API\b"))
+    names = sorted(re.search(r"(\w+)\s*\(", f.replace("(*", "(")).group(1) for f in functions)
+    assert names == ["ggml_convert_rows", "ggml_flash_attn_ext_add_kv"], functions
