@@ -310,4 +310,5 @@ def test_rows_past_the_source_are_zeroed(src_type: int, dst_type: int, n_rot: in
         assert got.size >= src.nbytes > len(want)
         assert got[:len(want)].tobytes() == want
         nonzero = np.flatnonzero(got[len(want):])
-        assert nonzero.size == 0, f"{in_place=}: {nonzero.size} bytes not zeroed, the first: {nonzero[:5] + len(want)}"
+        first = nonzero[:5] + len(want)
+        assert nonzero.size == 0, f"{in_place=}: {nonzero.size} bytes not zeroed, the first: {first}"
