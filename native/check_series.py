@@ -208,6 +208,17 @@ def cublas_args() -> list[str] | str:
             f"-DCMAKE_CXX_FLAGS={flags}"]
 
 
+def configured_for(build_dir: Path, src: Path) -> Path:
+    """build_dir, emptied first when it was configured for another source tree (another --worktree): CMake
+    refuses to reconfigure a cache for a different source directory."""
+    cache = build_dir / "CMakeCache.txt"
+    if cache.is_file():
+        found = re.search(r"^CMAKE_HOME_DIRECTORY:INTERNAL=(.*)$", cache.read_text(errors="replace"), re.M)
+        if found is None or Path(found.group(1)) != src:
+            shutil.rmtree(build_dir)
+    return build_dir
+
+
 def compile_device(backend: str, files: list[str], jobs: str, out) -> tuple[bool | None, str]:  # noqa: ANN001
     """Compile a GPU backend's changed code in its own build dir (configured as the prefix's, plus the
     backend): (True, note) when it compiled, (False, note) when it failed, (None, note) when this machine
@@ -230,7 +241,7 @@ def compile_device(backend: str, files: list[str], jobs: str, out) -> tuple[bool
         targets = ["ggml-vulkan"]
     if not targets:
         return True, f"{backend}: nothing to compile"
-    res = run(["cmake", "-S", str(src), "-B", str(DEVICE_BUILDS[backend]), *args])
+    res = run(["cmake", "-S", str(src), "-B", str(configured_for(DEVICE_BUILDS[backend], src)), *args])
     out.write(res.stdout[-5000:] + res.stderr[-5000:])
     if res.returncode != 0:
         return False, f"{backend} configure failed"
@@ -252,7 +263,7 @@ def build_and_test(step: Step, jobs: str, log: Path, devices_only: bool = False)
                 return note
         if devices_only:
             return "ok"
-        res = run(["cmake", "-S", str(src), "-B", str(SERIES_BUILD), *cmake_args()])
+        res = run(["cmake", "-S", str(src), "-B", str(configured_for(SERIES_BUILD, src)), *cmake_args()])
         out.write(res.stdout + res.stderr)
         if res.returncode != 0:
             return "configure failed"

@@ -72,3 +72,17 @@ def test_the_summary_says_where_gpu_code_compiled_and_where_it_could_not(tmp_pat
     summary = cs.device_summary(steps)
     assert summary.startswith("GPU code: 0019 vulkan compiled; 0020 cuda not compiled: no nvcc")
     assert cs.device_summary(cs.plan(1, 2)) == "No prefix touches GPU code."
+
+
+def test_a_build_dir_configured_for_another_worktree_starts_over(tmp_path: Path) -> None:
+    """A device build configured by a --worktree run is emptied before the default worktree configures it
+    (CMake refuses a cache made for another source directory); one made for the same source is kept."""
+    cs = _check_series()
+    src, other = tmp_path / "series-src", tmp_path / "series-src-devices"
+    build = tmp_path / "build-series-vulkan"
+    for configured_from, kept in ((src, True), (other, False)):
+        build.mkdir(exist_ok=True)
+        (build / "CMakeCache.txt").write_text(f"CMAKE_HOME_DIRECTORY:INTERNAL={configured_from}\n")
+        (build / "ggml.o").write_bytes(b"")
+        assert cs.configured_for(build, src) == build
+        assert (build / "ggml.o").exists() == kept
