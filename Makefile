@@ -77,6 +77,7 @@ bench: setup native-tools
 	$(PY) -m bench.resume
 	$(PY) -m bench.branches
 	$(PY) -m bench.swa
+	$(PY) -m bench.frontier
 	$(PY) -m bench.server_restart
 	$(PY) -m bench.store_cost
 	$(PY) -m bench.turn_save_cost

@@ -1,0 +1,207 @@
+"""The frontier of KV caches (issue 49, section 2): tokens per GiB against KLD, for every plain cache type,
+K and V apart, and the ladders with and without their recent f16 window.
+
+``python -m bench.frontier`` writes bench/results/frontier.md and frontier.png.
+
+1. quality: llama.cpp's own ``llama-perplexity --kl-divergence`` (built from this tree) on the Python FAQ
+   (``bench/natural_text``), as the ladder report's part 5 runs it (``bench/recent``): n_ctx 4096, 3
+   chunks, batches of 64 tokens, the KLD against an f16 cache over the second half of each chunk
+   (positions 2048-4095: a ladder's last rung);
+2. memory: each cache's KV bytes as the engine allocates them at n_ctx 4096 (``kv_lazy_info().kv_bytes``,
+   any cache), as tokens per GiB and as a multiple of plain q8_0's;
+3. the frontier: a cache is on it when no other holds more tokens per GiB at a KLD no higher. The goal of
+   issue 49: plain q8_0's KLD or better while holding at least 1.5x q8_0's tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp
+from llama_cpp import Llama
+
+from bench.engine import model_path
+from bench.natural_text import write_faq
+from bench.recent import RECENT_N_CTX, kld_run, perplexity, tools_dir
+from bench.report import table
+from bench.settings import MODEL_LABELS, Settings
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TOKENS_GOAL = 1.5  # x plain q8_0's tokens per GiB
+LAZY_ENV = {"LLAMA_KV_CACHE_LAZY_QUANT": "1"}  # llama.cpp's tools run the lazy cache with the seed's switch
+
+
+@dataclass(frozen=True)
+class Cache:
+    name: str
+    type_k: str
+    type_v: str
+    window: int = -1  # -1: a plain cache; otherwise the ladder (lazy) with this recent window
+
+    @property
+    def lazy(self) -> bool:
+        return self.window >= 0
+
+
+CACHES = (
+    Cache("q8_0", "q8_0", "q8_0"),
+    Cache("q5_0", "q5_0", "q5_0"),
+    Cache("q4_0", "q4_0", "q4_0"),
+    Cache("K q8_0, V q5_0", "q8_0", "q5_0"),
+    Cache("K q8_0, V q4_0", "q8_0", "q4_0"),
+    Cache("K q5_0, V q4_0", "q5_0", "q4_0"),
+    Cache("ladder q5_0", "q5_0", "q5_0", 0),
+    Cache("ladder q5_0, W=128", "q5_0", "q5_0", 128),
+    Cache("ladder q4_0", "q4_0", "q4_0", 0),
+    Cache("ladder q4_0, W=128", "q4_0", "q4_0", 128),
+    Cache("ladder q4_0, W=512", "q4_0", "q4_0", 512),
+)
+
+_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q5_0": llama_cpp.GGML_TYPE_Q5_0,
+          "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+
+
+@dataclass
+class Point:
+    cache: Cache
+    kld: float
+    kld_err: float
+    same_top: float
+    kv_bytes: int
+
+    def tokens_per_gib(self, n_ctx: int) -> float:
+        return n_ctx * 2**30 / self.kv_bytes
+
+
+@dataclass
+class FrontierModel:
+    key: str
+    label: str
+    f16_kv_bytes: int = 0
+    points: list[Point] = field(default_factory=list)
+
+    def point(self, name: str) -> Point:
+        return next(p for p in self.points if p.cache.name == name)
+
+    def on_frontier(self, p: Point) -> bool:
+        return not any(o is not p and o.kv_bytes <= p.kv_bytes and o.kld <= p.kld
+                       and (o.kv_bytes < p.kv_bytes or o.kld < p.kld) for o in self.points)
+
+
+def kv_bytes(model: Path, cache: Cache, n_threads: int) -> int:
+    """The KV bytes the engine allocates for the cache at n_ctx RECENT_N_CTX (one sequence)."""
+    llm = Llama(str(model), n_ctx=RECENT_N_CTX, n_threads=n_threads, flash_attn=True,
+                type_k=_TYPES[cache.type_k], type_v=_TYPES[cache.type_v], kv_lazy_quant=cache.lazy,
+                kv_lazy_recent=max(cache.window, 0), verbose=False)
+    try:
+        return llm.kv_lazy_info().kv_bytes
+    finally:
+        llm.close()
+
+
+def measure(key: str, n_threads: int, tools: Path, corpus: Path, work: Path) -> FrontierModel:
+    model = model_path(key)
+    threads = ["-t", str(n_threads)]
+    base = work / f"{key}.base"
+    f16 = [*threads, "-ctk", "f16", "-ctv", "f16", "--kl-divergence-base", str(base)]
+    perplexity(tools, model, corpus, f16, {}, work / f"{key}.f16.log")
+    result = FrontierModel(key, MODEL_LABELS[key], kv_bytes(model, Cache("f16", "f16", "f16"), n_threads))
+    for cache in CACHES:
+        args = [*threads, "-ctk", cache.type_k, "-ctv", cache.type_v, "--kl-divergence-base", str(base),
+                "--kl-divergence"]
+        if cache.lazy:
+            args += ["--kv-recent", str(cache.window)]
+        text = perplexity(tools, model, corpus, args, LAZY_ENV if cache.lazy else {},
+                          work / f"{key}.{cache.name.replace(' ', '_').replace(',', '')}.log")
+        run = kld_run(text, cache.name, cache.window)
+        point = Point(cache, run.kld, run.kld_err, run.same_top, kv_bytes(model, cache, n_threads))
+        result.points.append(point)
+        print(f"  {key} {cache.name}: KLD {run.kld:.5f}, {point.kv_bytes / 2**20:.2f} MiB", flush=True)
+    return result
+
+
+def report(models: list[FrontierModel], corpus: str, plot: str) -> str:
+    lines = [
+        "# The frontier of KV caches: tokens per GiB against KLD (issue 49, section 2)",
+        "",
+        "`python -m bench.frontier`: llama.cpp's own `llama-perplexity --kl-divergence` (built from this "
+        f"tree) on {corpus}, n_ctx {RECENT_N_CTX}, 3 chunks, batches of 64 tokens; the KLD against an f16 "
+        "cache over the second half of each chunk (positions 2048-4095, where a ladder is on its last rung). "
+        "The ladders run with `LLAMA_KV_CACHE_LAZY_QUANT=1 -ctk T -ctv T --kv-recent W`. Memory: the KV "
+        f"bytes the engine allocates at n_ctx {RECENT_N_CTX} (`kv_lazy_info().kv_bytes`), as tokens per GiB. "
+        "*Frontier*: no other cache holds "
+        "more tokens per GiB at a KLD no higher. The goal: plain q8_0's KLD or better at "
+        f">= {TOKENS_GOAL}x its tokens per GiB.",
+        "",
+        f"![frontier]({plot})",
+        "",
+    ]
+    for m in models:
+        q8 = m.point("q8_0")
+        rows = []
+        for p in sorted(m.points, key=lambda p: p.kv_bytes):
+            rows.append([p.cache.name, f"{p.tokens_per_gib(RECENT_N_CTX):,.0f}",
+                         f"{q8.kv_bytes / p.kv_bytes:.2f}x", f"{p.kld:.5f} ± {p.kld_err:.5f}",
+                         f"{p.kld / q8.kld:.2f}x", f"{p.same_top:.2f} %", "yes" if m.on_frontier(p) else ""])
+        lines += [f"## {m.label}", "",
+                  f"f16: {RECENT_N_CTX * 2**30 / m.f16_kv_bytes:,.0f} tokens per GiB.", "",
+                  table(["cache", "tokens per GiB", "/ q8_0", "mean KLD", "/ q8_0", "same top token",
+                         "frontier"], rows), ""]
+        goal = [p for p in m.points if q8.kv_bytes / p.kv_bytes >= TOKENS_GOAL]
+        best = min(goal, key=lambda p: p.kld) if goal else None
+        if best is not None:
+            verdict = "holds" if best.kld <= q8.kld else "does not hold"
+            lines.append(f"- At >= {TOKENS_GOAL}x q8_0's tokens per GiB the lowest KLD is "
+                         f"{best.cache.name}'s, {best.kld / q8.kld:.2f}x plain q8_0's: the goal {verdict}.")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(models: list[FrontierModel], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 5), squeeze=False)
+    for ax, m in zip(axes[0], models, strict=True):
+        q8 = m.point("q8_0")
+        for p in m.points:
+            x = q8.kv_bytes / p.kv_bytes
+            marker = "s" if p.cache.lazy else "o"
+            ax.scatter([x], [p.kld], marker=marker, color="tab:red" if m.on_frontier(p) else "tab:gray")
+            ax.annotate(p.cache.name, (x, p.kld), textcoords="offset points", xytext=(4, 3), fontsize=7)
+        ax.axhline(q8.kld, color="tab:blue", linewidth=0.8, linestyle="--")
+        ax.axvline(TOKENS_GOAL, color="tab:blue", linewidth=0.8, linestyle="--")
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per GiB / plain q8_0's")
+        ax.set_ylabel("mean KLD against f16 (positions 2048-4095)")
+        ax.set_title(f"{m.label} (red: on the frontier; squares: ladders)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.frontier", description=__doc__)
+    parser.add_argument("--models", default=",".join(MODEL_LABELS), help="comma-separated model keys")
+    args = parser.parse_args(argv)
+    n_threads = Settings(quick=False, models=()).n_threads
+    tools = tools_dir()
+    models = []
+    with tempfile.TemporaryDirectory(prefix="lazykv-frontier-") as tmp:
+        work = Path(tmp)
+        corpus = write_faq(work / "python-faq.txt")
+        what = f"the Python FAQ ({corpus.stat().st_size:,} bytes of Debian's python3-doc)"
+        for key in args.models.split(","):
+            models.append(measure(key, n_threads, tools, corpus, work))
+    plot(models, RESULTS / "frontier.png")
+    (RESULTS / "frontier.md").write_text(report(models, what, "frontier.png") + "\n", encoding="utf-8")
+    print(f"wrote {RESULTS / 'frontier.md'}")
+
+
+if __name__ == "__main__":
+    main()
