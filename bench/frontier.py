@@ -16,6 +16,8 @@ K and V apart, and the ladders with and without their recent f16 window.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +32,9 @@ from bench.report import table
 from bench.settings import MODEL_LABELS, Settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
+RAW = RESULTS / "frontier.json"  # the measurements, so that the report can be written again (--report-only)
 TOKENS_GOAL = 1.5  # x plain q8_0's tokens per GiB
+NEAR_GOAL = 1.1  # x plain q8_0's KLD: "about q8_0's quality", for the sentence on the closest cache
 LAZY_ENV = {"LLAMA_KV_CACHE_LAZY_QUANT": "1"}  # llama.cpp's tools run the lazy cache with the seed's switch
 
 
@@ -156,6 +160,12 @@ def report(models: list[FrontierModel], corpus: str, plot: str) -> str:
             verdict = "holds" if best.kld <= q8.kld else "does not hold"
             lines.append(f"- At >= {TOKENS_GOAL}x q8_0's tokens per GiB the lowest KLD is "
                          f"{best.cache.name}'s, {best.kld / q8.kld:.2f}x plain q8_0's: the goal {verdict}.")
+        near = [p for p in m.points if p.kld <= NEAR_GOAL * q8.kld and p is not q8]
+        if near:
+            most = min(near, key=lambda p: p.kv_bytes)
+            lines.append(f"- The most tokens per GiB within {NEAR_GOAL}x plain q8_0's KLD: "
+                         f"{most.cache.name}, {q8.kv_bytes / most.kv_bytes:.2f}x q8_0's tokens at "
+                         f"{most.kld / q8.kld:.2f}x its KLD.")
         lines.append("")
     return "\n".join(lines)
 
@@ -185,19 +195,35 @@ def plot(models: list[FrontierModel], path: Path) -> None:
     plt.close(fig)
 
 
+def load(path: Path) -> tuple[list[FrontierModel], str]:
+    """The measurements main() saved: (models, the corpus's description)."""
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    models = []
+    for m in raw["models"]:
+        points = [Point(Cache(**p.pop("cache")), **p) for p in m.pop("points")]
+        models.append(FrontierModel(**m, points=points))
+    return models, raw["corpus"]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.frontier", description=__doc__)
     parser.add_argument("--models", default=",".join(MODEL_LABELS), help="comma-separated model keys")
+    parser.add_argument("--report-only", action="store_true", help=f"write the report again from {RAW.name}")
     args = parser.parse_args(argv)
-    n_threads = Settings(quick=False, models=()).n_threads
-    tools = tools_dir()
-    models = []
-    with tempfile.TemporaryDirectory(prefix="lazykv-frontier-") as tmp:
-        work = Path(tmp)
-        corpus = write_faq(work / "python-faq.txt")
-        what = f"the Python FAQ ({corpus.stat().st_size:,} bytes of Debian's python3-doc)"
-        for key in args.models.split(","):
-            models.append(measure(key, n_threads, tools, corpus, work))
+    if args.report_only:
+        models, what = load(RAW)
+    else:
+        n_threads = Settings(quick=False, models=()).n_threads
+        tools = tools_dir()
+        models = []
+        with tempfile.TemporaryDirectory(prefix="lazykv-frontier-") as tmp:
+            work = Path(tmp)
+            corpus = write_faq(work / "python-faq.txt")
+            what = f"the Python FAQ ({corpus.stat().st_size:,} bytes of Debian's python3-doc)"
+            for key in args.models.split(","):
+                models.append(measure(key, n_threads, tools, corpus, work))
+        raw = {"corpus": what, "models": [dataclasses.asdict(m) for m in models]}
+        RAW.write_text(json.dumps(raw, indent=1) + "\n", encoding="utf-8")
     plot(models, RESULTS / "frontier.png")
     (RESULTS / "frontier.md").write_text(report(models, what, "frontier.png") + "\n", encoding="utf-8")
     print(f"wrote {RESULTS / 'frontier.md'}")

@@ -33,3 +33,18 @@ def test_the_report_says_whether_the_goal_holds() -> None:
     held = report([_model({"q8_0": (48, 0.0035), "ladder q4_0, W=128": (28, 0.0030)})], "a corpus", "f.png")
     assert "0.86x plain q8_0's: the goal holds" in held
     assert "| ladder q4_0, W=128 | " in held and "1.71x" in held
+
+
+def test_the_saved_measurements_give_the_same_report(tmp_path) -> None:  # noqa: ANN001
+    """--report-only writes the report again from frontier.json, as main() saved it."""
+    import dataclasses
+    import json
+
+    from bench.frontier import load
+
+    m = _model({"q8_0": (48, 0.0035), "ladder q4_0, W=128": (28, 0.0075)})
+    path = tmp_path / "frontier.json"
+    path.write_text(json.dumps({"corpus": "a corpus", "models": [dataclasses.asdict(m)]}))
+    models, corpus = load(path)
+    assert models == [m] and corpus == "a corpus"
+    assert report(models, corpus, "f.png") == report([m], "a corpus", "f.png")
