@@ -222,6 +222,11 @@ def main(argv: list[str] | None = None) -> None:
             what = f"the Python FAQ ({corpus.stat().st_size:,} bytes of Debian's python3-doc)"
             for key in args.models.split(","):
                 models.append(measure(key, n_threads, tools, corpus, work))
+        if RAW.is_file():
+            # the models measured before and not now are kept (the same corpus and settings)
+            kept, _ = load(RAW)
+            models = [m for m in kept if m.key not in {n.key for n in models}] + models
+            models.sort(key=lambda m: list(MODEL_LABELS).index(m.key))
         raw = {"corpus": what, "models": [dataclasses.asdict(m) for m in models]}
         RAW.write_text(json.dumps(raw, indent=1) + "\n", encoding="utf-8")
     plot(models, RESULTS / "frontier.png")
