@@ -96,8 +96,9 @@ class FrontierModel:
 
 
 def kv_bytes(model: Path, cache: Cache, n_threads: int) -> int:
-    """The KV bytes the engine allocates for the cache at n_ctx RECENT_N_CTX (one sequence)."""
-    llm = Llama(str(model), n_ctx=RECENT_N_CTX, n_threads=n_threads, flash_attn=True,
+    """The KV bytes the engine allocates for the cache at n_ctx RECENT_N_CTX (one sequence; sliding-window
+    layers hold their window, as in the app and llama-perplexity)."""
+    llm = Llama(str(model), n_ctx=RECENT_N_CTX, n_threads=n_threads, flash_attn=True, swa_full=False,
                 type_k=_TYPES[cache.type_k], type_v=_TYPES[cache.type_v], kv_lazy_quant=cache.lazy,
                 kv_lazy_recent=max(cache.window, 0), verbose=False)
     try:
