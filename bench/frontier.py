@@ -22,10 +22,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import llama_cpp
 from llama_cpp import Llama
 
-from bench.engine import model_path
+from bench.engine import CACHE_KINDS, model_path
 from bench.natural_text import write_faq
 from bench.recent import RECENT_N_CTX, kld_run, perplexity, tools_dir
 from bench.report import table
@@ -64,10 +63,6 @@ CACHES = (
     Cache("ladder q4_0, W=512", "q4_0", "q4_0", 512),
 )
 
-_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q5_0": llama_cpp.GGML_TYPE_Q5_0,
-          "q4_0": llama_cpp.GGML_TYPE_Q4_0}
-
-
 @dataclass
 class Point:
     cache: Cache
@@ -76,8 +71,10 @@ class Point:
     same_top: float
     kv_bytes: int
 
-    def tokens_per_gib(self, n_ctx: int) -> float:
-        return n_ctx * 2**30 / self.kv_bytes
+
+def tokens_per_gib(kv_bytes: int) -> float:
+    """Tokens per GiB of a cache of kv_bytes at n_ctx RECENT_N_CTX."""
+    return RECENT_N_CTX * 2**30 / kv_bytes
 
 
 @dataclass
@@ -90,6 +87,10 @@ class FrontierModel:
     def point(self, name: str) -> Point:
         return next(p for p in self.points if p.cache.name == name)
 
+    def tokens_vs_q8(self, p: Point) -> float:
+        """p's tokens per GiB over plain q8_0's."""
+        return self.point("q8_0").kv_bytes / p.kv_bytes
+
     def on_frontier(self, p: Point) -> bool:
         return not any(o is not p and o.kv_bytes <= p.kv_bytes and o.kld <= p.kld
                        and (o.kv_bytes < p.kv_bytes or o.kld < p.kld) for o in self.points)
@@ -99,8 +100,8 @@ def kv_bytes(model: Path, cache: Cache, n_threads: int) -> int:
     """The KV bytes the engine allocates for the cache at n_ctx RECENT_N_CTX (one sequence; sliding-window
     layers hold their window, as in the app and llama-perplexity)."""
     llm = Llama(str(model), n_ctx=RECENT_N_CTX, n_threads=n_threads, flash_attn=True, swa_full=False,
-                type_k=_TYPES[cache.type_k], type_v=_TYPES[cache.type_v], kv_lazy_quant=cache.lazy,
-                kv_lazy_recent=max(cache.window, 0), verbose=False)
+                type_k=CACHE_KINDS[cache.type_k][0], type_v=CACHE_KINDS[cache.type_v][0],
+                kv_lazy_quant=cache.lazy, kv_lazy_recent=max(cache.window, 0), verbose=False)
     try:
         return llm.kv_lazy_info().kv_bytes
     finally:
@@ -148,14 +149,14 @@ def report(models: list[FrontierModel], corpus: str, plot: str) -> str:
         q8 = m.point("q8_0")
         rows = []
         for p in sorted(m.points, key=lambda p: p.kv_bytes):
-            rows.append([p.cache.name, f"{p.tokens_per_gib(RECENT_N_CTX):,.0f}",
-                         f"{q8.kv_bytes / p.kv_bytes:.2f}x", f"{p.kld:.5f} ± {p.kld_err:.5f}",
+            rows.append([p.cache.name, f"{tokens_per_gib(p.kv_bytes):,.0f}", f"{m.tokens_vs_q8(p):.2f}x",
+                         f"{p.kld:.5f} ± {p.kld_err:.5f}",
                          f"{p.kld / q8.kld:.2f}x", f"{p.same_top:.2f} %", "yes" if m.on_frontier(p) else ""])
         lines += [f"## {m.label}", "",
-                  f"f16: {RECENT_N_CTX * 2**30 / m.f16_kv_bytes:,.0f} tokens per GiB.", "",
+                  f"f16: {tokens_per_gib(m.f16_kv_bytes):,.0f} tokens per GiB.", "",
                   table(["cache", "tokens per GiB", "/ q8_0", "mean KLD", "/ q8_0", "same top token",
                          "frontier"], rows), ""]
-        goal = [p for p in m.points if q8.kv_bytes / p.kv_bytes >= TOKENS_GOAL]
+        goal = [p for p in m.points if m.tokens_vs_q8(p) >= TOKENS_GOAL]
         best = min(goal, key=lambda p: p.kld) if goal else None
         if best is not None:
             verdict = "holds" if best.kld <= q8.kld else "does not hold"
@@ -165,7 +166,7 @@ def report(models: list[FrontierModel], corpus: str, plot: str) -> str:
         if near:
             most = min(near, key=lambda p: p.kv_bytes)
             lines.append(f"- The most tokens per GiB within {NEAR_GOAL}x plain q8_0's KLD: "
-                         f"{most.cache.name}, {q8.kv_bytes / most.kv_bytes:.2f}x q8_0's tokens at "
+                         f"{most.cache.name}, {m.tokens_vs_q8(most):.2f}x q8_0's tokens at "
                          f"{most.kld / q8.kld:.2f}x its KLD.")
         lines.append("")
     return "\n".join(lines)
@@ -181,7 +182,7 @@ def plot(models: list[FrontierModel], path: Path) -> None:
     for ax, m in zip(axes[0], models, strict=True):
         q8 = m.point("q8_0")
         for p in m.points:
-            x = q8.kv_bytes / p.kv_bytes
+            x = m.tokens_vs_q8(p)
             marker = "s" if p.cache.lazy else "o"
             ax.scatter([x], [p.kld], marker=marker, color="tab:red" if m.on_frontier(p) else "tab:gray")
             ax.annotate(p.cache.name, (x, p.kld), textcoords="offset points", xytext=(4, 3), fontsize=7)
