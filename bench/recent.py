@@ -1,4 +1,4 @@
-"""Part 5 of the "ladder" section: the recent f16 window (issue 28, native patches 0020, 0025).
+"""Part 5 of the "ladder" section: the recent f16 window (issue 28, native patches 0019, 0024).
 
 1. quality: llama.cpp's own ``llama-perplexity --kl-divergence`` on the Python FAQ (``bench/natural_text``,
    Debian's python3-doc) at n_ctx RECENT_N_CTX, RECENT_CHUNKS chunks: an f16 base, plain q4_0, and the ladder

@@ -91,7 +91,7 @@ def lazy_check(engine: Path) -> tuple[str, bool]:
 
 def backend_ops() -> tuple[str, bool]:
     """llama.cpp's test-backend-ops built for Vulkan from the exported series (native/work/build-vktools):
-    ggml-vulkan's flash attention over a second F16 K/V range (the recent window, 0020) against the CPU's."""
+    ggml-vulkan's flash attention over a second F16 K/V range (the recent window, 0019) against the CPU's."""
     sys.path.insert(0, str(ROOT / "native"))
     import build as native_build
 

@@ -81,7 +81,7 @@ def test_required_gives_a_grammar_from_the_first_token_and_auto_a_lazy_one() -> 
 
 N = 100_000
 # a crafted GGUF's template: parse errors, and nesting that overflowed the stack of llama.cpp's Jinja engine
-# until patch 0026 bounded it (each of the last eight was a segfault)
+# until patch 0025 bounded it (each of the last eight was a segfault)
 BROKEN = ["{% for %}", "{{ messages[0].content | nosuchfilter }}", "{% if %}{% endif", "{{ " * 2000,
           "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}",
           "{% macro m() %}{% call m() %}x{% endcall %}{% endmacro %}{{ m() }}",

@@ -11,7 +11,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp._logger import capture_errors
 from llama_cpp.llama import _KV_LAZY_RUNG_TYPES as RUNG_TYPES  # the bindings' table of rung types
-from llama_cpp.llama import KvLazyInfo
+from llama_cpp.llama import KvLazyInfo, kv_stored_rotation
 
 
 def engine_threads() -> int:
@@ -147,8 +147,5 @@ class RawContext:
         return llama_cpp.llama_kv_lazy_convert(self.ptr, RUNG_TYPES[to or info.next or info.final or "q8_0"])
 
     def rot_info(self) -> tuple[int, int]:
-        """The K/V rotation sizes of the cells as stored now (a lazy cache's f16 rung is not rotated)."""
-        info = self.raw_info()
-        if info.lazy and info.rungs[info.rung] == llama_cpp.GGML_TYPE_F16:
-            return 0, 0
-        return info.n_rot_k, info.n_rot_v
+        """The K/V rotation sizes of the cells as stored now (the bindings' rule: kv_stored_rotation)."""
+        return kv_stored_rotation(self.raw_info())[:2]

@@ -57,15 +57,16 @@ def test_flash_attention_over_quantized_kv_matches_the_reference_path() -> None:
 
 
 def test_flash_attention_over_a_second_kv_range_matches_the_reference_path() -> None:
-    """ggml_flash_attn_ext_add_kv (0020), the recent window's attention: a quantized or F16 first range and an
-    F16 second one, decodes and batches, grouped-query attention and sinks (test_flash_attn_ext_kv2, patch
-    0020). The CPU's tiled and split-KV paths against its one-chunk path; on lavapipe, `make vulkan-check`'s
-    build compares ggml-vulkan's (0020) with the CPU."""
+    """ggml_flash_attn_ext_add_kv (0019), the recent window's attention: a quantized or F16 first range and an
+    F16 second one, decodes and batches, grouped-query attention and sinks, and a MUL_MAT before and after the
+    attention on one src1 in one graph (test_flash_attn_ext_kv2, patch 0019). The CPU's tiled and split-KV
+    paths against its one-chunk path; on lavapipe, `make vulkan-check`'s build compares ggml-vulkan's (0019)
+    with the CPU (its mask copy once left a converted src1 behind for the MUL_MAT after it)."""
     cmd = [str(backend_ops_program()), "test", "-b", "CPU", "-o", "FLASH_ATTN_EXT", "-p", "kv2="]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
     assert passed is not None, proc.stdout[-4000:]
-    assert passed.group(1) == passed.group(2) == "21"
-    for case in ("kv2=128,nb=33,type_KV=q4_0", "kv2=32,nb=1,type_KV=q8_0", "type_KV=q8_0,sinks=1"):
+    assert passed.group(1) == passed.group(2) == "22"
+    for case in ("kv2=128,nb=33,type_KV=q4_0", "kv2=32,nb=1,type_KV=q8_0", "type_KV=q8_0,sinks=1", "mm_around=1"):
         assert case in proc.stdout

@@ -1,4 +1,4 @@
-"""ggml-cuda's kernel of GGML_OP_CONVERT_ROWS (patch 0022), tested where there is no GPU.
+"""ggml-cuda's kernel of GGML_OP_CONVERT_ROWS (patch 0021), tested where there is no GPU.
 
 `convert-rows-cuda-sim` (native/gpu_check/cuda_sim, built beside the tools by `native/build.py tools`) runs
 the kernel's own source on the host: every thread is a coroutine that meets the others of its warp at each

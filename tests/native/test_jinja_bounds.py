@@ -1,5 +1,5 @@
 """llama.cpp's own test-jinja on the series' common library, on a thread stack of 512 KiB (a thread's
-default on macOS): patch 0026 bounds how deep a chat template nests, so that a crafted one (a GGUF's) is
+default on macOS): patch 0025 bounds how deep a chat template nests, so that a crafted one (a GGUF's) is
 refused with an error instead of overflowing the stack. Its "nesting bounds" case renders 20 hostile
 templates that each crashed before, and the depths real templates use; the rest of test-jinja checks that
 nothing else changed. Built by `native/build.py tools` (`make native-tools`).

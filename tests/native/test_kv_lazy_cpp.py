@@ -1,5 +1,5 @@
 """llama.cpp's own test-kv-lazy (issue 46, section 4): the lazy cache's C++ tests that travel with the series
-(patches 0008, 0015 and 0025 each add their cases), on a random tiny LLaMA model built in memory, no
+(patches 0008, 0015 and 0024 each add their cases), on a random tiny LLaMA model built in memory, no
 download. The f16 phase against an f16 cache, a step against a restore's conversion, an overflowing batch
 against a step asked for, states across rungs, the ladder's steps and compact states, the recent window
 with two sequences, across a seq_rm and in states. Built by `native/build.py tools` (`make native-tools`).

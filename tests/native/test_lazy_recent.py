@@ -1,4 +1,4 @@
-"""The lazy cache's recent window (kv_lazy_recent, patches 0020, 0025): the K/V of the last W tokens also kept
+"""The lazy cache's recent window (kv_lazy_recent, patches 0019, 0024): the K/V of the last W tokens also kept
 in f16 on the quantized rungs, and attended there instead of their quantized copies.
 
 The window is a derived copy: the cache still holds every token at its rung, so a token leaving the window

@@ -324,7 +324,7 @@ def test_ladder_steps_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
 
 
 def test_recent_window_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
-    """The recent window (patches 0020, 0025) lives with the cache on the device and is attended there: the
+    """The recent window (patches 0019, 0024) lives with the cache on the device and is attended there: the
     f16 rung is bit-identical to the cache without a window, and on the q4_0 rung decoding on the device
     agrees with the same ladder in host memory (the server runs as many threads as the host)
     and is closer to f16 than the ladder without the window."""

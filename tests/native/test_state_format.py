@@ -1,5 +1,5 @@
 """The saved state format next to upstream's (issue 25, sections 4 and 6; issue 46, section 1; patches
-0016, 0017).
+0007, 0015, 0016).
 
 Upstream's fields and version numbers (11 / 4, PR #28498) stay as they are, and a plain cache's state is
 upstream's, byte for byte. What this series adds for a lazy cache (its storage layout, rungs and window)

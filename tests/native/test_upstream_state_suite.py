@@ -71,7 +71,7 @@ CONFIGS = (
     # the lazy cache converts to q8_0 while the tests decode, save and restore
     Config("lazy-converting", (*Q8, "-c", "256", "-b", "200"), LAZY, quantized_v=True),
     # the ladder (72 f16 cells of 256) climbs to q4_0 on the first prompt, its last 32 tokens in the recent
-    # f16 window (patches 0020, 0025): the tests decode, copy, save and restore with the window in use
+    # f16 window (patches 0019, 0024): the tests decode, copy, save and restore with the window in use
     Config("ladder-recent", ("-ctk", "q4_0", "-ctv", "q4_0", "-fa", "on", "-c", "256", "-b", "200",
                              "--kv-recent", "32"), LAZY, quantized_v=True),
 )

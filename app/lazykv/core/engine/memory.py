@@ -66,7 +66,7 @@ def kv_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int = 0) -> in
 
 def window_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int) -> int:
     """The recent window's f16 K/V rows beside a lazy cache of ``n_cells`` cells (kv_lazy_recent, native
-    patch 0025): ``recent`` tokens' worth (at most the cells), one sequence, and the row that takes a
+    patch 0024): ``recent`` tokens' worth (at most the cells), one sequence, and the row that takes a
     batch's tokens the window does not keep; 0 for a plain cache."""
     if not KvMode(kv_mode).is_lazy or recent <= 0:
         return 0
