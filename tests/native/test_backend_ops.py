@@ -68,5 +68,6 @@ def test_flash_attention_over_a_second_kv_range_matches_the_reference_path() -> 
     passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
     assert passed is not None, proc.stdout[-4000:]
     assert passed.group(1) == passed.group(2) == "22"
-    for case in ("kv2=128,nb=33,type_KV=q4_0", "kv2=32,nb=1,type_KV=q8_0", "type_KV=q8_0,sinks=1", "mm_around=1"):
+    for case in ("kv2=128,nb=33,type_KV=q4_0", "kv2=32,nb=1,type_KV=q8_0", "type_KV=q8_0,sinks=1",
+                 "mm_around=1"):
         assert case in proc.stdout
