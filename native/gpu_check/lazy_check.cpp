@@ -5,8 +5,9 @@
 //   - f16 phase: the lazy cache's logits against a plain f16 cache (bit-exact expected)
 //   - after the breakpoint: mean KLD vs f16 of lazy and of plain q8_0, top-1 agreement
 //   - a conversion inside a decode queued behind decodes nobody waited for == one that read every decode
-//   - the conversion pause (engine's figure and the wall cost: lazy decode minus the same q8_0 decode),
-//     a device-to-device copy of the f16 view's bytes, and the extra device memory during the conversion
+//   - the conversion pause (engine's figure and the wall cost: lazy decode minus the same q8_0 decode), the
+//     conversion's device time (up to the answer of a round trip after it), a device-to-device copy of the f16
+//     view's bytes, and the extra device memory during the conversion
 //   - decode speed of f16 / q8_0 / lazy at two depths
 // and prints a Markdown report. Exit status 1 if a correctness check fails.
 //
@@ -378,42 +379,54 @@ int main(int argc, char ** argv) {
     const double view_bytes = (double) lazy_after.kv_bytes*n_f16*2.0/((double) n_ctx*34.0/32.0);
     // the copy before and after the explicit conversions: the fastest of 10, on a machine whose speed drifts
     double t_copy = device_copy_s(probe.dev, view_bytes);
-    // ---- the pause against the wall time of an explicit conversion (llama_kv_lazy_convert returns once the device
-    // has converted): idle (every decode read), and behind a decode whose outputs nobody read yet, which the
-    // engine's figure must not include
-    const auto time_convert = [&](bool queued, double * pause_out) {
+    // ---- the pause against the wall time of an explicit conversion: idle (every decode read), and behind a decode
+    // whose outputs nobody read yet, which the engine's figure must not include. llama_kv_lazy_convert returns after
+    // the backend's synchronize, which on RPC means sent, not done; a round trip to the device (its memory query) is
+    // answered only after everything queued before it, so the conversion's device time is the wall time up to that
+    // answer less a round trip's own
+    const auto round_trip = [&]() {
+        size_t free = 0, total = 0;
+        ggml_backend_dev_memory(probe.dev, &free, &total);
+    };
+    const auto time_convert = [&](bool queued, double * pause_out, double * device_out) {
         llama_context * ctx = make_ctx(model, KV_LAZY, n_ctx);
         for (int pos = 0; pos < conv_step - step; pos += step) decode(ctx, tokens, pos, step, false);
         decode(ctx, tokens, conv_step - step, step, !queued);
         if (!queued) llama_get_logits(ctx);
+        double t_rt = 0;
+        if (!queued) {
+            round_trip(); // nothing left queued
+            const double t_rt0 = now_s();
+            round_trip();
+            t_rt = now_s() - t_rt0;
+        }
         const double t0 = now_s();
         if (convert_step(ctx) != 1) {
             fprintf(stderr, "llama_kv_lazy_convert did not convert\n");
             exit(2);
         }
         const double dt = now_s() - t0;
+        round_trip();
+        *device_out = now_s() - t0 - t_rt;
         *pause_out = lazy_info(ctx).t_last_conversion_us/1e6;
         llama_free(ctx);
         return dt;
     };
-    std::vector<double> w_idle, p_idle, w_queued, p_queued;
+    std::vector<double> w_idle, p_idle, d_idle, w_queued, p_queued;
     for (int r = 0; r < g_reps; ++r) {
-        double p = 0;
-        w_idle.push_back(time_convert(false, &p));
+        double p = 0, d = 0;
+        w_idle.push_back(time_convert(false, &p, &d));
         p_idle.push_back(p);
-        w_queued.push_back(time_convert(true, &p));
+        d_idle.push_back(d);
+        w_queued.push_back(time_convert(true, &p, &d));
         p_queued.push_back(p);
     }
 
     t_copy = std::min(t_copy, device_copy_s(probe.dev, view_bytes));
 
     const double pause = median(pauses);
-    // the conversion's cost against the copy's, each the fastest of its runs: the pause of every conversion above
-    // (in a decode, explicit and idle, explicit and queued) is the same work
-    double pause_min = 1e9;
-    for (const std::vector<double> * v : { &pauses, &p_idle, &p_queued }) {
-        pause_min = std::min(pause_min, *std::min_element(v->begin(), v->end()));
-    }
+    // the conversion's device time against the copy's, each the fastest of its runs
+    const double device_min = *std::min_element(d_idle.begin(), d_idle.end());
     const double wall = t_step[KV_LAZY] - t_step[KV_Q8];
     const double extra = probe.min_free == SIZE_MAX ? 0.0 : (double) probe.free_before - (double) probe.min_free;
     printf("## The conversion pause\n\n");
@@ -433,8 +446,10 @@ int main(int argc, char ** argv) {
     printf("| explicit conversion behind an unread decode: engine's pause / wall time (the wait for the decode is not the pause's) | %.2f ms / %.2f ms |\n", pq*1e3, wq*1e3);
     printf("| the pause is the conversion's own cost (idle: pause <= wall <= 2x pause; queued: pause <= 2x idle pause) | %s |\n",
             pause_honest ? "yes" : "NO");
-    printf("| pause / copy (the fastest of %d pauses, %.2f ms; the median's: %.2fx) | %.2fx |\n", 3*g_reps, pause_min*1e3, pause/t_copy, pause_min/t_copy);
-    printf("| conversion throughput (f16 bytes read) | %.2f GB/s |\n", view_bytes/pause/1e9);
+    printf("| explicit conversion, nothing queued: the device's time (up to the answer of a round trip after it, less a round trip's; fastest of %d, median) | %.2f ms, %.2f ms |\n",
+            g_reps, device_min*1e3, median(d_idle)*1e3);
+    printf("| device time / copy (the fastest's; the median's: %.2fx) | %.2fx |\n", median(d_idle)/t_copy, device_min/t_copy);
+    printf("| conversion throughput (f16 bytes read, the fastest device time) | %.2f GB/s |\n", view_bytes/device_min/1e9);
     printf("| extra device memory during the conversion (free before - lowest free) | %.1f MiB (bound: one f16 tensor = %.1f MiB) |\n\n",
             extra/1048576.0, view_bytes/(2.0*N_LAYER)/1048576.0);
 
@@ -466,17 +481,24 @@ int main(int argc, char ** argv) {
         const double read[2] = { row_values*li.n_cells_rung[0]*2.0, row_values*li.n_cells_rung[1]*34.0/32.0 };
         const char * names[2] = { "f16 -> q8_0", "q8_0 -> q4_0" };
         printf("## The ladder's steps on the device (f16 %u cells, q8_0 %u, q4_0 %u)\n\n", li.n_cells_rung[0], li.n_cells_rung[1], li.n_cells_rung[li.n_rungs - 1]);
-        printf("| step | bytes read | engine's pause | graph computes | copy of the bytes read | pause / copy |\n|---|---|---|---|---|---|\n");
+        printf("| step | bytes read | engine's pause | device time | graph computes | copy of the bytes read | device time / copy |\n|---|---|---|---|---|---|---|\n");
         for (int k = 0; k < 2; ++k) {
             g_conversion_graphs = -1;
+            round_trip(); // the fill's decodes done first
+            const double t_rt0 = now_s();
+            round_trip();
+            const double t_rt = now_s() - t_rt0;
+            const double t0 = now_s();
             if (convert_step(ctx) != 1) {
                 fprintf(stderr, "the ladder's step %s did not convert\n", names[k]);
                 exit(2);
             }
+            round_trip();
+            const double device = now_s() - t0 - t_rt;
             const double pause = lazy_info(ctx).t_last_conversion_us/1e6;
             const double copy = device_copy_s(probe.dev, read[k]);
-            printf("| %s | %.1f MiB | %.2f ms | %d | %.2f ms | %.2fx |\n", names[k], read[k]/1048576.0, pause*1e3,
-                    g_conversion_graphs, copy*1e3, pause/copy);
+            printf("| %s | %.1f MiB | %.2f ms | %.2f ms | %d | %.2f ms | %.2fx |\n", names[k], read[k]/1048576.0, pause*1e3,
+                    device*1e3, g_conversion_graphs, copy*1e3, device/copy);
         }
         decode(ctx, tokens, n_fill, 8, true);
         const float * l = llama_get_logits(ctx);
@@ -484,7 +506,7 @@ int main(int argc, char ** argv) {
         for (int i = 0; i < 8*N_VOCAB; ++i) finite = finite && std::isfinite(l[i]);
         const bool on_q4 = rung_type(lazy_info(ctx)) == GGML_TYPE_Q4_0;
         ok = ok && finite && on_q4;
-        printf("| 8 tokens decoded on the q4_0 rung: logits finite | %s |  |  |  | %s |\n\n", finite ? "yes" : "NO", on_q4 ? "phase q4_0" : "NOT ON q4_0");
+        printf("| 8 tokens decoded on the q4_0 rung: logits finite | %s |  |  |  |  | %s |\n\n", finite ? "yes" : "NO", on_q4 ? "phase q4_0" : "NOT ON q4_0");
         llama_free(ctx);
     }
 
