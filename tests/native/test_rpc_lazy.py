@@ -108,6 +108,23 @@ def test_rpc_address_checks() -> None:
         llama_cpp.rpc_add_server(f"127.0.0.1:{free_port()}", timeout=1.0)
 
 
+def test_a_server_in_use_is_not_probed_again(rpc: RpcServer, smollm2_path: Path) -> None:
+    """ggml-rpc-server serves one connection at a time with a backlog of one, and a model keeps its
+    connection: a probe made meanwhile waits in the server's queue, and the third timed out ("cannot be
+    reached") although the server was well. A server this process's models hold is not probed again."""
+    first = on_rpc(rpc, smollm2_path, "lazy")
+    first.eval(first.tokenize(b"The server holds this model's connection."))
+    for _ in range(4):
+        assert llama_cpp.rpc_add_server(rpc.endpoint, timeout=1.0)
+    second = on_rpc(rpc, smollm2_path, "f16")  # another model beside it, on the same connection
+    second.eval(second.tokenize(b"And this one."))
+    first.close()
+    second.close()
+    # no model holds it any more: probed again, and it answers
+    for _ in range(4):
+        assert llama_cpp.rpc_add_server(rpc.endpoint, timeout=1.0)
+
+
 def test_kv_cache_and_weights_live_on_the_rpc_device(rpc: RpcServer, smollm2_path: Path) -> None:
     llm = on_rpc(rpc, smollm2_path, "lazy")
     uses = llm.memory_breakdown()
