@@ -14,6 +14,8 @@ pass, in column order, so masked (dropped) columns are skipped exactly.
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
 from pathlib import Path
 
 import llama_cpp
@@ -80,6 +82,31 @@ def test_window_memory_is_counted(smollm2_path: Path) -> None:
     assert windowed.kv_bytes - plain.kv_bytes == (W + 1) * f16_per_token
     # the rungs are those of the cache without a window
     assert (windowed.n_cells_f16, windowed.n_cells_q8, windowed.n_cells_total) == (256, 512, N_CTX)
+
+
+WINDOW_CHILD = """
+import sys
+import llama_cpp
+from llama_cpp import Llama
+from tests.native.test_lazy_recent import prefill
+llm = Llama(sys.argv[1], n_ctx=1024, n_batch=512, n_threads=1, n_threads_batch=1, flash_attn=True,
+            type_k=llama_cpp.GGML_TYPE_Q4_0, type_v=llama_cpp.GGML_TYPE_Q4_0, kv_lazy_quant=True,
+            kv_lazy_recent=64, verbose=True)
+prefill(llm, list(range(100, 100 + 700)))  # past the f16 and the q8_0 rungs: two steps in the memory update
+assert llm.kv_lazy_info().phase == "q4_0", llm.kv_lazy_info().phase
+llm.close()
+"""
+
+
+def test_window_compute_buffers_fit_every_rung(smollm2_path: Path) -> None:
+    """The compute buffers are reserved with the window's graph nodes at the last rung, so the steps (and the
+    worst-case graph the memory update reserves after each) never grow them: llama.cpp says so when a context
+    is freed ("does not match expectation")."""
+    run = subprocess.run([sys.executable, "-c", WINDOW_CHILD, str(smollm2_path)], capture_output=True,
+                         text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "compute buffer size" in run.stderr  # the engine's log is read
+    assert "does not match expectation" not in run.stderr, run.stderr[-3000:]
 
 
 def test_window_needs_the_lazy_cache(smollm2_path: Path) -> None:
