@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -388,26 +389,37 @@ int main(int argc, char ** argv) {
         size_t free = 0, total = 0;
         ggml_backend_dev_memory(probe.dev, &free, &total);
     };
+    // f() with nothing queued before it: its wall time (wall_out) and its device time
+    const auto on_device = [&](const std::function<void()> & f, double * wall_out) {
+        round_trip(); // nothing left queued
+        const double t_rt0 = now_s();
+        round_trip();
+        const double t_rt = now_s() - t_rt0;
+        const double t0 = now_s();
+        f();
+        *wall_out = now_s() - t0;
+        round_trip();
+        return now_s() - t0 - t_rt;
+    };
     const auto time_convert = [&](bool queued, double * pause_out, double * device_out) {
         llama_context * ctx = make_ctx(model, KV_LAZY, n_ctx);
         for (int pos = 0; pos < conv_step - step; pos += step) decode(ctx, tokens, pos, step, false);
         decode(ctx, tokens, conv_step - step, step, !queued);
-        if (!queued) llama_get_logits(ctx);
-        double t_rt = 0;
-        if (!queued) {
-            round_trip(); // nothing left queued
-            const double t_rt0 = now_s();
-            round_trip();
-            t_rt = now_s() - t_rt0;
+        const auto convert = [&]() {
+            if (convert_step(ctx) != 1) {
+                fprintf(stderr, "llama_kv_lazy_convert did not convert\n");
+                exit(2);
+            }
+        };
+        double dt = 0;
+        if (queued) {
+            const double t0 = now_s();
+            convert();
+            dt = now_s() - t0;
+        } else {
+            llama_get_logits(ctx);
+            *device_out = on_device(convert, &dt);
         }
-        const double t0 = now_s();
-        if (convert_step(ctx) != 1) {
-            fprintf(stderr, "llama_kv_lazy_convert did not convert\n");
-            exit(2);
-        }
-        const double dt = now_s() - t0;
-        round_trip();
-        *device_out = now_s() - t0 - t_rt;
         *pause_out = lazy_info(ctx).t_last_conversion_us/1e6;
         llama_free(ctx);
         return dt;
@@ -484,17 +496,13 @@ int main(int argc, char ** argv) {
         printf("| step | bytes read | engine's pause | device time | graph computes | copy of the bytes read | device time / copy |\n|---|---|---|---|---|---|---|\n");
         for (int k = 0; k < 2; ++k) {
             g_conversion_graphs = -1;
-            round_trip(); // the fill's decodes done first
-            const double t_rt0 = now_s();
-            round_trip();
-            const double t_rt = now_s() - t_rt0;
-            const double t0 = now_s();
-            if (convert_step(ctx) != 1) {
-                fprintf(stderr, "the ladder's step %s did not convert\n", names[k]);
-                exit(2);
-            }
-            round_trip();
-            const double device = now_s() - t0 - t_rt;
+            double wall = 0;
+            const double device = on_device([&]() {
+                if (convert_step(ctx) != 1) {
+                    fprintf(stderr, "the ladder's step %s did not convert\n", names[k]);
+                    exit(2);
+                }
+            }, &wall);
             const double pause = lazy_info(ctx).t_last_conversion_us/1e6;
             const double copy = device_copy_s(probe.dev, read[k]);
             printf("| %s | %.1f MiB | %.2f ms | %.2f ms | %d | %.2f ms | %.2fx |\n", names[k], read[k]/1048576.0, pause*1e3,
