@@ -49,7 +49,7 @@ class RpcServer:
             [str(llama_cpp.rpc_server_path()), "-H", "127.0.0.1", "-p", str(self.port),
              "-t", str(engine_threads())],
             # its log into a file, never an unread pipe: a full pipe would stop the server mid-test
-            stdout=subprocess.DEVNULL, stderr=self.log,
+            stdout=self.log, stderr=self.log,
         )
         deadline = time.monotonic() + 20
         while True:
@@ -62,6 +62,11 @@ class RpcServer:
                     err = self.log.read().decode(errors="replace")
                     raise RuntimeError(f"ggml-rpc-server did not start: {err}") from None
                 time.sleep(0.1)
+
+    def accepted(self) -> int:
+        """Connections the server has accepted so far (a line of its log each)."""
+        fd = self.log.fileno()  # read without moving the offset the server writes at (one file description)
+        return os.pread(fd, os.fstat(fd).st_size, 0).count(b"Accepted client connection")
 
     def io_bytes(self) -> int:
         """Bytes the server has read and written through system calls (its socket traffic)."""
@@ -120,9 +125,16 @@ def test_a_server_in_use_is_not_probed_again(rpc: RpcServer, smollm2_path: Path)
     second.eval(second.tokenize(b"And this one."))
     first.close()
     second.close()
-    # no model holds it any more: probed again, and it answers
-    for _ in range(4):
-        assert llama_cpp.rpc_add_server(rpc.endpoint, timeout=1.0)
+    # no model holds it any more: probed again, each probe a connection the server accepts. Probes in a row
+    # may find its queue full while it is not yet scheduled; a dropped connect is retried by the kernel after
+    # one second, which the default timeout (3 s) waits for
+    before = rpc.accepted()
+    for _ in range(2):
+        assert llama_cpp.rpc_add_server(rpc.endpoint)
+    deadline = time.monotonic() + 10
+    while rpc.accepted() < before + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rpc.accepted() >= before + 2
 
 
 def test_kv_cache_and_weights_live_on_the_rpc_device(rpc: RpcServer, smollm2_path: Path) -> None:
