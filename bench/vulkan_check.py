@@ -12,8 +12,9 @@
    a state of the q8_0 rung refused by a plain f16 cache with its reason, and the cache still usable; a
    recent window on the device (its bytes, its f16 rung bit-identical to the ladder without one, its
    q4_0 rung closer to the host's window than to no window).
-4. ggml-vulkan's flash attention over a second F16 K/V range (the recent window) against the CPU's:
-   llama.cpp's test-backend-ops built for Vulkan from the series (native/work/build-vktools).
+4. ggml-vulkan's CONVERT_ROWS kernel (the conversion the lazy cache runs there) and its flash attention over a
+   second F16 K/V range (the recent window) against the CPU's: llama.cpp's test-backend-ops built for Vulkan
+   from the series (native/work/build-vktools).
 5. The memory plan against what the engine allocated on the device (``bench.plan_accuracy`` with the
    ``gpu-half`` and ``gpu-all`` placements).
 
@@ -91,7 +92,8 @@ def lazy_check(engine: Path) -> tuple[str, bool]:
 
 def backend_ops() -> tuple[str, bool]:
     """llama.cpp's test-backend-ops built for Vulkan from the exported series (native/work/build-vktools):
-    ggml-vulkan's flash attention over a second F16 K/V range (the recent window, 0019) against the CPU's."""
+    ggml-vulkan's CONVERT_ROWS (0027) and its flash attention over a second F16 K/V range (the recent window,
+    0019) against the CPU's."""
     sys.path.insert(0, str(ROOT / "native"))
     import build as native_build
 
@@ -101,16 +103,21 @@ def backend_ops() -> tuple[str, bool]:
          "-DGGML_VULKAN=ON"], capture_output=True)
     run(["cmake", "--build", str(build_dir), "--target", "test-backend-ops"])
     env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": "0"}
-    proc = subprocess.run([str(build_dir / "bin" / "test-backend-ops"), "test", "-b", "Vulkan0", "-o",
-                           "FLASH_ATTN_EXT", "-p", "kv2="],
-                          capture_output=True, text=True, env=env, timeout=1800)
-    cases = [line.strip() for line in proc.stdout.splitlines() if line.strip().startswith("FLASH_ATTN_EXT(")]
-    passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
-    ok = proc.returncode == 0 and passed is not None and passed[1] == passed[2] and int(passed[2]) > 0
-    body = ("## Flash attention over a second K/V range (the recent window) against the CPU\n\n"
-            "`test-backend-ops test -b Vulkan0 -o FLASH_ATTN_EXT -p kv2=`, built for Vulkan from the series: "
-            f"{passed[0] if passed else 'no summary'}.\n\n```\n" + "\n".join(cases) + "\n```\n")
-    return body, ok
+    body, ok = [], True
+    for title, op, extra in (("The conversion (CONVERT_ROWS) against the CPU", "CONVERT_ROWS", []),
+                             ("Flash attention over a second K/V range (the recent window) against the CPU",
+                              "FLASH_ATTN_EXT", ["-p", "kv2="])):
+        args = ["test", "-b", "Vulkan0", "-o", op, *extra]
+        proc = subprocess.run([str(build_dir / "bin" / "test-backend-ops"), *args],
+                              capture_output=True, text=True, env=env, timeout=1800)
+        cases = [line.strip() for line in proc.stdout.splitlines()
+                 if line.strip().startswith(f"{op}(") and "not supported" not in line]
+        passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
+        all_passed = passed is not None and passed[1] == passed[2] and int(passed[2]) > 0
+        ok = ok and proc.returncode == 0 and all_passed
+        body.append(f"## {title}\n\n`test-backend-ops {' '.join(args)}`, built for Vulkan from the series: "
+                    f"{passed[0] if passed else 'no summary'}.\n\n```\n" + "\n".join(cases) + "\n```\n")
+    return "\n".join(body), ok
 
 
 def next_tokens(ref, other) -> tuple[int, float]:
