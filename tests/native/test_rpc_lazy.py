@@ -137,6 +137,33 @@ def test_a_server_in_use_is_not_probed_again(rpc: RpcServer, smollm2_path: Path)
     assert rpc.accepted() >= before + 2
 
 
+def test_a_model_freed_between_anothers_decodes_leaves_them_exact(rpc: RpcServer, smollm2_path: Path) -> None:
+    """A decode that reuses its graph sends the server only the graph's uid; the server keeps the last graph of
+    each device per connection and discards it when any buffer is freed. A model freed between another's
+    decodes on the same server made the next one ask for a graph the server no longer had: the server closed
+    the connection and the decode's logits came back as zeros (a CI flake, where the garbage collector freed
+    an earlier test's model at such a moment). The decodes go on as if nothing had been freed."""
+
+    def last_logits(free_between: bool) -> np.ndarray:
+        other = on_rpc(rpc, smollm2_path, "f16")
+        other.eval(other.tokenize(b"A model beside it, on the same server."))
+        llm = on_rpc(rpc, smollm2_path, "f16", logits_all=True)  # (scores holds the logits of every token)
+        tokens = corpus(llm, 24)
+        llm.eval(tokens[:16])
+        for i, token in enumerate(tokens[16:]):
+            if free_between and i == 4:
+                other.close()  # its buffers freed: the server discards the graphs it keeps
+            llm.eval([token])  # single tokens: from the second on, the decode reuses its graph
+        logits = np.array(llm.scores[llm.n_tokens - 1])
+        llm.close()
+        other.close()
+        return logits
+
+    freed = last_logits(free_between=True)
+    assert np.any(freed != 0)
+    np.testing.assert_array_equal(freed, last_logits(free_between=False))
+
+
 def test_kv_cache_and_weights_live_on_the_rpc_device(rpc: RpcServer, smollm2_path: Path) -> None:
     llm = on_rpc(rpc, smollm2_path, "lazy")
     uses = llm.memory_breakdown()
