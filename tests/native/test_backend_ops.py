@@ -33,8 +33,8 @@ def test_convert_rows_matches_the_reference_implementation() -> None:
     passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
     assert passed is not None, proc.stdout[-4000:]
     assert passed.group(1) == passed.group(2)
-    # the cases of make_test_cases_eval(): the lazy cache's steps in place and not, the ladder's steps over the next
-    # rung, other types, rotation groups of 256-1024 values in place and not
+    # the cases of make_test_cases_eval(): the lazy cache's steps in place and not, the ladder's steps over
+    # the next rung, other types, rotation groups of 256-1024 values in place and not
     assert int(passed.group(2)) == 2 * (3 * 4 + 2 * 2 + 2) + 4 + 3 + 2 * 3
     for case in ("type_src=f16,type_dst=q8_0,ne=[128,5000,1,1],n_rot=128,in_place=1,n_extra=0",
                  # a destination over the next rung, its rows past the source's zeroed, as the ladder's steps

@@ -138,8 +138,8 @@ def test_a_server_in_use_is_not_probed_again(rpc: RpcServer, smollm2_path: Path)
 
 
 def test_a_model_freed_between_anothers_decodes_leaves_them_exact(rpc: RpcServer, smollm2_path: Path) -> None:
-    """A decode that reuses its graph sends the server only the graph's uid; the server keeps the last graph of
-    each device per connection and discards it when any buffer is freed. A model freed between another's
+    """A decode that reuses its graph sends the server only the graph's uid; the server keeps the last graph
+    of each device per connection and discards it when any buffer is freed. A model freed between another's
     decodes on the same server made the next one ask for a graph the server no longer had: the server closed
     the connection and the decode's logits came back as zeros (a CI flake, where the garbage collector freed
     an earlier test's model at such a moment). The decodes go on as if nothing had been freed."""
