@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from lazykv.cli import estimate
-from lazykv.core.engine.memory import MiB, window_bytes
+from lazykv.core.engine.memory import MiB, plan_context, tokens_per_gib, window_bytes
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.engine.planner import max_ctx_per_mode, plan
-from lazykv.core.kinds import DEFAULT_KV_RECENT
-from lazykv.core.settings import Settings
+from lazykv.core.kinds import DEFAULT_KV_RECENT, KvMode
+from lazykv.core.models.fit import fit_report
+from lazykv.core.settings import Settings, load_spec
 from tests.support.rpc_server import rpc_server
 
-KEYS = {"n_gpu_layers", "fit", "host", "devices", "max_ctx"}
+KEYS = {"n_gpu_layers", "fit", "host", "devices", "max_ctx", "tokens_per_gib"}
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -65,7 +66,30 @@ def test_text_says_the_layers_the_places_and_the_longest_contexts(
     assert lines[0].startswith(f"{tiny_gguf.name}, context 1024, KV f16: ")
     assert lines[1].startswith("n_gpu_layers 0 of ") and "runs on the CPU" in lines[1]
     assert lines[2].startswith("host memory (CPU): weights ")
-    assert lines[-1].startswith("longest context: f16 ")
+    assert lines[-5].startswith("longest context: f16 ")
+    # each mode's tokens per GiB and quality, in the words of Settings and the Models page
+    meta = read_model_meta(tiny_gguf)
+    context = plan_context(meta, 1024, "f16", recent=DEFAULT_KV_RECENT)
+    assert lines[-4:] == [f"  {context.figures(mode)}" for mode in KvMode]
+    lazy = tokens_per_gib(meta, 1024, "lazy", DEFAULT_KV_RECENT)
+    assert lines[-2] == (f"  lazy q8_0 (f16 until half full): {lazy:,} tokens per GiB · exact until the f16 "
+                         "part is full, then closer to f16 than plain 8-bit")
+
+
+def test_every_place_gives_the_same_tokens_per_gib(tiny_gguf: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """estimate's JSON, the Models page's fit report and the plan Settings and the memory panel show: one
+    figure per mode, from memory.tokens_per_gib."""
+    code, out, _ = run(capsys, str(tiny_gguf), "--ctx", "2048", "--json")
+    assert code == 0
+    meta = read_model_meta(tiny_gguf)
+    spec = load_spec(Settings().values(), tiny_gguf, n_ctx=2048)
+    want = {str(mode): tokens_per_gib(meta, 2048, mode, DEFAULT_KV_RECENT) for mode in KvMode}
+    assert json.loads(out)["tokens_per_gib"] == want
+    assert fit_report(meta, spec, available=1 << 40).to_json()["tokens_per_gib"] == want
+    assert {str(m): n for m, n in spec.context(meta).per_gib.items()} == want
+    # the lazy modes' window costs tokens; the ladder holds the most, f16 the fewest
+    assert want["ladder"] > want["q8_0"] > want["lazy"] > want["f16"] > 0
 
 
 @pytest.mark.parametrize(("argv", "says"), [

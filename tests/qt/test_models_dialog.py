@@ -3,6 +3,7 @@ Cancel, the fit the planner gives, an unknown starter id, and the downloaded mod
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,10 @@ def test_the_disk_list_shows_every_tool_s_models_and_loads_one(qtbot: QtBot, fak
     with qtbot.waitSignal(d.planned, timeout=10_000):  # planned off the GUI thread
         d.ctx_box.setValue(131072)  # the fit follows the context chosen: the tiny model's 4,096 at most
     assert _cell(d, "disk_table", rows["Ollama: tiny:latest"], DISK_FIT + 1) == "4,096"
+    # each Longest cell's tooltip: the mode's tokens per GiB and quality, as Settings and estimate say them
+    lazy = d.disk_table.item(rows["Ollama: tiny:latest"], DISK_FIT + 1 + list(KvMode).index(KvMode.LAZY))
+    assert re.fullmatch(rf"lazy q8_0 \(f16 until half full\): [1-9][0-9,]* tokens per GiB · "
+                        rf"{re.escape(KvMode.LAZY.quality)}", lazy.toolTip())
     d.kv_box.setCurrentIndex(d.kv_box.findData(str(KvMode.F16)))
     assert d.select_path(fake_home.files["ollama"])
     with qtbot.waitSignal(w.model_loaded, timeout=10_000) as loaded:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lazykv.cli import _options
 from lazykv.core.engine.load_spec import LoadSpecError
-from lazykv.core.engine.memory import fmt_bytes
+from lazykv.core.engine.memory import ContextPlan, fmt_bytes
 from lazykv.core.engine.planner import HOST_CPU, Plan
 from lazykv.core.errors import EngineError
 from lazykv.core.kinds import KvMode
@@ -21,7 +21,7 @@ def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
         prog="python -m lazykv estimate", description=__doc__,
         epilog="Sizes are llama.cpp's own buffers (weights, KV cache, compute) as the engine would "
                "allocate them with the app's settings (the options below change them); nothing is loaded. "
-               "--json prints one object: n_gpu_layers, fit, host, devices, max_ctx.")
+               "--json prints one object: n_gpu_layers, fit, host, devices, max_ctx, tokens_per_gib.")
     parser.add_argument("model", type=Path, help="a GGUF model file")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     _options.add_setting_options(parser, current=settings)
@@ -61,14 +61,16 @@ def main(argv: list[str]) -> int:
         print(f"estimate: {found.note()}", file=sys.stderr)
     p = spec.plan(meta, found.devices)
     longest = spec.max_ctx_per_mode(meta, found.devices, p.available)
+    context = spec.context(meta)
     if args.json:
-        print(json.dumps({**p.as_dict(), "max_ctx": {str(mode): n for mode, n in longest.items()}}))
+        print(json.dumps({**p.as_dict(), "max_ctx": {str(mode): n for mode, n in longest.items()},
+                          "tokens_per_gib": {str(mode): n for mode, n in context.per_gib.items()}}))
     else:
-        print(_text(spec.model, p, longest))
+        print(_text(spec.model, p, longest, context))
     return 0
 
 
-def _text(path: Path, p: Plan, longest: dict[KvMode, int]) -> str:
+def _text(path: Path, p: Plan, longest: dict[KvMode, int], context: ContextPlan) -> str:
     def parts(weights: int, kv: int, compute: int) -> str:
         return f"weights {fmt_bytes(weights)}, KV cache {fmt_bytes(kv)}, compute {fmt_bytes(compute)}"
 
@@ -83,4 +85,5 @@ def _text(path: Path, p: Plan, longest: dict[KvMode, int]) -> str:
         about = f" ({d.device.description})" if d.device.description else ""
         lines.append(f"{d.device.name}{about}: {parts(d.weights, d.kv, d.compute)}; {memory}")
     lines.append("longest context: " + ", ".join(f"{mode} {n}" for mode, n in longest.items()))
+    lines += [f"  {context.figures(mode)}" for mode in KvMode]
     return "\n".join(lines)

@@ -54,6 +54,11 @@ class KvMode(StrEnum):
         """What choosing it trades, in one line (under the Settings choice)."""
         return KV_MODE_WORDS[self].note
 
+    @property
+    def quality(self) -> str:
+        """How close its answers stay to f16's, in words: "close to f16"."""
+        return KV_MODE_WORDS[self].quality
+
 
 # the defaults of what a model is loaded with: the settings declare them with these, LoadSpec's fields
 # default to them, and every entry point (the app, serve, estimate, models) takes a LoadSpec
@@ -90,6 +95,7 @@ class KvModeWords:
     choice: str  # in the Settings list and --kv's help
     words: str  # in a sentence
     note: str  # what choosing it trades, one line
+    quality: str  # how close its answers stay to f16's, in words, as measured (bench/results/frontier.md)
 
 
 # The KV modes and rungs in words, declared once (docs/glossary.md): Settings, --kv, the memory panel,
@@ -99,14 +105,20 @@ KV_MODE_WORDS = {
     KvMode.LAZY: KvModeWords(
         "lazy q8_0 (f16 until half full)", "lazy (16-bit, then 8-bit)",
         "Full f16 precision until the f16 part is full, then compacted to 8-bit in place: about 1.9× the "
-        "tokens of f16 in the same memory, nearly exact."),
+        "tokens of f16 in the same memory (less its recent window), nearly exact.",
+        # KLD against f16 0.92x (SmolLM2) and 0.95x (Gemma-3) plain q8_0's, with its 128-token window
+        "exact until the f16 part is full, then closer to f16 than plain 8-bit"),
     KvMode.LADDER: KvModeWords(
         "ladder (f16 → 8-bit → 4-bit)", "ladder (16-bit, then 8-bit, then 4-bit)",
         "f16, then 8-bit, then 4-bit, each level when the one before is full: about 3.5× the tokens of f16 "
-        "in the same memory; the last, 4-bit level trades some quality for length."),
+        "in the same memory; the last, 4-bit level trades some quality for length.",
+        # on its 4-bit level, with its 128-token window: KLD 1.9x (SmolLM2) and 3.8x (Gemma-3) plain q8_0's
+        "exact, then 8-bit; below 8-bit once its oldest tokens are 4-bit"),
     KvMode.Q8_0: KvModeWords(
-        "q8_0", "8-bit", "8-bit from the first token: about 1.9× the tokens of f16 in the same memory."),
-    KvMode.F16: KvModeWords("f16", "16-bit", "Full precision throughout: the most memory per token."),
+        "q8_0", "8-bit", "8-bit from the first token: about 1.9× the tokens of f16 in the same memory.",
+        "close to f16"),
+    KvMode.F16: KvModeWords("f16", "16-bit", "Full precision throughout: the most memory per token.",
+                            "exact"),
 }
 PHASE_WORDS = {  # (in words, as the memory panel names it)
     KvPhase.F16: ("16-bit", "16-bit (full precision)"),

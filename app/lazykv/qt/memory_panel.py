@@ -198,13 +198,14 @@ def devices_text(info: ModelInfo) -> str:
 
 def tokens_per_mode(plan: ContextPlan) -> str:
     """``In 24.0 MiB of KV memory: f16 1,024 · q8_0 2,048 · lazy 2,048 · ladder 4,096 tokens`` (rich text;
-    the mode chosen in bold; a mode capped by the model's own limit says so)."""
+    the mode chosen in bold; a mode capped by the model's own limit says so), then the chosen mode's tokens
+    per GiB and quality (ContextPlan.figures)."""
     parts = []
     for mode, n in plan.per_mode.items():
         held = f"{n:,}" if n else f"under {CTX_PADDING}"  # the engine's smallest context: 256 tokens
         text = f"{mode} {held}" + (" (the model's limit)" if plan.at_limit(mode) else "")
         parts.append(f"<b>{text}</b>" if mode is plan.kv_mode else text)
-    line = f"In {fmt_bytes(plan.kv_budget)} of KV memory: {' · '.join(parts)} tokens"
+    line = f"In {fmt_bytes(plan.kv_budget)} of KV memory: {' · '.join(parts)} tokens<br>{plan.figures()}"
     return f"{line}<br>{rungs_text(plan)}" if plan.rungs else line
 
 

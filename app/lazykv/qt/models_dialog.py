@@ -59,7 +59,8 @@ HUB_COLUMNS = ("File", "Quant", "Size", "Fit", *LONGEST)
 DISK_FIT, DISK_FOUND = DISK_COLUMNS.index("Fit"), DISK_COLUMNS.index("Found in")
 HUB_FIT = HUB_COLUMNS.index("Fit")
 FIT_TIP = ("Fit: at the context and KV cache chosen above, against the memory available now. Longest: the "
-           "longest context that still fits, in each KV cache mode (tokens).")
+           "longest context that still fits, in each KV cache mode (tokens); its tooltip, the mode's tokens "
+           "per GiB and quality.")
 
 
 class _Item(QTableWidgetItem):
@@ -88,8 +89,11 @@ def _fit_cells(report: FitReport | None, problem: str = "") -> list[_Item]:
     """The Fit cell and one Longest cell per KV mode (sorting by fit: fits, tight, does not fit, the rest)."""
     if report is None:
         return [_Item(problem, 9)] + [_Item("", -1) for _ in KvMode]
-    return [_Item(report.word, ORDER[report.fit])] + [_Item(f"{n:,}" if n else "–", n)
-                                                      for n in report.max_ctx.values()]
+    cells = [_Item(report.word, ORDER[report.fit])]
+    for mode, n in report.max_ctx.items():
+        cells.append(_Item(f"{n:,}" if n else "–", n))
+        cells[-1].setToolTip(report.context.figures(mode))  # the same words as Settings and estimate
+    return cells
 
 
 class ModelsDialog(QDialog):
@@ -344,7 +348,8 @@ class ModelsDialog(QDialog):
                 cells += _fit_cells(None, f"not offered: {record.problem}")
             cells.append(_Item(f"{record.source}: {record.label}"))
             for column, cell in enumerate(cells):
-                cell.setToolTip(str(record.path) if record.usable else record.details)
+                if not cell.toolTip():  # a Longest cell keeps its mode's figures
+                    cell.setToolTip(str(record.path) if record.usable else record.details)
                 table.setItem(row, column, cell)
         table.setSortingEnabled(True)
         self._update_load()

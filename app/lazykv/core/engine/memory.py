@@ -10,7 +10,7 @@ import os
 import resource
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -112,10 +112,17 @@ class ContextPlan:
     per_mode: dict[KvMode, int]  # tokens each mode holds in kv_budget (context_for_budget)
     limit: int  # ctx_limit: no mode is given more
     rungs: tuple[tuple[KvPhase, int], ...] = ()  # the chosen lazy mode's rungs and their tokens (rung_cells)
+    per_gib: dict[KvMode, int] = field(default_factory=dict)  # tokens per GiB of each mode at this context
 
     def at_limit(self, kv_mode: str) -> bool:
         """The mode holds the longest context offered (it might hold more: the model's limit caps it)."""
         return self.per_mode[KvMode(kv_mode)] >= self.limit
+
+    def figures(self, kv_mode: str | None = None) -> str:
+        """``lazy q8_0 (f16 until half full): 82,815 tokens per GiB · exact until …``: a mode (the one
+        chosen) in figures and words, as Settings, the memory panel, estimate and the Models page say it."""
+        mode = KvMode(kv_mode or self.kv_mode)
+        return f"{mode.choice}: {self.per_gib[mode]:,} tokens per GiB · {mode.quality}"
 
 
 def plan_context(meta: ModelMeta, n_ctx: int, kv_mode: str, budget: int = 0, recent: int = 0) -> ContextPlan:
@@ -125,7 +132,17 @@ def plan_context(meta: ModelMeta, n_ctx: int, kv_mode: str, budget: int = 0, rec
     per_mode = {mode: context_for_budget(meta, kv_budget, mode, recent) for mode in KvMode}
     chosen = per_mode[KvMode(kv_mode)] if budget > 0 else n_ctx
     rungs = rung_cells(padded_ctx(chosen), kv_mode) if chosen > 0 else ()
-    return ContextPlan(KvMode(kv_mode), chosen, kv_budget, per_mode, ctx_limit(meta), rungs)
+    at = padded_ctx(chosen) if chosen > 0 else CTX_PADDING
+    per_gib = {mode: tokens_per_gib(meta, at, mode, recent) for mode in KvMode}
+    return ContextPlan(KvMode(kv_mode), chosen, kv_budget, per_mode, ctx_limit(meta), rungs, per_gib)
+
+
+def tokens_per_gib(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int = 0) -> int:
+    """The tokens a GiB of KV memory holds in ``kv_mode`` at a context of ``n_cells`` (padded): what
+    kv_bytes allocates, the recent window and the sliding-window layers' cells counted; 0 without a cache."""
+    n = padded_ctx(whole(n_cells))
+    total = kv_bytes(meta, n, kv_mode, recent)
+    return round(n * GiB / total) if total else 0
 
 
 def rung_cells(n_cells: int, kv_mode: str) -> tuple[tuple[KvPhase, int], ...]:

@@ -26,6 +26,7 @@ ORDER = {Fit.GREEN: 0, Fit.YELLOW: 1, Fit.RED: 2}  # for sorting by fit
 class FitReport:
     plan: planner.Plan  # of the context and KV mode asked
     max_ctx: dict[KvMode, int]  # the longest context whose plan is not "does not fit", per KV mode (0: none)
+    context: memory.ContextPlan  # the context asked: each mode's tokens per GiB and quality (figures)
 
     @property
     def n_ctx(self) -> int:
@@ -47,7 +48,8 @@ class FitReport:
         return {"n_ctx": self.n_ctx, "kv_mode": str(self.kv_mode), "fit": self.fit.value, "word": self.word,
                 "n_gpu_layers": self.plan.n_gpu_layers, "host": self.plan.host_total,
                 "available": self.plan.available, "reason": self.plan.reason,
-                "max_ctx": {str(mode): n for mode, n in self.max_ctx.items()}}
+                "max_ctx": {str(mode): n for mode, n in self.max_ctx.items()},
+                "tokens_per_gib": {str(mode): n for mode, n in self.context.per_gib.items()}}
 
 
 def fit_report(meta: ModelMeta, spec: LoadSpec, available: int | None = None,
@@ -58,7 +60,8 @@ def fit_report(meta: ModelMeta, spec: LoadSpec, available: int | None = None,
     support = meta.kv_support(spec.flash_attn)
     longest = spec.max_ctx_per_mode(meta, devices, available)
     return FitReport(spec.plan(meta, devices, available),
-                     {mode: n if support.allows(mode) else 0 for mode, n in longest.items()})
+                     {mode: n if support.allows(mode) else 0 for mode, n in longest.items()},
+                     spec.context(meta))
 
 
 def local_devices() -> list[Device]:
