@@ -26,14 +26,17 @@ from llama_cpp import Llama
 
 from bench.engine import CACHE_KINDS, model_path
 from bench.natural_text import write_faq
-from bench.recent import RECENT_N_CTX, kld_run, perplexity, tools_dir
+from bench.recent import RECENT_CHUNKS, RECENT_N_CTX, kld_run, perplexity, tools_dir
 from bench.report import table
 from bench.settings import MODEL_LABELS, Settings
+from lazykv.core.kinds import DEFAULT_KV_RECENT
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RAW = RESULTS / "frontier.json"  # the measurements, so that the report can be written again (--report-only)
 TOKENS_GOAL = 1.5  # x plain q8_0's tokens per GiB
 NEAR_GOAL = 1.1  # x plain q8_0's KLD: "about q8_0's quality", for the sentence on the closest cache
+# the app's default cache (KvMode.LAZY with its recent window): the report says where it sits
+DEFAULT_NAME = f"lazy q8_0, W={DEFAULT_KV_RECENT} (the app's default)"
 LAZY_ENV = {"LLAMA_KV_CACHE_LAZY_QUANT": "1"}  # llama.cpp's tools run the lazy cache with the seed's switch
 
 
@@ -51,12 +54,16 @@ class Cache:
 
 CACHES = (
     Cache("q8_0", "q8_0", "q8_0"),
+    Cache("lazy q8_0", "q8_0", "q8_0", 0),
+    Cache(DEFAULT_NAME, "q8_0", "q8_0", DEFAULT_KV_RECENT),
     Cache("q5_0", "q5_0", "q5_0"),
     Cache("q4_0", "q4_0", "q4_0"),
     Cache("K q8_0, V q5_0", "q8_0", "q5_0"),
     Cache("K q8_0, V q4_0", "q8_0", "q4_0"),
     Cache("K q5_0, V q4_0", "q5_0", "q4_0"),
     Cache("ladder q5_0", "q5_0", "q5_0", 0),
+    Cache("ladder q5_0, W=32", "q5_0", "q5_0", 32),
+    Cache("ladder q5_0, W=64", "q5_0", "q5_0", 64),
     Cache("ladder q5_0, W=128", "q5_0", "q5_0", 128),
     Cache("ladder q4_0", "q4_0", "q4_0", 0),
     Cache("ladder q4_0, W=128", "q4_0", "q4_0", 128),
@@ -72,9 +79,9 @@ class Point:
     kv_bytes: int
 
 
-def tokens_per_gib(kv_bytes: int) -> float:
-    """Tokens per GiB of a cache of kv_bytes at n_ctx RECENT_N_CTX."""
-    return RECENT_N_CTX * 2**30 / kv_bytes
+def tokens_per_gib(kv_bytes: int, n_ctx: int = RECENT_N_CTX) -> float:
+    """Tokens per GiB of a cache of kv_bytes at n_ctx."""
+    return n_ctx * 2**30 / kv_bytes
 
 
 @dataclass
@@ -83,6 +90,15 @@ class FrontierModel:
     label: str
     f16_kv_bytes: int = 0
     points: list[Point] = field(default_factory=list)
+    n_ctx: int = RECENT_N_CTX
+    chunks: int = RECENT_CHUNKS
+
+    @property
+    def title(self) -> str:
+        """The model, and the context when it is not the report's usual one."""
+        if (self.n_ctx, self.chunks) == (RECENT_N_CTX, RECENT_CHUNKS):
+            return self.label
+        return f"{self.label} at n_ctx {self.n_ctx}, {self.chunks} chunks"
 
     def point(self, name: str) -> Point:
         return next(p for p in self.points if p.cache.name == name)
@@ -96,10 +112,10 @@ class FrontierModel:
                        and (o.kv_bytes < p.kv_bytes or o.kld < p.kld) for o in self.points)
 
 
-def kv_bytes(model: Path, cache: Cache, n_threads: int) -> int:
-    """The KV bytes the engine allocates for the cache at n_ctx RECENT_N_CTX (one sequence; sliding-window
-    layers hold their window, as in the app and llama-perplexity)."""
-    llm = Llama(str(model), n_ctx=RECENT_N_CTX, n_threads=n_threads, flash_attn=True, swa_full=False,
+def kv_bytes(model: Path, cache: Cache, n_threads: int, n_ctx: int = RECENT_N_CTX) -> int:
+    """The KV bytes the engine allocates for the cache at n_ctx (one sequence; sliding-window layers hold
+    their window, as in the app and llama-perplexity)."""
+    llm = Llama(str(model), n_ctx=n_ctx, n_threads=n_threads, flash_attn=True, swa_full=False,
                 type_k=CACHE_KINDS[cache.type_k][0], type_v=CACHE_KINDS[cache.type_v][0],
                 kv_lazy_quant=cache.lazy, kv_lazy_recent=max(cache.window, 0), verbose=False)
     try:
@@ -108,22 +124,25 @@ def kv_bytes(model: Path, cache: Cache, n_threads: int) -> int:
         llm.close()
 
 
-def measure(key: str, n_threads: int, tools: Path, corpus: Path, work: Path) -> FrontierModel:
+def measure(key: str, n_threads: int, tools: Path, corpus: Path, work: Path,
+            caches: tuple[Cache, ...] = CACHES, n_ctx: int = RECENT_N_CTX,
+            chunks: int = RECENT_CHUNKS) -> FrontierModel:
     model = model_path(key)
     threads = ["-t", str(n_threads)]
-    base = work / f"{key}.base"
+    base = work / f"{key}.{n_ctx}.base"
     f16 = [*threads, "-ctk", "f16", "-ctv", "f16", "--kl-divergence-base", str(base)]
-    perplexity(tools, model, corpus, f16, {}, work / f"{key}.f16.log")
-    result = FrontierModel(key, MODEL_LABELS[key], kv_bytes(model, Cache("f16", "f16", "f16"), n_threads))
-    for cache in CACHES:
+    perplexity(tools, model, corpus, f16, {}, work / f"{key}.f16.log", n_ctx, chunks)
+    f16_bytes = kv_bytes(model, Cache("f16", "f16", "f16"), n_threads, n_ctx)
+    result = FrontierModel(key, MODEL_LABELS[key], f16_bytes, n_ctx=n_ctx, chunks=chunks)
+    for cache in caches:
         args = [*threads, "-ctk", cache.type_k, "-ctv", cache.type_v, "--kl-divergence-base", str(base),
                 "--kl-divergence"]
         if cache.lazy:
             args += ["--kv-recent", str(cache.window)]
         text = perplexity(tools, model, corpus, args, LAZY_ENV if cache.lazy else {},
-                          work / f"{key}.{cache.name.replace(' ', '_').replace(',', '')}.log")
+                          work / f"{key}.{cache.name.replace(' ', '_').replace(',', '')}.log", n_ctx, chunks)
         run = kld_run(text, cache.name, cache.window)
-        point = Point(cache, run.kld, run.kld_err, run.same_top, kv_bytes(model, cache, n_threads))
+        point = Point(cache, run.kld, run.kld_err, run.same_top, kv_bytes(model, cache, n_threads, n_ctx))
         result.points.append(point)
         print(f"  {key} {cache.name}: KLD {run.kld:.5f}, {point.kv_bytes / 2**20:.2f} MiB", flush=True)
     return result
@@ -134,10 +153,13 @@ def report(models: list[FrontierModel], corpus: str, plot: str) -> str:
         "# The frontier of KV caches: tokens per GiB against KLD (issue 49, section 2)",
         "",
         "`python -m bench.frontier`: llama.cpp's own `llama-perplexity --kl-divergence` (built from this "
-        f"tree) on {corpus}, n_ctx {RECENT_N_CTX}, 3 chunks, batches of 64 tokens; the KLD against an f16 "
-        "cache over the second half of each chunk (positions 2048-4095, where a ladder is on its last rung). "
-        "The ladders run with `LLAMA_KV_CACHE_LAZY_QUANT=1 -ctk T -ctv T --kv-recent W`. Memory: the KV "
-        f"bytes the engine allocates at n_ctx {RECENT_N_CTX} (`kv_lazy_info().kv_bytes`), as tokens per GiB. "
+        f"tree) on {corpus}, n_ctx {RECENT_N_CTX} and {RECENT_CHUNKS} chunks (or as a section's title "
+        "says), batches of 64 tokens; the KLD against an f16 cache over the second half of each chunk "
+        f"(positions {RECENT_N_CTX // 2}-{RECENT_N_CTX - 1} at n_ctx {RECENT_N_CTX}, where a ladder is on "
+        "its last rung). "
+        "The lazy caches (lazy q8_0 and the ladders) run with `LLAMA_KV_CACHE_LAZY_QUANT=1 -ctk T -ctv T "
+        "--kv-recent W`. Memory: the KV "
+        "bytes the engine allocates at that n_ctx (`kv_lazy_info().kv_bytes`), as tokens per GiB. "
         "*Frontier*: no other cache holds "
         "more tokens per GiB at a KLD no higher. The goal: plain q8_0's KLD or better at "
         f">= {TOKENS_GOAL}x its tokens per GiB.",
@@ -149,11 +171,12 @@ def report(models: list[FrontierModel], corpus: str, plot: str) -> str:
         q8 = m.point("q8_0")
         rows = []
         for p in sorted(m.points, key=lambda p: p.kv_bytes):
-            rows.append([p.cache.name, f"{tokens_per_gib(p.kv_bytes):,.0f}", f"{m.tokens_vs_q8(p):.2f}x",
+            rows.append([p.cache.name, f"{tokens_per_gib(p.kv_bytes, m.n_ctx):,.0f}",
+                         f"{m.tokens_vs_q8(p):.2f}x",
                          f"{p.kld:.5f} ± {p.kld_err:.5f}",
                          f"{p.kld / q8.kld:.2f}x", f"{p.same_top:.2f} %", "yes" if m.on_frontier(p) else ""])
-        lines += [f"## {m.label}", "",
-                  f"f16: {tokens_per_gib(m.f16_kv_bytes):,.0f} tokens per GiB.", "",
+        lines += [f"## {m.title}", "",
+                  f"f16: {tokens_per_gib(m.f16_kv_bytes, m.n_ctx):,.0f} tokens per GiB.", "",
                   table(["cache", "tokens per GiB", "/ q8_0", "mean KLD", "/ q8_0", "same top token",
                          "frontier"], rows), ""]
         goal = [p for p in m.points if m.tokens_vs_q8(p) >= TOKENS_GOAL]
@@ -168,6 +191,12 @@ def report(models: list[FrontierModel], corpus: str, plot: str) -> str:
             lines.append(f"- The most tokens per GiB within {NEAR_GOAL}x plain q8_0's KLD: "
                          f"{most.cache.name}, {m.tokens_vs_q8(most):.2f}x q8_0's tokens at "
                          f"{most.kld / q8.kld:.2f}x its KLD.")
+        default = next((p for p in m.points if p.cache.name == DEFAULT_NAME), None)
+        if default is not None:
+            where = "on the frontier" if m.on_frontier(default) else "off the frontier"
+            name = DEFAULT_NAME.split(" (")[0]
+            lines.append(f"- The app's default, {name}: {m.tokens_vs_q8(default):.2f}x "
+                         f"q8_0's tokens per GiB at {default.kld / q8.kld:.2f}x its KLD, {where}.")
         lines.append("")
     return "\n".join(lines)
 
@@ -190,8 +219,8 @@ def plot(models: list[FrontierModel], path: Path) -> None:
         ax.axvline(TOKENS_GOAL, color="tab:blue", linewidth=0.8, linestyle="--")
         ax.set_yscale("log")
         ax.set_xlabel("tokens per GiB / plain q8_0's")
-        ax.set_ylabel("mean KLD against f16 (positions 2048-4095)")
-        ax.set_title(f"{m.label} (red: on the frontier; squares: ladders)")
+        ax.set_ylabel(f"mean KLD against f16 (positions {m.n_ctx // 2}-{m.n_ctx - 1})")
+        ax.set_title(f"{m.title} (red: on the frontier; squares: lazy)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -207,14 +236,34 @@ def load(path: Path) -> tuple[list[FrontierModel], str]:
     return models, raw["corpus"]
 
 
+def merge(kept: list[FrontierModel], measured: list[FrontierModel]) -> list[FrontierModel]:
+    """The stored measurements with the new ones in their place (the same corpus and settings): a model
+    measured now (at its n_ctx) keeps its stored points of the caches not measured now."""
+    by_key = {(m.key, m.n_ctx): m for m in kept}
+    for m in measured:
+        old = by_key.get((m.key, m.n_ctx))
+        names = {p.cache.name for p in m.points}
+        if old is not None:
+            m.points = [p for p in old.points if p.cache.name not in names] + m.points
+        by_key[m.key, m.n_ctx] = m
+    order = list(MODEL_LABELS)
+    return sorted(by_key.values(), key=lambda m: (m.n_ctx, order.index(m.key)))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.frontier", description=__doc__)
     parser.add_argument("--models", default=",".join(MODEL_LABELS), help="comma-separated model keys")
     parser.add_argument("--report-only", action="store_true", help=f"write the report again from {RAW.name}")
+    parser.add_argument("--cache", action="append", choices=[c.name for c in CACHES], metavar="NAME",
+                        help=f"measure only this cache (repeatable); the others keep their points in "
+                             f"{RAW.name}")
+    parser.add_argument("--ctx", type=int, default=RECENT_N_CTX, help="the context length (n_ctx)")
+    parser.add_argument("--chunks", type=int, default=RECENT_CHUNKS, help="chunks of n_ctx tokens")
     args = parser.parse_args(argv)
     if args.report_only:
         models, what = load(RAW)
     else:
+        caches = tuple(c for c in CACHES if args.cache is None or c.name in args.cache)
         n_threads = Settings(quick=False, models=()).n_threads
         tools = tools_dir()
         models = []
@@ -223,12 +272,9 @@ def main(argv: list[str] | None = None) -> None:
             corpus = write_faq(work / "python-faq.txt")
             what = f"the Python FAQ ({corpus.stat().st_size:,} bytes of Debian's python3-doc)"
             for key in args.models.split(","):
-                models.append(measure(key, n_threads, tools, corpus, work))
+                models.append(measure(key, n_threads, tools, corpus, work, caches, args.ctx, args.chunks))
         if RAW.is_file():
-            # the models measured before and not now are kept (the same corpus and settings)
-            kept, _ = load(RAW)
-            models = [m for m in kept if m.key not in {n.key for n in models}] + models
-            models.sort(key=lambda m: list(MODEL_LABELS).index(m.key))
+            models = merge(load(RAW)[0], models)
         raw = {"corpus": what, "models": [dataclasses.asdict(m) for m in models]}
         RAW.write_text(json.dumps(raw, indent=1) + "\n", encoding="utf-8")
     plot(models, RESULTS / "frontier.png")

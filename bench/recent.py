@@ -104,10 +104,9 @@ def tools_dir() -> Path:
 
 
 def perplexity(tools: Path, model: Path, corpus: Path, args: list[str], env: dict[str, str],
-               log: Path) -> str:
-    cmd = [str(tools / "llama-perplexity"), "-m", str(model), "-f", str(corpus), "-c", str(RECENT_N_CTX),
-           "-b", str(RECENT_BATCH), "-ub", str(RECENT_BATCH), "--chunks", str(RECENT_CHUNKS), "-fa", "on",
-           *args]
+               log: Path, n_ctx: int = RECENT_N_CTX, chunks: int = RECENT_CHUNKS) -> str:
+    cmd = [str(tools / "llama-perplexity"), "-m", str(model), "-f", str(corpus), "-c", str(n_ctx),
+           "-b", str(RECENT_BATCH), "-ub", str(RECENT_BATCH), "--chunks", str(chunks), "-fa", "on", *args]
     done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=3600)
     log.write_text(done.stdout + done.stderr, encoding="utf-8")
     if done.returncode != 0:

@@ -3,13 +3,13 @@ of tokens per GiB against KLD, and whether any reaches plain q8_0's KLD at 1.5x 
 
 from __future__ import annotations
 
-from bench.frontier import Cache, FrontierModel, Point, report
+from bench.frontier import DEFAULT_NAME, Cache, FrontierModel, Point, merge, report
 
 
 def _model(points: dict[str, tuple[int, float]]) -> FrontierModel:
     m = FrontierModel("smollm2", "SmolLM2", f16_kv_bytes=90 << 20)
     for name, (mib, kld) in points.items():
-        lazy = name.startswith("ladder")
+        lazy = name.startswith(("ladder", "lazy"))
         cache = Cache(name, "q4_0", "q4_0", 128 if lazy else -1)
         m.points.append(Point(cache, kld, kld / 10, 95.0, mib << 20))
     return m
@@ -48,3 +48,38 @@ def test_the_saved_measurements_give_the_same_report(tmp_path) -> None:  # noqa:
     models, corpus = load(path)
     assert models == [m] and corpus == "a corpus"
     assert report(models, corpus, "f.png") == report([m], "a corpus", "f.png")
+
+
+def test_the_report_says_where_the_apps_default_sits() -> None:
+    on = report([_model({"q8_0": (48, 0.0035), DEFAULT_NAME: (51, 0.0021), "q4_0": (25, 0.055)})], "c",
+                "f.png")
+    assert "- The app's default, lazy q8_0, W=128: 0.94x q8_0's tokens per GiB at 0.60x its KLD, on the " \
+           "frontier." in on
+    off = report([_model({"q8_0": (48, 0.0035), DEFAULT_NAME: (51, 0.0040)})], "c", "f.png")
+    assert "at 1.14x its KLD, off the frontier." in off
+
+
+def test_caches_measured_again_replace_their_stored_points_only() -> None:
+    """--cache NAME measures one cache: the model keeps its other stored points, another model all of
+    its own."""
+    stored = [_model({"q8_0": (48, 0.0035), "q4_0": (25, 0.055)}), _model({"q8_0": (16, 0.007)})]
+    stored[1].key = "gemma3"
+    again = _model({"q4_0": (25, 0.050), DEFAULT_NAME: (51, 0.0021)})
+    merged = merge(stored, [again])
+    assert [m.key for m in merged] == ["smollm2", "gemma3"]
+    klds = {p.cache.name: p.kld for p in merged[0].points}
+    assert klds == {"q8_0": 0.0035, "q4_0": 0.050, DEFAULT_NAME: 0.0021}
+    assert merged[1] is stored[1]
+
+
+def test_a_longer_context_is_a_section_of_its_own() -> None:
+    """--ctx 16384: the model's points at 4096 stay; the report titles the new section with its context."""
+    short = _model({"q8_0": (48, 0.0035)})
+    long = _model({"q8_0": (100, 0.005)})
+    long.n_ctx, long.chunks = 16384, 2
+    merged = merge([short], [long])
+    assert merged == [short, long]
+    text = report(merged, "c", "f.png")
+    assert "## SmolLM2\n" in text and "## SmolLM2 at n_ctx 16384, 2 chunks\n" in text
+    # tokens per GiB at that context: 16384 tokens in 100 MiB
+    assert "| q8_0 | 167,772 | 1.00x |" in text
