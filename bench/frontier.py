@@ -98,7 +98,7 @@ class FrontierModel:
         """The model, and the context when it is not the report's usual one."""
         if (self.n_ctx, self.chunks) == (RECENT_N_CTX, RECENT_CHUNKS):
             return self.label
-        return f"{self.label} at n_ctx {self.n_ctx}, {self.chunks} chunks"
+        return f"{self.label} at n_ctx {self.n_ctx}, {self.chunks} chunk{'' if self.chunks == 1 else 's'}"
 
     def point(self, name: str) -> Point:
         return next(p for p in self.points if p.cache.name == name)
