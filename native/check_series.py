@@ -26,7 +26,15 @@ It stops at the first prefix that fails (``--keep-going`` goes on) and prints on
 and a summary; ``--record`` writes the summary of a full run into native/README.md. Slow: on two
 cores a full run takes hours (every patch that touches a widely included header rebuilds most of
 libllama). Run it in the background before a change to the series lands, not in ``make test``.
-Only the standard library is used.
+
+``--state-bytes`` (after a full run, with series-src at the series' tip) checks that the series leaves a
+plain cache's saved state upstream's: it builds libllama at the rotation-record prefix (0001, upstream PR
+#28498's format) beside the tip's, and ``native/state_bytes/state_dump.cpp`` against each; on SmolLM2, a
+plain f16 and a plain q8_0 cache's sequence and context states of each build are read by the other and
+written back, and must come back byte for byte (both ways); fresh f16 states must be equal too. Fresh q8_0
+states are compared and reported: their rows' values may differ where the series changed a kernel.
+
+Only the standard library is used (and, for ``--state-bytes``, the app's list of models).
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ README = NATIVE / "README.md"
 RECORD_START = "<!-- check_series: last full run -->"
 RECORD_END = "<!-- /check_series -->"
 TEST_TIMEOUT_S = 1800
+STATE_DUMP = NATIVE / "state_bytes" / "state_dump.cpp"
+STATE_WORK = NATIVE / "work" / "state-bytes"  # the first prefix's worktree and build, the dumps
 
 
 def _build_module():  # noqa: ANN202 - the module object of native/build.py
@@ -283,6 +293,118 @@ def build_and_test(step: Step, jobs: str, log: Path, devices_only: bool = False)
     return "ok"
 
 
+def patch_subject(patch: Path) -> str:
+    """The commit subject of a format-patch file (its folded Subject header joined again)."""
+    match = re.search(r"^Subject: (?:\[PATCH[^]]*\] )?(.+(?:\n .+)*)", patch.read_text(errors="replace"),
+                      re.MULTILINE)
+    return " ".join(match.group(1).split()) if match else ""
+
+
+def state_dump_program(src: Path, lib: Path, out: Path) -> None:
+    """state_dump.cpp built against a build's libllama (src: its llama.cpp tree, lib: its bin dir)."""
+    cxx = os.environ.get("CXX", "c++")
+    res = run([cxx, "-O2", "-std=c++17", str(STATE_DUMP), "-I", str(src / "include"), "-I",
+               str(src / "ggml" / "include"), "-L", str(lib), "-lllama", "-lggml", "-lggml-base",
+               f"-Wl,-rpath,{lib}", "-o", str(out)])
+    if res.returncode != 0:
+        raise build.BuildError(f"state_dump does not build against {lib}: {res.stderr[-2000:]}")
+
+
+def differing(a: Path, b: Path) -> tuple[int, int]:
+    """(bytes that differ, the first that does; -1: none); files of another size differ everywhere."""
+    x, y = a.read_bytes(), b.read_bytes()
+    if len(x) != len(y):
+        return max(len(x), len(y)), 0
+    diff = [i for i in range(len(x)) if x[i] != y[i]] if x != y else []
+    return len(diff), diff[0] if diff else -1
+
+
+def state_bytes(jobs: str) -> int:
+    """--state-bytes: a plain cache's states, the rotation-record prefix's build against the tip's."""
+    patches = build.patch_files()
+    tip_subject = run(["git", "log", "-1", "--format=%s"], cwd=SERIES_SRC).stdout.strip()
+    tip_lib = SERIES_BUILD / "bin"
+    if tip_subject != patch_subject(patches[-1]) or not (tip_lib / "libllama.so").exists():
+        print(f"check_series: {SERIES_SRC} is not built at the series' tip: run a full check first",
+              file=sys.stderr)
+        return 2
+    try:
+        sys.path.insert(0, str(NATIVE.parent / "app"))
+        from lazykv.core.models import model_fetch
+
+        model = model_fetch.models_dir() / model_fetch.MODELS["smollm2"].filename
+    except ImportError as err:
+        print(f"check_series: the app's model list is not importable ({err})", file=sys.stderr)
+        return 2
+    if not model.is_file():
+        print(f"check_series: {model} is missing: run `make models` first", file=sys.stderr)
+        return 2
+
+    # the rotation-record prefix in a worktree of its own, built with the series' flags
+    first_src, first_build = STATE_WORK / "src", STATE_WORK / "build"
+    build.ensure_pristine()
+    if not first_src.exists():
+        build.git("worktree", "prune")
+        build.git("worktree", "add", "-q", "--detach", str(first_src), build.PRISTINE_TAG)
+    run(["git", "am", "--abort"], cwd=first_src)
+    run(["git", "reset", "-q", "--hard", build.PRISTINE_TAG], cwd=first_src)
+    res = run(["git", *build.GIT_ID, "am", "-q", "--keep-cr", str(patches[0])], cwd=first_src)
+    if res.returncode != 0:
+        print(f"check_series: {patches[0].name} does not apply: {res.stderr}", file=sys.stderr)
+        return 1
+    src = first_src / "vendor" / "llama.cpp"
+    for cmd in (["cmake", "-S", str(src), "-B", str(first_build), *cmake_args()],
+                ["cmake", "--build", str(first_build), "-j", jobs, "--target", "llama"]):
+        res = run(cmd)
+        if res.returncode != 0:
+            print(f"check_series: {' '.join(cmd[:2])} failed for {patches[0].name}:\n{res.stderr[-4000:]}",
+                  file=sys.stderr)
+            return 1
+    programs = {"first": STATE_WORK / "state_dump-first", "tip": STATE_WORK / "state_dump-tip"}
+    try:
+        state_dump_program(src, first_build / "bin", programs["first"])
+        state_dump_program(SERIES_SRC / "vendor" / "llama.cpp", tip_lib, programs["tip"])
+    except build.BuildError as err:
+        print(f"check_series: {err}", file=sys.stderr)
+        return 1
+
+    def dump(who: str, kv: str, out: str, source: str | None = None) -> Path:
+        res = run([str(programs[who]), str(model), kv, str(STATE_WORK / out),
+                   *([str(STATE_WORK / source)] if source else [])], timeout=600)
+        if res.returncode != 0:
+            raise build.BuildError(f"state_dump ({who}, {kv}) failed: {res.stderr[-2000:]}")
+        return STATE_WORK / out
+
+    ok = True
+    try:
+        for kv in ("f16", "q8_0"):
+            dump("first", kv, f"first-{kv}")
+            dump("tip", kv, f"tip-{kv}")
+            dump("first", kv, f"tip-via-first-{kv}", f"tip-{kv}")
+            dump("tip", kv, f"first-via-tip-{kv}", f"first-{kv}")
+            for part, what in (("seq", "sequence state"), ("ctx", "context state")):
+                n = (STATE_WORK / f"tip-{kv}.{part}").stat().st_size
+                back = [differing(STATE_WORK / f"{a}-via-{b}-{kv}.{part}", STATE_WORK / f"{a}-{kv}.{part}")[0]
+                        for a, b in (("tip", "first"), ("first", "tip"))]
+                fresh, at = differing(STATE_WORK / f"first-{kv}.{part}", STATE_WORK / f"tip-{kv}.{part}")
+                same_size = (STATE_WORK / f"first-{kv}.{part}").stat().st_size == n
+                holds = back == [0, 0] and (fresh == 0 or (kv != "f16" and same_size))
+                ok &= holds
+                trip = "identical both ways" if back == [0, 0] else f"{back} bytes differ"
+                if fresh == 0:
+                    saved = "identical"
+                elif same_size:
+                    saved = f"{fresh} bytes differ, the first at offset {at} (the same size)"
+                else:
+                    saved = "of other sizes"
+                print(f"state bytes, plain {kv} {what} ({n} bytes): read by the other build and written "
+                      f"back: {trip}; saved fresh: {saved}{'' if holds else ' FAIL'}", flush=True)
+    except build.BuildError as err:
+        print(f"check_series: {err}", file=sys.stderr)
+        return 1
+    return 0 if ok else 1
+
+
 def record(steps: list[Step], started: datetime.datetime, seconds: float) -> None:
     """The summary of a full run into native/README.md, between the markers (appended the first time)."""
     failed = [s for s in steps if s.result != "ok"]
@@ -323,8 +445,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the prefixes are applied (another worktree runs beside a running check)")
     parser.add_argument("--devices-only", action="store_true",
                         help="only compile the GPU code of the prefixes that touch it (no libllama or tests)")
+    parser.add_argument("--state-bytes", action="store_true",
+                        help="after a full run: a plain cache's states of the rotation-record prefix's build "
+                             "against the tip's, byte for byte")
     args = parser.parse_args(argv)
     SERIES_SRC = args.worktree.resolve()
+    if args.state_bytes:
+        return state_bytes(args.jobs)
 
     steps = plan(args.first, args.last)
     if not steps:

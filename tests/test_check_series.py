@@ -86,3 +86,23 @@ def test_a_build_dir_configured_for_another_worktree_starts_over(tmp_path: Path)
         (build / "ggml.o").write_bytes(b"")
         assert cs.configured_for(build, src) == build
         assert (build / "ggml.o").exists() == kept
+
+
+def test_a_patch_subject_is_read_whole_where_the_header_folds_it() -> None:
+    """--state-bytes asks whether series-src is at the tip by the last patch's subject, which
+    format-patch folds over two lines when it is long."""
+    cs = _check_series()
+    subjects = [cs.patch_subject(p) for p in cs.build.patch_files()]
+    assert all(s and "\n" not in s and "  " not in s for s in subjects)
+    assert subjects[-1] == "python : a template jinja2 cannot compile no longer fails Llama()"
+
+
+def test_states_are_compared_byte_for_byte(tmp_path: Path) -> None:
+    cs = _check_series()
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    a.write_bytes(b"\x00\x01\x02\x03")
+    b.write_bytes(b"\x00\x01\x07\x03")
+    c.write_bytes(b"\x00\x01")
+    assert cs.differing(a, a) == (0, -1)
+    assert cs.differing(a, b) == (1, 2)
+    assert cs.differing(a, c) == (4, 0)  # another size: every byte counts as differing
