@@ -272,3 +272,25 @@ def test_the_tensor_limit_probe_finds_the_largest_tensor_the_device_takes() -> N
         assert fake.asked <= 30
     assert devices.max_tensor(FakeGgml(2 << 40), 0) == 0  # type: ignore[arg-type]  # no limit
     assert devices.max_tensor(FakeGgml(1024), 0) == 0  # type: ignore[arg-type]  # refuses the op at any size
+
+
+@pytest.mark.parametrize("kv_mode", ["f16", "q8_0", "ladder"])
+def test_a_sliding_window_model_splits_its_cache_where_its_global_layers_are(gemma3_path: Path,
+                                                                          kv_mode: str) -> None:
+    """Gemma-3 270M with 10 of 19 layers offloaded (its last 9 and the output): layers 5, 11 and 17 attend
+    globally (4,096 cells at n_ctx 4096), the others their window (1,024), so the device holds two global
+    layers and the host one. What the engine allocated on lavapipe (make vulkan-check's plan accuracy): 12.0
+    and 15.0 MiB of f16 (a layer-count split gave 13.5 and 13.5)."""
+    from lazykv.core.engine.memory import kv_bytes, layer_kv_bytes
+    from lazykv.core.engine.model_meta import read_model_meta
+
+    meta = read_model_meta(gemma3_path)
+    assert [il for il, swa in enumerate(meta.swa_flags()) if not swa] == [5, 11, 17]
+    layers = layer_kv_bytes(meta, 4096, kv_mode)
+    assert sum(layers) == kv_bytes(meta, 4096, kv_mode) and layers[5] == layers[11] == 4 * layers[0]
+    p = plan(meta, 4096, kv_mode, [gpu(6)], gpu_layers=10)
+    assert (p.host.kv, p.devices[0].kv) == (sum(layers[:9]), sum(layers[9:]))
+    if kv_mode == "f16":
+        assert (p.host.kv, p.devices[0].kv) == (12 * MiB, 15 * MiB)
+    # metadata built by hand (no pattern read): the global layers spread evenly, the same three here
+    assert replace(meta, swa_pattern=()).swa_flags() == meta.swa_flags()

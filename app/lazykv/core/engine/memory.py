@@ -64,6 +64,23 @@ def kv_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int = 0) -> in
     return capped(cells + window_bytes(meta, n_cells, kv_mode, recent))
 
 
+def layer_kv_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int = 0) -> list[int]:
+    """kv_bytes per repeating layer, as llama.cpp allocates them: a sliding-window layer's cells are its
+    window's (swa_cells), the others' ``n_cells``; the recent window's rows alike on every layer. They sum
+    to kv_bytes (what rounding leaves goes to the last layer), so a plan that puts some layers on a device
+    splits the cache where the engine does."""
+    n_layer = whole(meta.n_layer)
+    if n_layer <= 0:
+        return []
+    full, windowed = whole(n_cells), swa_cells(meta, n_cells)
+    cells = [windowed if swa else full for swa in meta.swa_flags()]
+    rows, window = kv_bytes(meta, n_cells, kv_mode), window_bytes(meta, n_cells, kv_mode, recent)
+    total_cells = sum(cells)
+    out = [(rows * c // total_cells if total_cells else 0) + window // n_layer for c in cells]
+    out[-1] += rows + window - sum(out)
+    return out
+
+
 def window_bytes(meta: ModelMeta, n_cells: int, kv_mode: str, recent: int) -> int:
     """The recent window's f16 K/V rows beside a lazy cache of ``n_cells`` cells (kv_lazy_recent, native
     patch 0024): ``recent`` tokens' worth (at most the cells), one sequence, and the row that takes a

@@ -196,6 +196,17 @@ class ModelMeta:
     tensors: TensorBytes | None = None  # None: not read (metadata built by hand)
     n_ff: int = 0  # feed-forward length (the largest layer's)
     swa_layers: int = 0  # layers that attend through the sliding window (their cache: the window and a batch)
+    swa_pattern: tuple[bool, ...] = ()  # per layer, whether it is one of them (() where not read: swa_flags)
+
+    def swa_flags(self) -> list[bool]:
+        """Per repeating layer, whether it attends through the sliding window: the pattern read from the
+        file, else (metadata built or changed by hand) ``swa_layers`` of them with the global ones spread
+        evenly."""
+        n_layer = max(0, self.n_layer)
+        if len(self.swa_pattern) == n_layer and sum(self.swa_pattern) == self.swa_layers:
+            return list(self.swa_pattern)
+        n_global = n_layer - min(max(0, self.swa_layers), n_layer)
+        return [(il + 1) * n_global // n_layer == il * n_global // n_layer for il in range(n_layer)]
 
     def kv_support(self, flash_attn: bool = True) -> KvSupport:
         """Which KV cache modes can run this model, with the reason when q8_0/lazy cannot."""
@@ -484,6 +495,7 @@ def _meta_from(kv: dict[str, Any], path: Path, size: int, version: int, n_params
     n_head_kv = num("attention.head_count_kv", n_head)
     _check_relations(kv, arch, num, n_layer, n_head, n_head_kv)
     head_default = n_embd // n_head if n_head else 0
+    swa = _swa_layers(kv, arch, num, n_layer)
     vocab = kv.get("tokenizer.ggml.tokens")
     n_vocab = vocab.count if isinstance(vocab, _Array) else num("vocab_size")
     if n_vocab > _MAX_VOCAB:
@@ -510,7 +522,8 @@ def _meta_from(kv: dict[str, Any], path: Path, size: int, version: int, n_params
         file_type=_file_type(kv.get("general.file_type")),
         tensors=tensors,
         n_ff=num("feed_forward_length"),
-        swa_layers=_swa_layers(kv, arch, num, n_layer),
+        swa_layers=sum(swa),
+        swa_pattern=tuple(swa),
     )
 
 
@@ -523,21 +536,23 @@ SWA_PATTERNS: dict[str, tuple[int, bool]] = {
 }
 
 
-def _swa_layers(kv: dict[str, Any], arch: str, num: Callable[..., int], n_layer: int) -> int:
-    """How many layers attend through the sliding window; 0 where the model has none, or where its
-    pattern is not known here (then every layer is counted at the full context: never too little)."""
+def _swa_layers(kv: dict[str, Any], arch: str, num: Callable[..., int], n_layer: int) -> list[bool]:
+    """Per layer, whether it attends through the sliding window; none where the model has no window, or
+    where its pattern is not known here (then every layer is counted at the full context: never too
+    little)."""
+    none = [False] * max(0, n_layer)
     if num("attention.sliding_window") <= 0 or arch not in SWA_PATTERNS:
-        return 0
+        return none
     n, dense_first = SWA_PATTERNS[arch]
     if isinstance(kv.get(f"{arch}.attention.sliding_window_pattern"), _Scalar):
         n = num("attention.sliding_window_pattern")
     elif f"{arch}.attention.sliding_window_pattern" in kv:  # a per-layer array: not read here
-        return 0
+        return none
     if n == 0:
-        return n_layer
+        return [True] * max(0, n_layer)
     if dense_first:
-        return sum(1 for il in range(n_layer) if il % n != 0)
-    return sum(1 for il in range(n_layer) if il % n < n - 1)
+        return [il % n != 0 for il in range(n_layer)]
+    return [il % n < n - 1 for il in range(n_layer)]
 
 
 def _file_type(value: Any) -> int:

@@ -50,7 +50,7 @@ from lazykv.core.engine.memory import (
     capped,
     ctx_limit,
     fmt_bytes,
-    kv_bytes,
+    layer_kv_bytes,
     swa_cells,
     whole,
 )
@@ -371,7 +371,7 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
     """The bytes in host memory and on each device with ``ngl`` layers offloaded, as llama.cpp places them."""
     n_layer = whole(meta.n_layer)
     cells = padded_ctx(whole(n_ctx))
-    kv_layer = kv_bytes(meta, cells, mode, recent) // n_layer if n_layer else 0
+    kv_layers = layer_kv_bytes(meta, cells, mode, recent)  # a sliding-window layer's cache is smaller
     layout = _layout(meta)
     weights = layout.weights
     n_dev = len(devices)
@@ -379,18 +379,18 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
     # llama.cpp keeps the layers before the first offloaded one on the CPU: the host's are a prefix
     start = n_layer + 1 - min(ngl, n_layer + 1) if devices and ngl > 0 else n_layer + 1
     n_host = min(start, n_layer)
-    host_kv = kv_layer * n_host
+    host_kv = sum(kv_layers[:n_host])
     if n_dev == 1:
         dev_layers[0] = n_layer - n_host
         dev_w[0] = sum(weights[n_host:n_layer])
-        dev_kv[0] = kv_layer * dev_layers[0]
+        dev_kv[0] = sum(kv_layers[n_host:n_layer])
         out_dev = 0 if start <= n_layer else -1
     else:
         owner = _layer_owners(n_layer, ngl, devices)  # per layer and the output: device index, -1 host
         for il in range(n_host, n_layer):
             where = owner[il]
             dev_w[where] += weights[il]
-            dev_kv[where] += kv_layer
+            dev_kv[where] += kv_layers[il]
             dev_layers[where] += 1
         out_dev = owner[n_layer]
     # the device of the first offloaded layer, the one the host layers' output goes to
