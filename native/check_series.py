@@ -134,26 +134,29 @@ def run(cmd: list[str], cwd: Path | None = None, timeout: float | None = None) -
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False, timeout=timeout)
 
 
-def reset_worktree(upto: int) -> None:
-    """series-src at the pristine sdist plus the first ``upto`` patches (a worktree of SRC's repo)."""
+def reset_worktree(upto: int, where: Path | None = None) -> None:
+    """A worktree of SRC's repo (series-src unless ``where``) at the pristine sdist plus the first ``upto``
+    patches."""
+    where = where or SERIES_SRC
     build.ensure_pristine()
-    if not SERIES_SRC.exists():
+    if not where.exists():
         build.git("worktree", "prune")
-        build.git("worktree", "add", "-q", "--detach", str(SERIES_SRC), build.PRISTINE_TAG)
-    run(["git", "am", "--abort"], cwd=SERIES_SRC)
-    res = run(["git", "reset", "-q", "--hard", build.PRISTINE_TAG], cwd=SERIES_SRC)
+        build.git("worktree", "add", "-q", "--detach", str(where), build.PRISTINE_TAG)
+    run(["git", "am", "--abort"], cwd=where)
+    res = run(["git", "reset", "-q", "--hard", build.PRISTINE_TAG], cwd=where)
     if res.returncode != 0:
-        raise build.BuildError(f"cannot reset {SERIES_SRC}: {res.stderr}")
+        raise build.BuildError(f"cannot reset {where}: {res.stderr}")
     for patch in build.patch_files()[:upto]:
-        if not apply(patch):
+        if not apply(patch, where):
             raise build.BuildError(f"{patch.name} does not apply")
 
 
-def apply(patch: Path) -> bool:
+def apply(patch: Path, where: Path | None = None) -> bool:
+    where = where or SERIES_SRC
     res = run(["git", *build.GIT_ID, "am", "-q", "--keep-cr", "--committer-date-is-author-date", str(patch)],
-              cwd=SERIES_SRC)
+              cwd=where)
     if res.returncode != 0:
-        run(["git", "am", "--abort"], cwd=SERIES_SRC)
+        run(["git", "am", "--abort"], cwd=where)
         return False
     return True
 
@@ -342,15 +345,10 @@ def state_bytes(jobs: str) -> int:
 
     # the rotation-record prefix in a worktree of its own, built with the series' flags
     first_src, first_build = STATE_WORK / "src", STATE_WORK / "build"
-    build.ensure_pristine()
-    if not first_src.exists():
-        build.git("worktree", "prune")
-        build.git("worktree", "add", "-q", "--detach", str(first_src), build.PRISTINE_TAG)
-    run(["git", "am", "--abort"], cwd=first_src)
-    run(["git", "reset", "-q", "--hard", build.PRISTINE_TAG], cwd=first_src)
-    res = run(["git", *build.GIT_ID, "am", "-q", "--keep-cr", str(patches[0])], cwd=first_src)
-    if res.returncode != 0:
-        print(f"check_series: {patches[0].name} does not apply: {res.stderr}", file=sys.stderr)
+    try:
+        reset_worktree(1, first_src)
+    except build.BuildError as err:
+        print(f"check_series: {err}", file=sys.stderr)
         return 1
     src = first_src / "vendor" / "llama.cpp"
     for cmd in (["cmake", "-S", str(src), "-B", str(first_build), *cmake_args()],
