@@ -294,3 +294,23 @@ def test_a_sliding_window_model_splits_its_cache_where_its_global_layers_are(gem
         assert (p.host.kv, p.devices[0].kv) == (12 * MiB, 15 * MiB)
     # metadata built by hand (no pattern read): the global layers spread evenly, the same three here
     assert replace(meta, swa_pattern=()).swa_flags() == meta.swa_flags()
+
+
+@pytest.mark.parametrize(("kv_mode", "measured"), [("f16", 25.93), ("q8_0", 24.50), ("ladder", 23.43)])
+def test_a_gpu_that_runs_the_host_layers_products_holds_their_cells(gemma3_path: Path, kv_mode: str,
+                                                                    measured: float) -> None:
+    """Gemma-3 270M at 4096 with 10 of 19 layers on Mesa's lavapipe (its output layer stays in host memory:
+    lavapipe's 128 MiB tensor limit). For a batch of 32 tokens or more the GPU also runs the products of the
+    9 layers kept in host memory, one layer at a time, with that layer's K/V cells and weights copied in: the
+    global layer 5's 4 MiB of f16 cells make its compute buffer 25.93 MiB (make vulkan-check's plan
+    accuracy), where the device's own layers alone need 22.75."""
+    from lazykv.core.engine.model_meta import read_model_meta
+
+    meta = read_model_meta(gemma3_path)
+    lavapipe = Device("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)", 2 * GiB, 2 * GiB, max_tensor=128 * MiB)
+    p = plan(meta, 4096, kv_mode, [lavapipe], gpu_layers=10)
+    assert not p.devices[0].output
+    assert abs(p.devices[0].compute / MiB - measured) / measured <= plan_accuracy.TOLERANCE
+    # over RPC the host layers compute in host memory: nothing of theirs is copied to the server
+    rpc = replace(lavapipe, name="RPC0[127.0.0.1:50052]")
+    assert plan(meta, 4096, kv_mode, [rpc], gpu_layers=10).devices[0].compute < p.devices[0].compute

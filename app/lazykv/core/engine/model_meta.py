@@ -147,12 +147,13 @@ class TensorGroup:
     repack: int = 0  # of nbytes, what the CPU backend repacks (a second copy, when in host memory)
     start: int = 0  # offset of the first byte in the tensor data
     end: int = 0  # one past the last byte
+    largest: int = 0  # the largest tensor's bytes (what a device copies in to run a product with it)
 
     def add(self, offset: int, nbytes: int, repack: int) -> TensorGroup:
         if not self.nbytes and not self.end:
-            return TensorGroup(nbytes, repack, offset, offset + nbytes)
+            return TensorGroup(nbytes, repack, offset, offset + nbytes, nbytes)
         return TensorGroup(self.nbytes + nbytes, self.repack + repack, min(self.start, offset),
-                           max(self.end, offset + nbytes))
+                           max(self.end, offset + nbytes), max(self.largest, nbytes))
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,7 @@ DEVICE_HEADROOM = 1024 * MiB  # left free on every device: upstream's target (co
 
 F32 = 4
 WEIGHT_PROBE_TOKENS = 512  # the batch llama.cpp asks a device's supports_op about for each weight
+OFFLOAD_MIN_BATCH = 32  # the batch from which CUDA and Vulkan run a host layer's products (their offload_op)
 
 
 @dataclass(frozen=True)
@@ -434,10 +435,21 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
         host_compute = max(logits + 2 * n_embd * per_token, inputs + layer_act)
     else:
         # the layers kept in host memory compute there, unless the local GPU that holds the others runs
-        # their products itself (its offload_op, for a batch of 32 tokens or more: CUDA, Vulkan)
-        offloaded = devices[out_dev].offloads_ops
+        # their products itself (its offload_op: CUDA, Vulkan)
+        offloaded = devices[out_dev].offloads_ops and n_ub >= OFFLOAD_MIN_BATCH
         host_compute = inputs + (layer_act if host_layers and not offloaded else 0)
     rotations = _rotation_bytes(meta, mode) * (2 if iswa else 1)
+    # the local GPU that runs the host layers' products (the first one the scheduler asks): one such layer at a
+    # time, with what it copies in, the layer's K/V cells and its largest weight (GGML_SCHED_DEBUG, Gemma-3 on
+    # lavapipe with 9 of 18 layers in host memory: cache_k_l5, cache_v_l5 and the feed-forward's matrices)
+    runner = next((i for i, d in enumerate(devices) if d.offloads_ops and (dev_layers[i] or i == out_dev)), -1)
+    if not n_host or n_ub < OFFLOAD_MIN_BATCH:
+        runner = -1
+    host_layer = 0
+    if runner >= 0:
+        largest = (max(g.largest for g in tensors.layers[:n_host]) if tensors is not None and tensors.layers
+                   else whole(meta.n_ff) * n_embd * 2)
+        host_layer = gpu_layer_act + masks + rotations + max(kv_layers[:n_host]) + largest
     plans = []
     for i, dev in enumerate(devices):
         used = dev_layers[i] > 0 or i == out_dev
@@ -455,6 +467,8 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
             compute = act + states * n_embd * per_token + rotations
         else:
             compute = act
+        if i == runner:
+            compute = max(compute, host_layer)
         plans.append(DevicePlan(dev, dev_layers[i], i == out_dev, capped(dev_w[i]), capped(dev_kv[i]),
                                 capped(compute if used else 0), budgets[i]))
     return Bytes(capped(host_w), capped(host_kv), capped(host_compute)), tuple(plans)

@@ -67,7 +67,8 @@ def _merged_tensors(parts: list[tuple[TensorBytes, int]]) -> TensorBytes:
         if not present:
             return TensorGroup()
         return TensorGroup(sum(g.nbytes for g, _ in present), sum(g.repack for g, _ in present),
-                           min(g.start + at for g, at in present), max(g.end + at for g, at in present))
+                           min(g.start + at for g, at in present), max(g.end + at for g, at in present),
+                           max(g.largest for g, _ in present))
 
     n_layers = max(len(t.layers) for t, _ in parts)
     layers = tuple(merge([(t.layers[i], at) for t, at in parts if i < len(t.layers)])
