@@ -6,7 +6,7 @@
    llama-perplexity reports is over the second half of each chunk: positions 2048-4095, all on the ladder's
    q4_0 rung. Batches of RECENT_BATCH tokens, so that a batch's own tokens are in the window with the ones
    before them, as in a chat's decode;
-2. memory: the ladder with the window allocates plain q4_0's bytes plus W f16 rows (kv_lazy_info);
+2. memory: the ladder with the window allocates plain q4_0's bytes plus W f16 rows and a spare one (kv_lazy_info);
 3. speed: decode at depth SPEED_DEPTH, the ladder with the default window against the ladder without it, in
    one process, SPEED_ROUNDS paired rounds in alternating order (the median ratio and its 95 % interval).
 """
@@ -80,7 +80,9 @@ class RecentModel:
     runs: list[KldRun] = field(default_factory=list)
     kv_bytes_plain: int = 0  # plain q4_0, n_ctx SPEED_DEPTH + 256
     kv_bytes_window: int = 0  # the ladder with TARGET_WINDOW
-    window_rows_bytes: int = 0  # TARGET_WINDOW f16 rows (an f16 cache's bytes per cell)
+    # TARGET_WINDOW f16 rows (an f16 cache's bytes per cell) and the window's spare row: the rows of a ubatch's
+    # tokens that no sequence's ring keeps are written there, never attended (llama_kv_cache::lazy_win_n)
+    window_rows_bytes: int = 0
     speed: SpeedPair | None = None
 
     def run(self, window: int) -> KldRun:
@@ -158,7 +160,7 @@ def measure_memory_and_speed(spec: ModelSpec, settings: Settings, tokens: list[i
     result.kv_bytes_plain = plain.kv_lazy_info().kv_bytes
     plain.close()
     f16 = ladder_context(spec, settings, -1, "f16")
-    result.window_rows_bytes = f16.kv_lazy_info().kv_bytes // (SPEED_DEPTH + 256) * TARGET_WINDOW
+    result.window_rows_bytes = f16.kv_lazy_info().kv_bytes // (SPEED_DEPTH + 256) * (TARGET_WINDOW + 1)
     f16.close()
     contexts = {w: ladder_context(spec, settings, w) for w in (0, TARGET_WINDOW)}
     try:
@@ -210,7 +212,7 @@ def recent_targets(r: RecentResults) -> list[Target]:
                             ratio <= KLD_TARGET))
         extra = m.kv_bytes_window - m.kv_bytes_plain
         found.append(Target(m.label, "recent window", f"KV bytes, W={TARGET_WINDOW} - plain q4_0",
-                            f"{extra / 2**20:.2f} MiB", f"<= {TARGET_WINDOW} f16 rows "
+                            f"{extra / 2**20:.2f} MiB", f"<= {TARGET_WINDOW} f16 rows and the spare one "
                             f"({m.window_rows_bytes / 2**20:.2f} MiB)", extra <= m.window_rows_bytes))
         if m.speed is not None:
             ci = m.speed.ci
