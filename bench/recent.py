@@ -6,7 +6,8 @@
    llama-perplexity reports is over the second half of each chunk: positions 2048-4095, all on the ladder's
    q4_0 rung. Batches of RECENT_BATCH tokens, so that a batch's own tokens are in the window with the ones
    before them, as in a chat's decode;
-2. memory: the ladder with the window allocates plain q4_0's bytes plus W f16 rows and a spare one (kv_lazy_info);
+2. memory: the ladder with the window allocates plain q4_0's bytes plus W f16 rows and a spare one
+   (kv_lazy_info);
 3. speed: decode at depth SPEED_DEPTH, the ladder with the default window against the ladder without it, in
    one process, SPEED_ROUNDS paired rounds in alternating order (the median ratio and its 95 % interval).
 """
@@ -80,8 +81,8 @@ class RecentModel:
     runs: list[KldRun] = field(default_factory=list)
     kv_bytes_plain: int = 0  # plain q4_0, n_ctx SPEED_DEPTH + 256
     kv_bytes_window: int = 0  # the ladder with TARGET_WINDOW
-    # TARGET_WINDOW f16 rows (an f16 cache's bytes per cell) and the window's spare row: the rows of a ubatch's
-    # tokens that no sequence's ring keeps are written there, never attended (llama_kv_cache::lazy_win_n)
+    # TARGET_WINDOW f16 rows (an f16 cache's bytes per cell) and the window's spare row: the rows of a
+    # ubatch's tokens that no sequence's ring keeps are written there, never attended (lazy_win_n)
     window_rows_bytes: int = 0
     speed: SpeedPair | None = None
 

@@ -27,6 +27,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -115,8 +116,14 @@ def backend_ops() -> tuple[str, bool]:
         passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
         all_passed = passed is not None and passed[1] == passed[2] and int(passed[2]) > 0
         ok = ok and proc.returncode == 0 and all_passed
+        died = ""
+        if proc.returncode != 0:
+            how = (f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+                   else f"exit status {proc.returncode}")
+            last = proc.stderr.strip().splitlines()[-1:] or ["nothing on stderr"]
+            died = f" The program ended after {len(cases)} cases, {how}: `{last[0]}`."
         body.append(f"## {title}\n\n`test-backend-ops {' '.join(args)}`, built for Vulkan from the series: "
-                    f"{passed[0] if passed else 'no summary'}.\n\n```\n" + "\n".join(cases) + "\n```\n")
+                    f"{passed[0] if passed else 'no summary'}.{died}\n\n```\n" + "\n".join(cases) + "\n```\n")
     return "\n".join(body), ok
 
 

@@ -439,10 +439,11 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
         offloaded = devices[out_dev].offloads_ops and n_ub >= OFFLOAD_MIN_BATCH
         host_compute = inputs + (layer_act if host_layers and not offloaded else 0)
     rotations = _rotation_bytes(meta, mode) * (2 if iswa else 1)
-    # the local GPU that runs the host layers' products (the first one the scheduler asks): one such layer at a
-    # time, with what it copies in, the layer's K/V cells and its largest weight (GGML_SCHED_DEBUG, Gemma-3 on
-    # lavapipe with 9 of 18 layers in host memory: cache_k_l5, cache_v_l5 and the feed-forward's matrices)
-    runner = next((i for i, d in enumerate(devices) if d.offloads_ops and (dev_layers[i] or i == out_dev)), -1)
+    # the local GPU that runs the host layers' products (the first one the scheduler asks): one such layer at
+    # a time, with what it copies in, the layer's K/V cells and its largest weight (GGML_SCHED_DEBUG, Gemma-3
+    # on lavapipe with 9 of 18 layers in host memory: cache_k_l5, cache_v_l5 and the feed-forward's matrices)
+    in_use = [bool(dev_layers[i]) or i == out_dev for i in range(n_dev)]
+    runner = next((i for i, d in enumerate(devices) if d.offloads_ops and in_use[i]), -1)
     if not n_host or n_ub < OFFLOAD_MIN_BATCH:
         runner = -1
     host_layer = 0
@@ -452,7 +453,6 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
         host_layer = gpu_layer_act + masks + rotations + max(kv_layers[:n_host]) + largest
     plans = []
     for i, dev in enumerate(devices):
-        used = dev_layers[i] > 0 or i == out_dev
         act = (gpu_layer_act if dev.offloads_ops else layer_act) + masks if dev_layers[i] else 0
         if i == out_dev:
             compute = max(logits + n_embd * per_token, act)
@@ -470,7 +470,7 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
         if i == runner:
             compute = max(compute, host_layer)
         plans.append(DevicePlan(dev, dev_layers[i], i == out_dev, capped(dev_w[i]), capped(dev_kv[i]),
-                                capped(compute if used else 0), budgets[i]))
+                                capped(compute if in_use[i] else 0), budgets[i]))
     return Bytes(capped(host_w), capped(host_kv), capped(host_compute)), tuple(plans)
 
 
