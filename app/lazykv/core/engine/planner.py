@@ -429,7 +429,8 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
     iswa = whole(meta.sliding_window) > 0
     # f16 KQ masks: the full one and the sliding window's (over the window's cells, swa_cells)
     masks = (cells + (swa_cells(meta, cells) if iswa else 0)) * n_ub * 2
-    inputs = 2 * n_embd * per_token + masks + _rotation_bytes(meta, mode) * (2 if iswa else 1)
+    rotations = _rotation_bytes(meta, mode) * (2 if iswa else 1)
+    inputs = 2 * n_embd * per_token + masks + rotations
     logits = n_vocab * per_token
     if out_dev < 0:  # the output on the CPU, with every layer (ngl 0 or no device)
         host_compute = max(logits + 2 * n_embd * per_token, inputs + layer_act)
@@ -438,14 +439,13 @@ def _place(meta: ModelMeta, n_ctx: int, mode: KvMode, devices: Sequence[Device],
         # their products itself (its offload_op: CUDA, Vulkan)
         offloaded = devices[out_dev].offloads_ops and n_ub >= OFFLOAD_MIN_BATCH
         host_compute = inputs + (layer_act if host_layers and not offloaded else 0)
-    rotations = _rotation_bytes(meta, mode) * (2 if iswa else 1)
     # the local GPU that runs the host layers' products (the first one the scheduler asks): one such layer at
     # a time, with what it copies in, the layer's K/V cells and its largest weight (GGML_SCHED_DEBUG, Gemma-3
     # on lavapipe with 9 of 18 layers in host memory: cache_k_l5, cache_v_l5 and the feed-forward's matrices)
     in_use = [bool(dev_layers[i]) or i == out_dev for i in range(n_dev)]
-    runner = next((i for i, d in enumerate(devices) if d.offloads_ops and in_use[i]), -1)
-    if not n_host or n_ub < OFFLOAD_MIN_BATCH:
-        runner = -1
+    runner = -1
+    if n_host and n_ub >= OFFLOAD_MIN_BATCH:
+        runner = next((i for i, d in enumerate(devices) if d.offloads_ops and in_use[i]), -1)
     host_layer = 0
     if runner >= 0:
         largest = (max(g.largest for g in tensors.layers[:n_host]) if tensors is not None and tensors.layers
