@@ -84,6 +84,8 @@ BASE_CMAKE_ARGS = [
     # the RPC backend and its server (shipped in the wheel): offload to another machine, and the
     # non-host backend the device-memory tests run on
     "-DGGML_RPC=ON",
+    # a KV cache converted in place streams over its buffer: 2 MiB pages (Linux; ggml's opt-in)
+    "-DGGML_CPU_HUGE_PAGES=ON",
 ]
 # x86-64: a fixed AVX2/FMA/F16C baseline instead of -march=native. The wheel is
 # then the same on every laptop of the last decade, and -march=native would also
@@ -111,6 +113,7 @@ TOOLS_CMAKE_ARGS = [
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_OPENSSL=OFF",
     "-DGGML_RPC=ON",
+    "-DGGML_CPU_HUGE_PAGES=ON",
 ]
 TOOLS = ("test-llama-archs", "test-save-load-state", "test-backend-ops", "test-jinja", "test-kv-lazy",
          "llama-perplexity", "llama-bench", "ggml-rpc-server")

@@ -166,7 +166,7 @@ def cmake_args() -> list[str]:
     # functions that no patch defines yet (the linker never sees it whole), a shared one does not
     args = ["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_TESTS=ON",
             "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",
-            "-DLLAMA_OPENSSL=OFF", "-DGGML_RPC=ON"]
+            "-DLLAMA_OPENSSL=OFF", "-DGGML_RPC=ON", "-DGGML_CPU_HUGE_PAGES=ON"]
     if build.platform.system() == "Linux":
         args += ["-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--no-undefined"]
     if build.platform.machine().lower() in ("x86_64", "amd64"):
