@@ -109,19 +109,26 @@ def backend_ops() -> tuple[str, bool]:
                              ("Flash attention over a second K/V range (the recent window) against the CPU",
                               "FLASH_ATTN_EXT", ["-p", "kv2="])):
         args = ["test", "-b", "Vulkan0", "-o", op, *extra]
-        proc = subprocess.run([str(build_dir / "bin" / "test-backend-ops"), *args],
-                              capture_output=True, text=True, env=env, timeout=1800)
-        cases = [line.strip() for line in proc.stdout.splitlines()
-                 if line.strip().startswith(f"{op}(") and "not supported" not in line]
-        passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
-        all_passed = passed is not None and passed[1] == passed[2] and int(passed[2]) > 0
-        ok = ok and proc.returncode == 0 and all_passed
         died = ""
-        if proc.returncode != 0:
+        for attempt in (1, 2):
+            proc = subprocess.run([str(build_dir / "bin" / "test-backend-ops"), *args],
+                                  capture_output=True, text=True, env=env, timeout=1800)
+            cases = [line.strip() for line in proc.stdout.splitlines()
+                     if line.strip().startswith(f"{op}(") and "not supported" not in line]
+            if proc.returncode == 0:
+                break
             how = (f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
                    else f"exit status {proc.returncode}")
             last = proc.stderr.strip().splitlines()[-1:] or ["nothing on stderr"]
-            died = f" The program ended after {len(cases)} cases, {how}: `{last[0]}`."
+            died += f" Run {attempt} ended after {len(cases)} cases, {how}: `{last[0]}`."
+            # Mesa 22.3's lavapipe aborts the kv2 set now and then in its own queue thread
+            # (results/lavapipe_kv2_abort.md): a signal after no failed case is run once more, and said
+            if proc.returncode > 0 or any("FAIL" in case for case in cases):
+                break
+            died += " Its known lavapipe 22.3 fault: bench/results/lavapipe_kv2_abort.md."
+        passed = re.search(r"(\d+)/(\d+) tests passed", proc.stdout)
+        all_passed = passed is not None and passed[1] == passed[2] and int(passed[2]) > 0
+        ok = ok and proc.returncode == 0 and all_passed
         body.append(f"## {title}\n\n`test-backend-ops {' '.join(args)}`, built for Vulkan from the series: "
                     f"{passed[0] if passed else 'no summary'}.{died}\n\n```\n" + "\n".join(cases) + "\n```\n")
     return "\n".join(body), ok
