@@ -160,7 +160,14 @@ def report(keys: list[str], work: Path, bytes_of=layer_bytes) -> str:  # noqa: A
             tokens = tokens_vs_q8(q8_bytes, r["layers"])
             lines.append(f"| {name[:3]} {name[3:]} | {', '.join(map(str, r['layers']))} | "
                          f"{tokens:.2f}x | {r['kld']:.5f} | {r['kld'] / q8:.2f}x |")
-        lines.append(f"| q8_0 | all | 1.00x | {q8:.5f} | 1.00x |")
+        lines += [f"| q8_0 | all | 1.00x | {q8:.5f} | 1.00x |", ""]
+        for name in sorted((n for n in sweep.res if n.startswith("top")), key=lambda n: int(n[3:])):
+            r = sweep.res[name]
+            back = (q4 - r["kld"]) / (q4 - q8)
+            summed = sum(share[il] for il in r["layers"])
+            part = len(r["layers"]) / n_layer
+            lines.append(f"- {name[3:]} layer(s) in q8_0 ({part:.0%} of them) take back "
+                         f"{back:.0%} of the KLD q4_0 adds over q8_0 (their shares summed: {summed:.0%}).")
     return "\n".join(lines) + "\n"
 
 
