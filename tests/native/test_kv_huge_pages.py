@@ -58,5 +58,5 @@ def test_a_host_kv_buffer_is_backed_by_huge_pages(smollm2_path: Path, kv: str) -
     if thp_mode() == "never":
         assert grown == 0  # nothing to ask for: the cache works as before
     else:
-        # all of the buffer but a partial huge page at its end (the compute buffers, which ask too, add theirs)
+        # all of the buffer but its partial huge pages (the compute buffers, which ask too, add theirs)
         assert grown >= kv_bytes - 2 * HUGE_PAGE, f"{grown >> 20} MiB of huge pages for {kv_bytes >> 20} MiB"
