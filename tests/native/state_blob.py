@@ -47,6 +47,7 @@ class CacheState:
     k: list[Tensor] = field(default_factory=list)
     v: list[Tensor] = field(default_factory=list)
     recent: tuple[int, int] | None = None  # (tokens per sequence, slots per ring) of a lazy cache's window
+    sinks: int = 0  # and the slots at the front of each ring that keep the first positions (patch 0030)
     window: Window | None = None
 
 
@@ -132,6 +133,8 @@ def _parse_cache(r: _Reader) -> CacheState:
         (cache.lazy_rung,) = struct.unpack("<i", entries[EXT_LAZY][:4])
     if EXT_RECENT in entries:
         cache.recent = struct.unpack("<II", entries[EXT_RECENT][:8])
+        if len(entries[EXT_RECENT]) >= 12:
+            (cache.sinks,) = struct.unpack("<I", entries[EXT_RECENT][8:12])
     n_cells = r.u32()
     if n_cells == 0:
         return cache
