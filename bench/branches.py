@@ -102,7 +102,7 @@ def measure(model: Path, n_tokens: int, data: Path, disk: bool) -> dict[str, obj
             sizes.append(db.call(lambda s: s.stored_bytes()))
         own = len(session.cached_tokens()) - len(session.transcript_tokens(parent))
         row.update(parent_bytes=parent_bytes, one=sizes[0], five=sizes[-1], own_tokens=own,
-                   floor=kv_bytes(info.meta, own, spec.kv_mode, spec.recent))
+                   floor=kv_bytes(info.meta, own, spec.kv_mode, spec.window))
         row.update(resume_pieces_s=_resume_pieces(persistence, branch_id, branch),
                    resume_whole_s=_resume_whole(session, data, branch_id, branch))
     session.close()

@@ -12,10 +12,12 @@ from lazykv.cli import estimate
 from lazykv.core.engine.memory import MiB, plan_context, tokens_per_gib, window_bytes
 from lazykv.core.engine.model_meta import read_model_meta
 from lazykv.core.engine.planner import max_ctx_per_mode, plan
-from lazykv.core.kinds import DEFAULT_KV_RECENT, KvMode
+from lazykv.core.kinds import DEFAULT_KV_RECENT, DEFAULT_KV_SINKS, KvMode
 from lazykv.core.models.fit import fit_report
 from lazykv.core.settings import Settings, load_spec
 from tests.support.rpc_server import rpc_server
+
+WINDOW = DEFAULT_KV_RECENT + DEFAULT_KV_SINKS  # the app's f16 slots beside a lazy cache: recent window, sinks
 
 KEYS = {"n_gpu_layers", "fit", "host", "devices", "max_ctx", "tokens_per_gib"}
 
@@ -34,7 +36,7 @@ def test_json_is_one_object_with_the_plans_figures(tiny_gguf: Path,
     assert set(got) == KEYS and set(got["host"]) == {"weights", "kv", "compute"}
     assert set(got["max_ctx"]) == {"f16", "q8_0", "lazy", "ladder"}
     meta = read_model_meta(tiny_gguf)
-    p = plan(meta, 2048, "ladder", recent=DEFAULT_KV_RECENT)  # the app's window, by default
+    p = plan(meta, 2048, "ladder", recent=WINDOW)  # the app's window and sinks, by default
     assert got["n_gpu_layers"] == 0 and got["devices"] == []  # a CPU build: no GPU here
     assert got["host"] == {"weights": p.host.weights, "kv": p.host.kv, "compute": p.host.compute}
     assert got["fit"] in ("green", "yellow", "red")
@@ -53,7 +55,9 @@ def test_recent_window_is_counted_with_the_kv_cache(tiny_gguf: Path, capsys: pyt
         assert code == 0
         figures[recent] = json.loads(out)["host"]["kv"]
     meta = read_model_meta(tiny_gguf)
-    assert figures["256"] - figures["0"] == window_bytes(meta, 2048, kv, 256)
+    # the sinks stay in both: the window adds its 256 rows to theirs
+    assert figures["256"] - figures["0"] == (window_bytes(meta, 2048, kv, 256 + DEFAULT_KV_SINKS)
+                                             - window_bytes(meta, 2048, kv, DEFAULT_KV_SINKS))
     assert (window_bytes(meta, 2048, kv, 256) > 0) == (kv != "q8_0")
 
 
@@ -69,9 +73,9 @@ def test_text_says_the_layers_the_places_and_the_longest_contexts(
     assert lines[-5].startswith("longest context: f16 ")
     # each mode's tokens per GiB and quality, in the words of Settings and the Models page
     meta = read_model_meta(tiny_gguf)
-    context = plan_context(meta, 1024, "f16", recent=DEFAULT_KV_RECENT)
+    context = plan_context(meta, 1024, "f16", recent=WINDOW)
     assert lines[-4:] == [f"  {context.figures(mode)}" for mode in KvMode]
-    lazy = tokens_per_gib(meta, 1024, "lazy", DEFAULT_KV_RECENT)
+    lazy = tokens_per_gib(meta, 1024, "lazy", WINDOW)
     assert lines[-2] == (f"  lazy q8_0 (f16 until half full): {lazy:,} tokens per GiB · exact until the f16 "
                          "part is full, then closer to f16 than plain 8-bit")
 
@@ -84,7 +88,7 @@ def test_every_place_gives_the_same_tokens_per_gib(tiny_gguf: Path,
     assert code == 0
     meta = read_model_meta(tiny_gguf)
     spec = load_spec(Settings().values(), tiny_gguf, n_ctx=2048)
-    want = {str(mode): tokens_per_gib(meta, 2048, mode, DEFAULT_KV_RECENT) for mode in KvMode}
+    want = {str(mode): tokens_per_gib(meta, 2048, mode, WINDOW) for mode in KvMode}
     assert json.loads(out)["tokens_per_gib"] == want
     assert fit_report(meta, spec, available=1 << 40).to_json()["tokens_per_gib"] == want
     assert {str(m): n for m, n in spec.context(meta).per_gib.items()} == want
@@ -155,9 +159,11 @@ def test_the_app_settings_are_the_defaults(tiny_gguf: Path, capsys: pytest.Captu
     settings.save()
     code, out, _ = run(capsys, str(tiny_gguf), "--json")
     meta = read_model_meta(tiny_gguf)
-    assert code == 0 and json.loads(out)["host"]["kv"] == plan(meta, 1024, "ladder").host.kv
+    # (the sinks stay: no recent window is their rows alone)
+    sinks_only = plan(meta, 1024, "ladder", recent=DEFAULT_KV_SINKS).host.kv
+    assert code == 0 and json.loads(out)["host"]["kv"] == sinks_only
     code, out, _ = run(capsys, str(tiny_gguf), "--json", "--kv-recent", "64")
-    assert json.loads(out)["host"]["kv"] == plan(meta, 1024, "ladder", recent=64).host.kv
+    assert json.loads(out)["host"]["kv"] == plan(meta, 1024, "ladder", recent=64 + DEFAULT_KV_SINKS).host.kv
 
 
 def test_help_has_every_load_option_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:

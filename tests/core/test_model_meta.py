@@ -12,7 +12,7 @@ import pytest
 from lazykv.core.engine.memory import MAX_BYTES, Fit, GiB, fmt_bytes, process_rss, tokens_per_gib
 from lazykv.core.engine.model_meta import GGML_BLOCKS, GGUFError, padded_ctx, read_model_meta
 from lazykv.core.engine.planner import estimate
-from lazykv.core.kinds import DEFAULT_KV_RECENT
+from lazykv.core.kinds import DEFAULT_KV_RECENT, DEFAULT_KV_SINKS
 from tests.support.synthetic_gguf import SyntheticShape, write_llama_gguf
 
 
@@ -63,16 +63,18 @@ def test_kv_estimate_is_what_the_engine_allocates(model_path: Path, kv_mode: str
 @pytest.mark.parametrize("kv_mode", ["lazy", "ladder"])
 def test_tokens_per_gib_is_what_the_engine_allocates(model_path: Path, kv_mode: str) -> None:
     """The figure Settings, estimate and the Models page give for the app's defaults (a 4,096-token context,
-    the 128-token recent window, sliding-window layers holding their window): the engine's own bytes."""
+    the 128-token recent window and 4 sinks, sliding-window layers holding their window): the engine's own
+    bytes."""
     ggml_type = llama_cpp.GGML_TYPE_Q8_0 if kv_mode == "lazy" else llama_cpp.GGML_TYPE_Q4_0
     llama = llama_cpp.Llama(model_path=str(model_path), n_ctx=4096, verbose=False, flash_attn=True,
                             swa_full=False, type_k=ggml_type, type_v=ggml_type, kv_lazy_quant=True,
-                            kv_lazy_recent=DEFAULT_KV_RECENT)
+                            kv_lazy_recent=DEFAULT_KV_RECENT, kv_lazy_sinks=DEFAULT_KV_SINKS)
     try:
         engine = round(4096 * GiB / llama.kv_lazy_info().kv_bytes)
     finally:
         llama.close()
-    assert tokens_per_gib(read_model_meta(model_path), 4096, kv_mode, DEFAULT_KV_RECENT) == engine
+    window = DEFAULT_KV_RECENT + DEFAULT_KV_SINKS
+    assert tokens_per_gib(read_model_meta(model_path), 4096, kv_mode, window) == engine
 
 
 def test_head_size_not_a_multiple_of_32_rules_out_q8_0(tmp_path: Path) -> None:

@@ -122,7 +122,7 @@ class FakeSession:
         self._step(cancellable=not self.uncancellable_load)
         size = path.stat().st_size
         mode = spec.kv_mode
-        n_ctx = budget_n_ctx(meta, spec.context_budget, mode, spec.recent) if spec.context_budget > 0 \
+        n_ctx = budget_n_ctx(meta, spec.context_budget, mode, spec.window) if spec.context_budget > 0 \
             else spec.n_ctx
         remote, unreachable = probe_all(list(spec.rpc_servers))
         self._info = ModelInfo(path, meta.architecture, 1000, 4096, size, n_ctx, mode, spec.n_threads or 1,

@@ -172,28 +172,30 @@ def test_settings_show_the_tokens_each_mode_holds_in_the_budget(qtbot: QtBot) ->
     # no budget: the context length's memory, in each mode
     # the steps the memory panel will show (issue 30), and what the recent window takes (issue 28): the
     # lazy modes keep it in the same memory, a plain f16 or q8_0 cache has none
-    # (the window's 128 rows per layer, and the row that takes a batch's tokens it does not keep)
+    # (the window's 128 rows per layer, the 4 sinks', and the row that takes a batch's tokens it does not
+    # keep)
     # then the chosen mode's tokens per GiB and quality, the figures estimate and the Models page give
     lazy = f"lazy q8_0 (f16 until half full): {{}} tokens per GiB · {KvMode.LAZY.quality}"
-    assert label.text() == ("In 288.1 MiB of KV memory: f16 2,304 · q8_0 4,096 · <b>lazy 4,096</b> · "
-                            f"ladder 7,680 tokens<br>{lazy.format('14,557')}<br>lazy levels: 16-bit up to "
-                            "2,048 tokens, then 8-bit up to 4,096<br>Recent window: the last 128 tokens in "
-                            "16-bit take 16.1 MiB (6% of the KV memory).")
-    dialog.set_value("kv_recent", 0)
-    assert label.text() == ("In 272.0 MiB of KV memory: f16 2,048 · q8_0 4,096 · <b>lazy 4,096</b> · "
-                            f"ladder 7,680 tokens<br>{lazy.format('15,420')}<br>lazy levels: 16-bit up to "
-                            "2,048 tokens, then 8-bit up to 4,096")
+    assert label.text() == ("In 288.6 MiB of KV memory: f16 2,304 · q8_0 4,096 · <b>lazy 4,096</b> · "
+                            f"ladder 7,680 tokens<br>{lazy.format('14,532')}<br>lazy levels: 16-bit up to "
+                            "2,048 tokens, then 8-bit up to 4,096<br>16-bit beside the cache: the last 128 "
+                            "tokens and the first 4 take 16.6 MiB (6% of the KV memory).")
+    dialog.set_value("kv_recent", 0)  # no recent window: the sinks stay
+    sinks = "<br>16-bit beside the cache: the first 4 tokens take 640.0 KiB (under 1% of the KV memory)."
+    assert label.text() == ("In 272.6 MiB of KV memory: f16 2,048 · q8_0 4,096 · <b>lazy 4,096</b> · "
+                            f"ladder 7,680 tokens<br>{lazy.format('15,385')}<br>lazy levels: 16-bit up to "
+                            f"2,048 tokens, then 8-bit up to 4,096{sinks}")
     assert n_ctx.isEnabled()
     dialog.set_value("kv_mode", KvMode.LADDER)
     dialog.set_value("context_budget_mb", 2048)
     assert label.text() == ("In 2.0 GiB of KV memory: f16 16,384 · q8_0 30,720 · lazy 30,720 · "
-                            "<b>ladder 58,112</b> tokens<br>ladder (f16 → 8-bit → 4-bit): 29,127 tokens per "
+                            "<b>ladder 58,112</b> tokens<br>ladder (f16 → 8-bit → 4-bit): 29,118 tokens per "
                             f"GiB · {KvMode.LADDER.quality}<br>ladder levels: 16-bit up to 16,128 tokens, "
-                            "then 8-bit up to 30,720, then 4-bit up to 58,112")
+                            f"then 8-bit up to 30,720, then 4-bit up to 58,112{sinks}")
     assert not n_ctx.isEnabled() and "budget sets the length" in n_ctx.toolTip()
     assert "(58,112 tokens)" in dialog.estimate_label.text() and dialog.ok_button.isEnabled()
-    dialog.set_value("context_budget_mb", 8)  # 256 tokens of this model's ladder cache take 9 MiB
-    assert "8.0 MiB holds fewer than 256 tokens with this KV cache: 256 tokens need 9.0 MiB" in label.text()
+    dialog.set_value("context_budget_mb", 8)  # 256 tokens of this model's ladder cache: 9 MiB, the sinks 0.6
+    assert "8.0 MiB holds fewer than 256 tokens with this KV cache: 256 tokens need 9.6 MiB" in label.text()
     assert not dialog.ok_button.isEnabled()
     dialog.set_value("context_budget_mb", 0)
     assert n_ctx.isEnabled() and dialog.ok_button.isEnabled()

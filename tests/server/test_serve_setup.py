@@ -17,7 +17,13 @@ from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.memory import MiB
 from lazykv.core.engine.types import SamplingSettings
 from lazykv.core.history.snapshot import Encryption
-from lazykv.core.kinds import DEFAULT_KV_MODE, DEFAULT_KV_RECENT, DEFAULT_N_CTX, FinishReason
+from lazykv.core.kinds import (
+    DEFAULT_KV_MODE,
+    DEFAULT_KV_RECENT,
+    DEFAULT_KV_SINKS,
+    DEFAULT_N_CTX,
+    FinishReason,
+)
 from lazykv.core.settings import Settings, load_spec
 from lazykv.server.engine_access import Generation, Outcome, Piece, run_generation
 from lazykv.server.settings import ServerSettings, is_loopback
@@ -102,8 +108,9 @@ def test_serve_says_when_its_port_is_taken(smollm2_path: Path, capsys: pytest.Ca
     assert code == 2
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
-    # it said what it loaded first: the app's defaults (Auto offload: the CPU here, the recent window)
-    assert f"context 512 tokens, lazy KV cache, recent window {DEFAULT_KV_RECENT} tokens; CPU only" in err
+    # it said what it loaded first: the app's defaults (Auto offload: the CPU here, the window and the sinks)
+    assert (f"context 512 tokens, lazy KV cache, in 16-bit the last {DEFAULT_KV_RECENT} tokens and the first "
+            f"{DEFAULT_KV_SINKS}; CPU only") in err
 
 
 def test_serve_help_has_the_app_s_load_options_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:

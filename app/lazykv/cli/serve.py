@@ -90,7 +90,7 @@ def loaded_line(info: ModelInfo, spec: LoadSpec) -> str:
     places = ", ".join(d.device.name for d in plan.devices) if plan.devices else ""
     backend = (f"{plan.n_gpu_layers} of {most} layers on {places}" if plan.n_gpu_layers and places
                else "CPU only")
-    window = (f", recent window {spec.kv_recent} tokens" if info.kv_mode.is_lazy and spec.kv_recent
+    window = (f", in 16-bit {spec.window_words()}" if info.kv_mode.is_lazy and spec.lazy_window
               else ", no recent window" if info.kv_mode.is_lazy else "")
     note = f" ({info.plan_note})" if info.plan_note else ""
     return (f"{info.name}: context {info.n_ctx} tokens, {info.kv_mode} KV cache{window}; "

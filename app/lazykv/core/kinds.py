@@ -67,6 +67,9 @@ DEFAULT_N_CTX = 4096
 # the lazy modes' recent f16 window (tokens; native kv_lazy_recent): the W that measured best
 # (bench/results/ladder.md, "Recent window")
 DEFAULT_KV_RECENT = 128
+# and each sequence's first tokens, the attention sinks, in f16 beside it (native kv_lazy_sinks): the S that
+# measured best (bench/results/frontier.md, "Attention sinks")
+DEFAULT_KV_SINKS = 4
 
 
 class KvPhase(StrEnum):

@@ -20,6 +20,7 @@ from lazykv.core.idle import IDLE_DELAY_S, IDLE_FILL
 from lazykv.core.kinds import (
     DEFAULT_KV_MODE,
     DEFAULT_KV_RECENT,
+    DEFAULT_KV_SINKS,
     DEFAULT_N_CTX,
     KV_MODE_WORDS,
     ContextFullPolicy,
@@ -155,10 +156,10 @@ SETTINGS: tuple[Setting, ...] = (
             "the ladder goes on to 4-bit.", "Engine", choices=KV_MODE_CHOICES, choice_notes=KV_MODE_NOTES,
             reloads_engine=True, flag="--kv"),
     Setting("kv_recent", SettingKind.INT, DEFAULT_KV_RECENT, "Recent window", "Lazy q8_0 and ladder: the "
-            "last tokens also stay in full 16-bit precision once the cache has compacted, where attention "
-            "looks most. They take 16-bit memory beside the cache (the line under the context says how "
-            "much). 0: none.", "Engine", minimum=0, maximum=4096, step=32, reloads_engine=True,
-            special="0 = none", flag="--kv-recent"),
+            f"last tokens, and the first {DEFAULT_KV_SINKS}, also stay in full 16-bit precision once the "
+            "cache has compacted, where attention looks most. They take 16-bit memory beside the cache (the "
+            "line under the context says how much). 0: only the first tokens.", "Engine", minimum=0,
+            maximum=4096, step=32, reloads_engine=True, special="0 = no recent window", flag="--kv-recent"),
     Setting("n_ctx", SettingKind.INT, DEFAULT_N_CTX, "Context length", "Tokens the model can see at once.",
             "Engine", minimum=256, maximum=MAX_CTX, step=256, reloads_engine=True, flag="--ctx"),
     Setting("context_budget_mb", SettingKind.INT, 0, "Context memory (MiB)", "Choose the context by memory "

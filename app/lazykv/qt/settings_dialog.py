@@ -217,7 +217,7 @@ class SettingsDialog(QDialog):
         if plan is None:
             self.budget_label.setText("Load a model to see how many tokens fit in each KV mode.")
         elif budget and plan.n_ctx == 0:
-            need = fmt_bytes(kv_bytes(self._meta, CTX_PADDING, plan.kv_mode, self.value("kv_recent"))) \
+            need = fmt_bytes(kv_bytes(self._meta, CTX_PADDING, plan.kv_mode, self._spec().lazy_window)) \
                 if self._meta else ""
             self.budget_label.setText(
                 f"<span style='color:{FIT_COLORS[Fit.RED]}'>{fmt_bytes(budget * MiB)} holds fewer than "
@@ -227,14 +227,18 @@ class SettingsDialog(QDialog):
             self.budget_label.setText(tokens_per_mode(plan) + self._window_cost(plan))
 
     def _window_cost(self, plan: ContextPlan) -> str:
-        """What the recent window takes, when the KV mode keeps one."""
-        recent = self.value("kv_recent")
-        if self._meta is None or not plan.kv_mode.is_lazy or recent <= 0 or plan.n_ctx <= 0:
+        """What the recent window and the sinks take, when the KV mode keeps them."""
+        if self._meta is None or not plan.kv_mode.is_lazy or plan.n_ctx <= 0:
             return ""
-        cost = window_bytes(self._meta, plan.n_ctx, plan.kv_mode, recent)
-        share = cost / kv_bytes(self._meta, plan.n_ctx, plan.kv_mode, recent)
-        return (f"<br>Recent window: the last {min(recent, plan.n_ctx):,} tokens in 16-bit take "
-                f"{fmt_bytes(cost)} ({share:.0%} of the KV memory).")
+        spec = self._spec()
+        window = spec.lazy_window
+        if window <= 0:
+            return ""
+        cost = window_bytes(self._meta, plan.n_ctx, plan.kv_mode, window)
+        share = cost / kv_bytes(self._meta, plan.n_ctx, plan.kv_mode, window)
+        part = f"{share:.0%}" if share >= 0.01 else "under 1%"
+        return (f"<br>16-bit beside the cache: {spec.window_words(plan.n_ctx)} take {fmt_bytes(cost)} "
+                f"({part} of the KV memory).")
 
     def _update_estimate(self) -> None:
         plan = self._plan()

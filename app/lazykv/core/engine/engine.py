@@ -117,8 +117,8 @@ class EngineSession:
         """
         path = spec.model
         meta = read_checked_meta(path)
-        kv_mode, recent = spec.kv_mode, spec.recent
-        params = kv_cache_params(kv_mode, spec.flash_attn, recent)
+        kv_mode, recent = spec.kv_mode, spec.window
+        params = kv_cache_params(kv_mode, spec.flash_attn, spec.kv_recent, spec.kv_sinks)
         support: KvSupport = meta.kv_support(spec.flash_attn)
         if not support.allows(kv_mode):
             raise KvModeError(f"a {kv_mode} KV cache cannot run {path.name}: {support.reason}")

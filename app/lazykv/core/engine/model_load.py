@@ -80,10 +80,11 @@ def kv_mode_of(kv_mode: str) -> KvMode:
         raise EngineError(f"unknown KV cache mode {kv_mode!r} (known: {known})") from None
 
 
-def kv_cache_params(kv_mode: KvMode, flash_attn: bool, recent: int = 0) -> dict[str, object]:
+def kv_cache_params(kv_mode: KvMode, flash_attn: bool, recent: int = 0, sinks: int = 0) -> dict[str, object]:
     """A lazy cache is allocated as its last rung's type: q8_0 for lazy q8_0, q4_0 for the ladder; it keeps
-    the last ``recent`` tokens in f16 as well. A sliding-window layer's cache holds its window and a batch,
-    not the whole context (``swa_full`` off, as llama.cpp's tools and server run them)."""
+    the last ``recent`` tokens and the first ``sinks`` in f16 as well. A sliding-window layer's cache holds
+    its window and a batch, not the whole context (``swa_full`` off, as llama.cpp's tools and server run
+    them)."""
     params: dict[str, object] = {"flash_attn": flash_attn, "swa_full": False}
     if kv_mode is not KvMode.F16:
         storage = GGML_TYPES[kv_mode.storage]
@@ -92,6 +93,8 @@ def kv_cache_params(kv_mode: KvMode, flash_attn: bool, recent: int = 0) -> dict[
         params["kv_lazy_quant"] = True
         if recent > 0:
             params["kv_lazy_recent"] = recent
+        if sinks > 0:
+            params["kv_lazy_sinks"] = sinks
     return params
 
 
