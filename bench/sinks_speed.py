@@ -1,0 +1,120 @@
+"""python -m bench.sinks_speed: decode speed with attention sinks (issue 49: the default's decode at depth
+4096 >= 0.95x the cache without the change, paired, interleaved, with a confidence interval).
+
+For each model and each pair below, two contexts in one process read the same SPEED_DEPTH tokens of the Python
+FAQ (batches of the settings' n_batch), then SPEED_ROUNDS rounds in alternating order time
+``decode_tokens`` single-token evals each (bench.speed.time_decode: back to the depth after each round); a
+round's ratio is the median time without sinks over the median time with them (>= 1: the sinks are as fast
+or faster). The report gives the median ratio and its 95 % order-statistic interval (bench.sweep.median_ci).
+
+Pairs: the app's default (lazy q8_0 with its recent window and DEFAULT_KV_SINKS sinks) against the same
+without sinks (the default before them), and the q4_0 ladder with the window and the sinks against it without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp
+from llama_cpp import Llama
+
+from bench.engine import model_path, open_vocab
+from bench.natural_text import write_faq
+from bench.recent import SPEED_DEPTH, SPEED_ROUNDS, SPEED_TARGET
+from bench.report import table
+from bench.settings import MODEL_LABELS, make_settings
+from bench.speed import time_decode
+from bench.sweep import median_ci
+from lazykv.core.kinds import DEFAULT_KV_RECENT, DEFAULT_KV_SINKS
+
+RESULT = Path(__file__).resolve().parent / "results" / "sinks_speed.md"
+PAIRS = (("lazy q8_0", llama_cpp.GGML_TYPE_Q8_0), ("ladder q4_0", llama_cpp.GGML_TYPE_Q4_0))
+
+
+@dataclass
+class Pair:
+    model: str
+    cache: str
+    ratios: list[float] = field(default_factory=list)  # per round: seconds without sinks / with
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ratios)
+
+
+def context(key: str, ggml_type: int, sinks: int, n_threads: int, n_batch: int) -> Llama:
+    return Llama(str(model_path(key)), n_ctx=SPEED_DEPTH + 256, n_batch=n_batch, n_threads=n_threads,
+                 n_threads_batch=n_threads, flash_attn=True, swa_full=False, type_k=ggml_type,
+                 type_v=ggml_type, kv_lazy_quant=True, kv_lazy_recent=DEFAULT_KV_RECENT, kv_lazy_sinks=sinks,
+                 seed=1234, verbose=False)
+
+
+def measure(key: str, tokens: list[int], n_threads: int, n_batch: int, decode_tokens: int) -> list[Pair]:
+    pairs = []
+    for name, ggml_type in PAIRS:
+        contexts = {s: context(key, ggml_type, s, n_threads, n_batch) for s in (0, DEFAULT_KV_SINKS)}
+        try:
+            for llm in contexts.values():
+                for i in range(0, SPEED_DEPTH, n_batch):
+                    llm.eval(tokens[i : min(i + n_batch, SPEED_DEPTH)])
+            pair = Pair(key, name)
+            decode = tokens[SPEED_DEPTH : SPEED_DEPTH + decode_tokens]
+            for round_no in range(SPEED_ROUNDS):
+                order = (0, DEFAULT_KV_SINKS) if round_no % 2 == 0 else (DEFAULT_KV_SINKS, 0)
+                seconds = {s: statistics.median(time_decode(contexts[s], decode)) for s in order}
+                pair.ratios.append(seconds[0] / seconds[DEFAULT_KV_SINKS])
+            pairs.append(pair)
+            print(f"  {key} {name}: {pair.median:.3f}", flush=True)
+        finally:
+            for llm in contexts.values():
+                llm.close()
+    return pairs
+
+
+def report(pairs: list[Pair], n_threads: int, decode_tokens: int) -> str:
+    rows = []
+    for p in pairs:
+        ci = median_ci(p.ratios)
+        interval = f" ({ci[0]:.3f}-{ci[1]:.3f})" if ci else ""
+        verdict = "PASS" if p.median >= SPEED_TARGET else "MISS"
+        rows.append([MODEL_LABELS[p.model], f"{p.cache}, W={DEFAULT_KV_RECENT}", f"{p.median:.3f}{interval}",
+                     f">= {SPEED_TARGET}", verdict])
+    return "\n".join([
+        "# Decode speed with attention sinks (issue 49)",
+        "",
+        f"`python -m bench.sinks_speed`: decode at depth {SPEED_DEPTH} (the Python FAQ), {n_threads} "
+        "threads, "
+        f"{SPEED_ROUNDS} paired rounds in alternating order, each the median of {decode_tokens} single-token "
+        f"evals; the ratio is the time without sinks over the time with {DEFAULT_KV_SINKS} "
+        "(>= 1: no slower), its median and 95 % interval.",
+        "",
+        table(["model", "cache", f"speed with {DEFAULT_KV_SINKS} sinks / without", "target", ""], rows),
+        "",
+    ])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.sinks_speed", description=__doc__)
+    parser.add_argument("--models", default=",".join(MODEL_LABELS), help="comma-separated model keys")
+    args = parser.parse_args(argv)
+    settings = make_settings(False, tuple(args.models.split(",")), (), None, None)
+    pairs = []
+    with tempfile.TemporaryDirectory(prefix="lazykv-sinks-") as tmp:
+        corpus = write_faq(Path(tmp) / "python-faq.txt")
+        for spec in settings.models:
+            vocab = open_vocab(spec.key)
+            try:
+                tokens = vocab.tokenize(corpus.read_bytes())
+            finally:
+                vocab.close()
+            pairs += measure(spec.key, tokens, settings.n_threads, settings.n_batch, settings.decode_tokens)
+    RESULT.write_text(report(pairs, settings.n_threads, settings.decode_tokens), encoding="utf-8")
+    print(f"wrote {RESULT}")
+
+
+if __name__ == "__main__":
+    main()
