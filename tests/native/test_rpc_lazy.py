@@ -379,19 +379,21 @@ def test_ladder_steps_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
     assert device.kv_lazy_info().n_conversions == 2
 
 
-def test_recent_window_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None:
+@pytest.mark.parametrize("sinks", [0, 4])
+def test_recent_window_on_the_device(rpc: RpcServer, smollm2_path: Path, sinks: int) -> None:
     """The recent window (patches 0019, 0024) lives with the cache on the device and is attended there: the
     f16 rung is bit-identical to the cache without a window, and on the q4_0 rung decoding on the device
     agrees with the same ladder in host memory (the server runs as many threads as the host)
-    and is closer to f16 than the ladder without the window."""
+    and is closer to f16 than the ladder without the window. With attention sinks (0030) too: the step
+    copies their rows into the device's window through the backend, and the device agrees with the host."""
     n_ctx = 1024  # rungs 256 / 512 / 1024
 
-    def ladder(recent: int, device: bool) -> Llama:
+    def ladder(recent: int, device: bool, sinks: int = 0) -> Llama:
         where = {"rpc_servers": [rpc.endpoint], "n_gpu_layers": -1} if device else {}
-        return make_llama(smollm2_path, "ladder", n_ctx=n_ctx, kv_lazy_recent=recent, logits_all=True,
-                          **where)
+        return make_llama(smollm2_path, "ladder", n_ctx=n_ctx, kv_lazy_recent=recent, kv_lazy_sinks=sinks,
+                          logits_all=True, **where)
 
-    device, host, plain = ladder(64, True), ladder(64, False), ladder(0, True)
+    device, host, plain = ladder(64, True, sinks), ladder(64, False, sinks), ladder(0, True)
     uses = device.memory_breakdown()
     assert (sum(u.kv for u in uses if not u.host) == device.kv_lazy_info().kv_bytes
             > plain.kv_lazy_info().kv_bytes)
@@ -412,3 +414,10 @@ def test_recent_window_on_the_device(rpc: RpcServer, smollm2_path: Path) -> None
     assert kld(host.scores[rows], device.scores[rows]).max() < 1e-4
     assert (kld(f16.scores[rows], device.scores[rows]).mean()
             < 0.9 * kld(f16.scores[rows], plain.scores[rows]).mean())
+    if sinks:  # the sinks were copied: the same batches on the device without them read otherwise
+        no_sinks = ladder(64, True)
+        fill(no_sinks, tokens[:200])
+        fill(no_sinks, tokens[200:600])
+        for t in tokens[600:640]:
+            no_sinks.eval([t])
+        assert not np.array_equal(no_sinks.scores[rows], device.scores[rows])
