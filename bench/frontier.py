@@ -217,10 +217,10 @@ def ideas_section(models: list[FrontierModel]) -> list[str]:
     lines = ["## What each idea gave", ""]
     for m in models:
         names = {p.cache.name: p for p in m.points}
-        said = [f"{what} {_at(m, names[name])}" for what, name in (
-            ("the recent window: ladder q4_0", "ladder q4_0"), ("with W=128", "ladder q4_0, W=128"),
-            ("4 attention sinks on top", "ladder q4_0, W=128, S=4"),
-            ("K and V apart (plain): K q5_0, V q4_0", "K q5_0, V q4_0")) if name in names]
+        said = [f"{what}: {_at(m, names[name])}" for what, name in (
+            ("the q4_0 ladder", "ladder q4_0"), ("with the recent window (W=128)", "ladder q4_0, W=128"),
+            ("with 4 attention sinks as well", "ladder q4_0, W=128, S=4"),
+            ("K and V apart (plain K q5_0, V q4_0)", "K q5_0, V q4_0")) if name in names]
         if said:
             lines.append(f"- {m.title}: " + "; ".join(said) + ".")
     return lines + [

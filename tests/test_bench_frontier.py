@@ -53,8 +53,8 @@ def test_the_saved_measurements_give_the_same_report(tmp_path) -> None:  # noqa:
 def test_the_report_says_where_the_apps_default_sits() -> None:
     on = report([_model({"q8_0": (48, 0.0035), DEFAULT_NAME: (51, 0.0021), "q4_0": (25, 0.055)})], "c",
                 "f.png")
-    assert "- The app's default, lazy q8_0, W=128: 0.94x q8_0's tokens per GiB at 0.60x its KLD, on the " \
-           "frontier." in on
+    assert "- The app's default, lazy q8_0, W=128, S=4: 0.94x q8_0's tokens per GiB at 0.60x its KLD, on " \
+           "the frontier." in on
     off = report([_model({"q8_0": (48, 0.0035), DEFAULT_NAME: (51, 0.0040)})], "c", "f.png")
     assert "at 1.14x its KLD, off the frontier." in off
 
@@ -83,3 +83,12 @@ def test_a_longer_context_is_a_section_of_its_own() -> None:
     assert "## SmolLM2\n" in text and "## SmolLM2 at n_ctx 16384, 2 chunks\n" in text
     # tokens per GiB at that context: 16384 tokens in 100 MiB
     assert "| q8_0 | 167,772 | 1.00x |" in text
+
+
+def test_the_sinks_table_sets_each_cache_against_the_same_without_sinks() -> None:
+    m = _model({"q8_0": (48, 0.0035), "ladder q4_0, W=128": (28, 0.0075)})
+    with_sinks = Cache("ladder q4_0, W=128, S=4", "q4_0", "q4_0", 128, 4)
+    m.points.append(Point(with_sinks, 0.006, 0.0001, 95.0, 28 * 2**20 + 4096))
+    text = report([m], "c", "f.png")
+    assert "| ladder q4_0, W=128, S=4 | 0.00750 | 0.00600 | -20.0% | 0.9999 |" in text
+    assert "with 4 attention sinks as well: 1.71x q8_0's tokens at 1.71x its KLD" in text

@@ -12,7 +12,7 @@ from lazykv.core.engine.engine import EngineSession
 from lazykv.core.engine.load_spec import LoadSpec
 from lazykv.core.engine.memory import MiB, context_for_budget, kv_bytes
 from lazykv.core.engine.types import ContextBudgetError, KvRestoreError, SamplingSettings, StepEvent
-from lazykv.core.kinds import KvMode, KvPhase, StepStage
+from lazykv.core.kinds import DEFAULT_KV_SINKS, KvMode, KvPhase, StepStage
 from tests.core.test_engine_snapshot import LONG, MEDIUM, SHORT, first_turn, reply
 
 GREEDY = SamplingSettings(temperature=0.0, seed=1)
@@ -118,6 +118,7 @@ def test_compact_now_goes_one_step_at_a_time(smollm2_path: Path) -> None:
 
 
 # SmolLM2: 30 layers x 3 KV heads x (64 + 64) values a token: 23,040 bytes f16, 12,240 q8_0, 6,480 q4_0
+SMOLLM2_F16_TOKEN = 23_040
 @pytest.mark.parametrize(("kv_mode", "budget_mb", "n_ctx"), [(KvMode.LADDER, 4, 512), (KvMode.LAZY, 8, 512),
                                                              (KvMode.F16, 8, 256)])
 def test_a_memory_budget_gives_the_context_it_holds(
@@ -126,7 +127,7 @@ def test_a_memory_budget_gives_the_context_it_holds(
     s = EngineSession()
     try:
         info = s.load(LoadSpec(smollm2_path, n_ctx=N_CTX, kv_mode=kv_mode, context_budget=budget_mb * MiB,
-                               kv_recent=0))
+                               kv_recent=0, kv_sinks=0))
         assert info.n_ctx == context_for_budget(info.meta, budget_mb * MiB, kv_mode) == n_ctx
         allocated = s.kv_status().kv_bytes
         assert allocated == kv_bytes(info.meta, n_ctx, kv_mode) <= budget_mb * MiB  # the estimate is exact
@@ -137,15 +138,17 @@ def test_a_memory_budget_gives_the_context_it_holds(
 
 def test_the_kv_bytes_a_budget_is_measured_in_are_what_the_engine_allocates(model_path: Path) -> None:
     """Gemma-3's iSWA cache included: the per-token figure the budget divides by is exact, and so is the
-    recent window's (each cache of an iSWA pair keeps its own, the lazy modes only)."""
+    recent window's and the sinks' (each cache of an iSWA pair keeps its own, the lazy modes only)."""
     for kv_mode in KvMode:
         for recent in (0, 128):
+            spec = LoadSpec(model_path, n_ctx=N_CTX, kv_mode=kv_mode, kv_recent=recent)  # the app's sinks
             s = EngineSession()
             try:
-                info = s.load(LoadSpec(model_path, n_ctx=N_CTX, kv_mode=kv_mode, kv_recent=recent))
-                assert s.kv_status().kv_bytes == kv_bytes(info.meta, N_CTX, kv_mode, recent), (
+                info = s.load(spec)
+                assert s.kv_status().kv_bytes == kv_bytes(info.meta, N_CTX, kv_mode, spec.window), (
                     kv_mode, recent)
-                assert info.plan.recent == (recent if kv_mode.is_lazy else 0)
+                window = recent + DEFAULT_KV_SINKS if kv_mode.is_lazy else 0
+                assert info.plan.recent == spec.window == window
             finally:
                 s.close()
 
@@ -216,7 +219,9 @@ def test_a_compact_snapshot_resumes_on_the_4bit_rung(smollm2_path: Path, rung: K
         assert a.kv_status().phase is rung
         assert (compact.layout.type_k, compact.layout.lazy_phase) == ("q4_0", "q4_0")
         assert (full.layout.type_k, full.layout.lazy_phase) == (rung, rung)
-        assert len(compact.state) < len(full.state) * (0.35 if rung is KvPhase.F16 else 0.6)
+        # written on the f16 rung, it also carries the sinks' f16 rows (on q8_0 both have them in the window)
+        sinks = DEFAULT_KV_SINKS * SMOLLM2_F16_TOKEN if rung is KvPhase.F16 else 0
+        assert len(compact.state) < len(full.state) * (0.35 if rung is KvPhase.F16 else 0.6) + sinks
         llama, _ = a._require()
         assert llama.kv_lazy_convert("q4_0")  # the one step the compact snapshot's cells took
         expected, _ = reply(a, conversation)

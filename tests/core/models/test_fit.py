@@ -19,8 +19,9 @@ GiB = 1024**3
 
 
 def spec(meta: ModelMeta, n_ctx: int, kv_mode: str, **more: object) -> LoadSpec:
-    """The fit of ``meta`` at ``n_ctx`` in ``kv_mode``, without a recent window unless ``more`` says one."""
-    return LoadSpec(meta.path, n_ctx=n_ctx, kv_mode=kv_mode, **{"kv_recent": 0, **more})
+    """The fit of ``meta`` at ``n_ctx`` in ``kv_mode``, without a recent window or sinks unless ``more`` says
+    them."""
+    return LoadSpec(meta.path, n_ctx=n_ctx, kv_mode=kv_mode, **{"kv_recent": 0, "kv_sinks": 0, **more})
 
 
 @pytest.mark.parametrize("available", [int(0.05 * GiB), int(0.2 * GiB), 2 * GiB, 64 * GiB])
