@@ -9,6 +9,11 @@ or faster). The report gives the median ratio and its 95 % order-statistic inter
 
 Pairs: the app's default (lazy q8_0 with its recent window and DEFAULT_KV_SINKS sinks) against the same
 without sinks (the default before them), and the q4_0 ladder with the window and the sinks against it without.
+
+And the step pause, where the sinks' rows are copied: lazy q8_0 with the window at n_ctx PAUSE_N_CTX, its f16
+rung filled to PAUSE_FILL tokens (Gemma-3: its sliding-window cache's f16 rung is smaller), then
+``kv_lazy_convert()``; PAUSE_ROUNDS alternating rounds with and without the sinks, a fresh context each,
+the engine's own time of the step (``last_conversion_s``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from bench.sweep import median_ci
 from lazykv.core.kinds import DEFAULT_KV_RECENT, DEFAULT_KV_SINKS
 
 RESULT = Path(__file__).resolve().parent / "results" / "sinks_speed.md"
+PAUSE_N_CTX = 8192
+PAUSE_FILL = {"smollm2": 3000, "gemma3": 400}
+PAUSE_ROUNDS = 6
 PAIRS = (("lazy q8_0", llama_cpp.GGML_TYPE_Q8_0), ("ladder q4_0", llama_cpp.GGML_TYPE_Q4_0))
 
 
@@ -75,7 +83,35 @@ def measure(key: str, tokens: list[int], n_threads: int, n_batch: int, decode_to
     return pairs
 
 
-def report(pairs: list[Pair], n_threads: int, decode_tokens: int) -> str:
+def pause_ms(key: str, tokens: list[int], sinks: int, n_threads: int, n_batch: int) -> float:
+    """The step f16 -> q8_0 of lazy q8_0 with the window and ``sinks``, in milliseconds."""
+    llm = Llama(str(model_path(key)), n_ctx=PAUSE_N_CTX, n_batch=n_batch, n_threads=n_threads,
+                n_threads_batch=n_threads, flash_attn=True, swa_full=False, type_k=llama_cpp.GGML_TYPE_Q8_0,
+                type_v=llama_cpp.GGML_TYPE_Q8_0, kv_lazy_quant=True, kv_lazy_recent=DEFAULT_KV_RECENT,
+                kv_lazy_sinks=sinks, verbose=False)
+    try:
+        fill = tokens[: PAUSE_FILL[key]]
+        for i in range(0, len(fill), n_batch):
+            llm.eval(fill[i : i + n_batch])
+        assert llm.kv_lazy_info().phase == "f16", llm.kv_lazy_info().phase
+        llm.kv_lazy_convert()
+        return llm.kv_lazy_info().last_conversion_s * 1000
+    finally:
+        llm.close()
+
+
+def measure_pause(key: str, tokens: list[int], n_threads: int, n_batch: int) -> dict[int, list[float]]:
+    times: dict[int, list[float]] = {0: [], DEFAULT_KV_SINKS: []}
+    for round_no in range(PAUSE_ROUNDS):
+        for sinks in (0, DEFAULT_KV_SINKS) if round_no % 2 == 0 else (DEFAULT_KV_SINKS, 0):
+            times[sinks].append(pause_ms(key, tokens, sinks, n_threads, n_batch))
+    print(f"  {key} pause: {statistics.median(times[0]):.2f} ms without sinks, "
+          f"{statistics.median(times[DEFAULT_KV_SINKS]):.2f} with", flush=True)
+    return times
+
+
+def report(pairs: list[Pair], n_threads: int, decode_tokens: int,
+           pauses: dict[str, dict[int, list[float]]] | None = None) -> str:
     rows = []
     for p in pairs:
         ci = median_ci(p.ratios)
@@ -94,7 +130,31 @@ def report(pairs: list[Pair], n_threads: int, decode_tokens: int) -> str:
         "",
         table(["model", "cache", f"speed with {DEFAULT_KV_SINKS} sinks / without", "target", ""], rows),
         "",
+        *pause_section(pauses or {}),
     ])
+
+
+def pause_section(pauses: dict[str, dict[int, list[float]]]) -> list[str]:
+    if not pauses:
+        return []
+    rows = []
+    for key, times in pauses.items():
+        without, with_ = statistics.median(times[0]), statistics.median(times[DEFAULT_KV_SINKS])
+        rows.append([MODEL_LABELS[key], f"{PAUSE_FILL[key]:,}", f"{without:.2f} ({min(times[0]):.2f}-"
+                     f"{max(times[0]):.2f})", f"{with_:.2f} ({min(times[DEFAULT_KV_SINKS]):.2f}-"
+                     f"{max(times[DEFAULT_KV_SINKS]):.2f})", f"{with_ - without:+.2f}"])
+    return [
+        "## The step pause",
+        "",
+        f"lazy q8_0 with W={DEFAULT_KV_RECENT} at n_ctx {PAUSE_N_CTX}, the f16 rung filled, then one step to "
+        f"q8_0 (`kv_lazy_convert()`, the engine's `last_conversion_s`); {PAUSE_ROUNDS} alternating rounds, a "
+        "fresh context each: the medians (ranges). The sinks' copy is a constant few rows per layer, so on "
+        "a fuller rung its share is smaller.",
+        "",
+        table(["model", "tokens on the f16 rung", "ms without sinks", f"ms with {DEFAULT_KV_SINKS}",
+               "difference ms"], rows),
+        "",
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default=",".join(MODEL_LABELS), help="comma-separated model keys")
     args = parser.parse_args(argv)
     settings = make_settings(False, tuple(args.models.split(",")), (), None, None)
-    pairs = []
+    pairs, pauses = [], {}
     with tempfile.TemporaryDirectory(prefix="lazykv-sinks-") as tmp:
         corpus = write_faq(Path(tmp) / "python-faq.txt")
         for spec in settings.models:
@@ -112,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 vocab.close()
             pairs += measure(spec.key, tokens, settings.n_threads, settings.n_batch, settings.decode_tokens)
-    RESULT.write_text(report(pairs, settings.n_threads, settings.decode_tokens), encoding="utf-8")
+            pauses[spec.key] = measure_pause(spec.key, tokens, settings.n_threads, settings.n_batch)
+    RESULT.write_text(report(pairs, settings.n_threads, settings.decode_tokens, pauses), encoding="utf-8")
     print(f"wrote {RESULT}")
 
 
