@@ -54,8 +54,9 @@ class Pair:
         return statistics.median(self.ratios)
 
 
-def context(key: str, ggml_type: int, sinks: int, n_threads: int, n_batch: int) -> Llama:
-    return Llama(str(model_path(key)), n_ctx=SPEED_DEPTH + 256, n_batch=n_batch, n_threads=n_threads,
+def context(key: str, ggml_type: int, sinks: int, n_threads: int, n_batch: int,
+            n_ctx: int = SPEED_DEPTH + 256) -> Llama:
+    return Llama(str(model_path(key)), n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                  n_threads_batch=n_threads, flash_attn=True, swa_full=False, type_k=ggml_type,
                  type_v=ggml_type, kv_lazy_quant=True, kv_lazy_recent=DEFAULT_KV_RECENT, kv_lazy_sinks=sinks,
                  seed=1234, verbose=False)
@@ -85,10 +86,7 @@ def measure(key: str, tokens: list[int], n_threads: int, n_batch: int, decode_to
 
 def pause_ms(key: str, tokens: list[int], sinks: int, n_threads: int, n_batch: int) -> float:
     """The step f16 -> q8_0 of lazy q8_0 with the window and ``sinks``, in milliseconds."""
-    llm = Llama(str(model_path(key)), n_ctx=PAUSE_N_CTX, n_batch=n_batch, n_threads=n_threads,
-                n_threads_batch=n_threads, flash_attn=True, swa_full=False, type_k=llama_cpp.GGML_TYPE_Q8_0,
-                type_v=llama_cpp.GGML_TYPE_Q8_0, kv_lazy_quant=True, kv_lazy_recent=DEFAULT_KV_RECENT,
-                kv_lazy_sinks=sinks, verbose=False)
+    llm = context(key, llama_cpp.GGML_TYPE_Q8_0, sinks, n_threads, n_batch, PAUSE_N_CTX)
     try:
         fill = tokens[: PAUSE_FILL[key]]
         for i in range(0, len(fill), n_batch):
