@@ -25,8 +25,10 @@ KV_TYPES = {
     "lazy": llama_cpp.GGML_TYPE_Q8_0,
     "ladder": llama_cpp.GGML_TYPE_Q4_0,
     "ladder-q5": llama_cpp.GGML_TYPE_Q5_0,
+    "ladder-k5v4": (llama_cpp.GGML_TYPE_Q5_0, llama_cpp.GGML_TYPE_Q4_0),  # K and V apart
 }
-LAZY_KINDS = ("lazy", "ladder", "ladder-q5")  # lazy caches: q8_0, and the ladders to q4_0 and q5_0
+# lazy caches: q8_0, the ladders to q4_0 and q5_0, and K to q5_0 with V to q4_0
+LAZY_KINDS = ("lazy", "ladder", "ladder-q5", "ladder-k5v4")
 
 PROMPT = (
     b"The old lighthouse keeper climbed the stairs every evening at dusk. "
@@ -36,9 +38,10 @@ PROMPT = (
 
 
 def make_llama(path: Path, kv: str = "q8_0", n_ctx: int = 512, **kwargs) -> Llama:
-    """A small real context; K and V of the same type, flash attention on; kv "lazy" is the
-    lazy q8_0 cache, "ladder" the lazy ladder f16 -> q8_0 -> q4_0 ("ladder-q5": to q5_0)."""
+    """A small real context, flash attention on; kv "lazy" is the lazy q8_0 cache, "ladder" the lazy
+    ladder f16 -> q8_0 -> q4_0 ("ladder-q5": to q5_0; "ladder-k5v4": K to q5_0, V to q4_0)."""
     t = KV_TYPES[kv]
+    type_k, type_v = t if isinstance(t, tuple) else (t, t)
     if kv in LAZY_KINDS:
         kwargs["kv_lazy_quant"] = True
     return Llama(
@@ -47,8 +50,8 @@ def make_llama(path: Path, kv: str = "q8_0", n_ctx: int = 512, **kwargs) -> Llam
         n_batch=512,
         n_threads=engine_threads(),
         flash_attn=True,
-        type_k=t,
-        type_v=t,
+        type_k=type_k,
+        type_v=type_v,
         seed=1234,
         verbose=False,
         **kwargs,

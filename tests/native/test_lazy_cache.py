@@ -1,4 +1,4 @@
-"""The lazy q8_0 KV cache (patches 0006-0008, 0032) on the real test models.
+"""The lazy q8_0 KV cache (patches 0006-0008, 0033) on the real test models.
 
 Small contexts prove the same as large ones here: n_ctx 1024 gives an f16 view of
 512 cells, so a conversation crosses the breakpoint after 512 tokens.

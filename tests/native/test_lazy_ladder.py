@@ -25,6 +25,12 @@ N_SMALL = 1024  # rungs 256 / 512 / 1024
 N_SMALL_F16, N_SMALL_Q8 = 256, 512
 
 
+def next_logits(llm: Llama, token: int) -> np.ndarray:
+    """The logits after token, on top of what the context holds."""
+    llm.eval([token])
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
+
+
 def feed(llm: Llama, tokens: list[int], step: int = 128) -> None:
     for i in range(0, len(tokens), step):
         llm.eval(tokens[i : i + step])
@@ -64,10 +70,50 @@ def test_env_var_with_q4_0_gives_the_ladder(smollm2_path: Path, monkeypatch: pyt
     assert (info.rungs, info.n_cells_f16, info.n_cells_q8) == (("f16", "q8_0", "q4_0"), N_F16, N_Q8)
 
 
-def test_mixed_types_refused(smollm2_path: Path) -> None:
-    with pytest.raises(ValueError, match="both GGML_TYPE_Q4_0"):
-        Llama(str(smollm2_path), n_ctx=256, type_k=llama_cpp.GGML_TYPE_Q4_0, type_v=llama_cpp.GGML_TYPE_Q8_0,
+def test_f16_beside_a_quantized_type_refused(smollm2_path: Path) -> None:
+    with pytest.raises(ValueError, match="each GGML_TYPE_Q8_0, GGML_TYPE_Q4_0 or GGML_TYPE_Q5_0"):
+        Llama(str(smollm2_path), n_ctx=256, type_k=llama_cpp.GGML_TYPE_F16, type_v=llama_cpp.GGML_TYPE_Q4_0,
               flash_attn=True, kv_lazy_quant=True, verbose=False)
+
+
+def test_k_and_v_step_apart(smollm2_path: Path) -> None:
+    """K q5_0 with V q4_0 (patch 0031): f16 and q8_0 as every ladder, then V alone to q4_0 (V's q8_0 rows
+    hold 1024 cells, K's 1280: floor(2048 * 22/34) rounded down), then K to q5_0; the memory of a plain
+    K q5_0, V q4_0 cache. The bindings name a rung of two types "K's/V's"; a step by that name, the
+    metadata of a state on it, and a compact state of f16 cells written at the last rung, which resumes
+    as the cache converted at that point does (the engine's test-kv-lazy checks each step bit for bit
+    against a restore)."""
+    llm = make_llama(smollm2_path, "ladder-k5v4", n_ctx=N_CTX)
+    info = llm.kv_lazy_info()
+    assert info.rungs == ("f16", "q8_0", "q8_0/q4_0", "q5_0/q4_0") and info.is_ladder
+    assert (info.n_cells_f16, info.n_cells_q8, info.n_cells_total) == (512, 1024, N_CTX)
+    assert info.final == "q5_0/q4_0"
+    q5, q4 = llama_cpp.GGML_TYPE_Q5_0, llama_cpp.GGML_TYPE_Q4_0
+    plain = Llama(str(smollm2_path), n_ctx=N_CTX, type_k=q5, type_v=q4, flash_attn=True, verbose=False)
+    assert info.kv_bytes == plain.kv_lazy_info().kv_bytes
+
+    tokens = corpus(llm, 301)
+    llm.eval(tokens[:300])
+    compact = llm.save_state(seq_id=0, rung="q5_0/q4_0")
+    assert (compact.metadata["type_k"], compact.metadata["type_v"]) == (q5, q4)
+    assert llm.kv_lazy_convert() is True and llm.kv_lazy_info().phase == "q8_0"
+    assert llm.kv_lazy_convert("q8_0/q4_0") is True
+    info = llm.kv_lazy_info()
+    assert (info.phase, info.n_cells_capacity, info.n_cells_next) == ("q8_0/q4_0", 1280, N_CTX)
+    assert info.n_conversions == 2
+    state = llm.save_state(seq_id=0)
+    assert (state.metadata["type_k"], state.metadata["type_v"]) == (llama_cpp.GGML_TYPE_Q8_0, q4)
+    with pytest.raises(ValueError, match="no rung 'q4_0'"):
+        llm.kv_lazy_convert("q4_0")  # no rung of that name here
+
+    direct = make_llama(smollm2_path, "ladder-k5v4", n_ctx=N_CTX)
+    direct.eval(tokens[:300])
+    assert direct.kv_lazy_convert("q5_0/q4_0") is True and direct.kv_lazy_info().n_conversions == 1
+    resumed = make_llama(smollm2_path, "ladder-k5v4", n_ctx=N_CTX)
+    resumed.load_state(compact, seq_id=0)
+    assert resumed.kv_lazy_info().phase == "q5_0/q4_0"
+    token = tokens[300]
+    np.testing.assert_array_equal(next_logits(resumed, token), next_logits(direct, token))
 
 
 # ---------------------------------------------------------------- exactness per rung

@@ -1,4 +1,4 @@
-"""Rotation-checked state restore (patches 0001, 0032), on both real test models.
+"""Rotation-checked state restore (patches 0001, 0033), on both real test models.
 
 Saved state records the K/V rotation sizes; a restore into a context that
 rotates differently (LLAMA_ATTN_ROT_DISABLE, another cache type) is refused
