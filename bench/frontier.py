@@ -1,5 +1,6 @@
 """The frontier of KV caches (issue 49, section 2): tokens per GiB against KLD, for every plain cache type,
-K and V apart, and the ladders with and without their recent f16 window.
+K and V apart, and the ladders with and without their recent f16 window and attention sinks, one with K
+and V stepping apart to types of their own.
 
 ``python -m bench.frontier`` writes bench/results/frontier.md and frontier.png.
 
@@ -74,6 +75,9 @@ CACHES = (
     Cache("ladder q4_0, W=128, S=4", "q4_0", "q4_0", 128, 4),
     Cache("ladder q4_0, W=128, S=16", "q4_0", "q4_0", 128, 16),
     Cache("ladder q4_0, W=512", "q4_0", "q4_0", 512),
+    Cache("ladder K q8_0, V q4_0, W=128, S=4", "q8_0", "q4_0", 128, 4),
+    Cache("ladder K q5_0, V q4_0, W=128, S=4", "q5_0", "q4_0", 128, 4),
+    Cache("ladder K q8_0, V q5_0, W=128, S=4", "q8_0", "q5_0", 128, 4),
 )
 
 @dataclass
@@ -164,8 +168,9 @@ def report(models: list[FrontierModel], corpus: str, plot: str) -> str:
         "says), batches of 64 tokens; the KLD against an f16 cache over the second half of each chunk "
         f"(positions {RECENT_N_CTX // 2}-{RECENT_N_CTX - 1} at n_ctx {RECENT_N_CTX}, where a ladder is on "
         "its last rung). "
-        "The lazy caches (lazy q8_0 and the ladders) run with `LLAMA_KV_CACHE_LAZY_QUANT=1 -ctk T -ctv T "
-        "--kv-recent W --kv-sinks S`. Memory: the KV "
+        "The lazy caches (lazy q8_0 and the ladders) run with `LLAMA_KV_CACHE_LAZY_QUANT=1 -ctk K -ctv V "
+        "--kv-recent W --kv-sinks S`; a ladder of two types (\"ladder K q5_0, V q4_0\") steps K and V apart, "
+        "each to its own type when its rows are full. Memory: the KV "
         "bytes the engine allocates at that n_ctx (`kv_lazy_info().kv_bytes`), as tokens per GiB. "
         "*Frontier*: no other cache holds "
         "more tokens per GiB at a KLD no higher. The goal: plain q8_0's KLD or better at "
@@ -220,7 +225,10 @@ def ideas_section(models: list[FrontierModel]) -> list[str]:
         said = [f"{what}: {_at(m, names[name])}" for what, name in (
             ("the q4_0 ladder", "ladder q4_0"), ("with the recent window (W=128)", "ladder q4_0, W=128"),
             ("with 4 attention sinks as well", "ladder q4_0, W=128, S=4"),
-            ("K and V apart (plain K q5_0, V q4_0)", "K q5_0, V q4_0")) if name in names]
+            ("K and V apart (plain K q5_0, V q4_0)", "K q5_0, V q4_0"),
+            ("K and V apart on the ladder's last rung (K q5_0, V q4_0, W=128, S=4)",
+             "ladder K q5_0, V q4_0, W=128, S=4"),
+            ("K q8_0, V q4_0 there", "ladder K q8_0, V q4_0, W=128, S=4")) if name in names]
         if said:
             lines.append(f"- {m.title}: " + "; ".join(said) + ".")
     return lines + [
@@ -244,7 +252,8 @@ def sinks_section(models: list[FrontierModel]) -> list[str]:
     for m in models:
         for p in m.points:
             base = next((o for o in m.points if p.cache.sinks and o.cache.lazy and o.cache.sinks == 0
-                         and (o.cache.type_k, o.cache.window) == (p.cache.type_k, p.cache.window)), None)
+                         and (o.cache.type_k, o.cache.type_v, o.cache.window)
+                         == (p.cache.type_k, p.cache.type_v, p.cache.window)), None)
             if base is not None:
                 rows.append([m.title, p.cache.name, f"{base.kld:.5f}", f"{p.kld:.5f}",
                              f"{p.kld / base.kld - 1:+.1%}", f"{base.kv_bytes / p.kv_bytes:.4f}"])

@@ -92,3 +92,17 @@ def test_the_sinks_table_sets_each_cache_against_the_same_without_sinks() -> Non
     text = report([m], "c", "f.png")
     assert "| ladder q4_0, W=128, S=4 | 0.00750 | 0.00600 | -20.0% | 0.9999 |" in text
     assert "with 4 attention sinks as well: 1.71x q8_0's tokens at 1.71x its KLD" in text
+
+
+def test_sinks_are_weighed_against_the_same_cache_without_them() -> None:
+    """A cache with sinks is compared with the one of the same K and V types and window without them: a
+    ladder of K q8_0 and V q4_0 with sinks has no such point here, so it is in no row of that table."""
+    from bench.frontier import sinks_section
+
+    m = FrontierModel("smollm2", "SmolLM2", f16_kv_bytes=90 << 20)
+    for cache, kld in ((Cache("lazy q8_0, W=128", "q8_0", "q8_0", 128), 0.0040),
+                       (Cache("lazy q8_0, W=128, S=4", "q8_0", "q8_0", 128, 4), 0.0036),
+                       (Cache("ladder K q8_0, V q4_0, W=128, S=4", "q8_0", "q4_0", 128, 4), 0.0039)):
+        m.points.append(Point(cache, kld, kld / 10, 95.0, 40 << 20))
+    rows = [line for line in "\n".join(sinks_section([m])).splitlines() if line.startswith("| SmolLM2")]
+    assert rows == ["| SmolLM2 | lazy q8_0, W=128, S=4 | 0.00400 | 0.00360 | -10.0% | 1.0000 |"]

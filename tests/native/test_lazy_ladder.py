@@ -106,13 +106,23 @@ def test_k_and_v_step_apart(smollm2_path: Path) -> None:
     with pytest.raises(ValueError, match="no rung 'q4_0'"):
         llm.kv_lazy_convert("q4_0")  # no rung of that name here
 
+    # that state: a fresh ladder of the same types steps to its rung and goes on exactly; a lazy q8_0 cache
+    # cannot read V's 4-bit rows back into 8-bit ones, and says so before anything changes
+    token = tokens[300]
+    same_types = make_llama(smollm2_path, "ladder-k5v4", n_ctx=N_CTX)
+    same_types.load_state(state, seq_id=0)
+    assert same_types.kv_lazy_info().phase == "q8_0/q4_0"
+    np.testing.assert_array_equal(next_logits(same_types, token), next_logits(llm, token))
+    lazy_q8 = make_llama(smollm2_path, "lazy", n_ctx=N_CTX)
+    with pytest.raises(llama_cpp.StateMismatchError, match="q8_0/q4_0"):
+        lazy_q8.load_state(state, seq_id=0)
+
     direct = make_llama(smollm2_path, "ladder-k5v4", n_ctx=N_CTX)
     direct.eval(tokens[:300])
     assert direct.kv_lazy_convert("q5_0/q4_0") is True and direct.kv_lazy_info().n_conversions == 1
     resumed = make_llama(smollm2_path, "ladder-k5v4", n_ctx=N_CTX)
     resumed.load_state(compact, seq_id=0)
     assert resumed.kv_lazy_info().phase == "q5_0/q4_0"
-    token = tokens[300]
     np.testing.assert_array_equal(next_logits(resumed, token), next_logits(direct, token))
 
 
