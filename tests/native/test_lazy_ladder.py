@@ -126,6 +126,22 @@ def test_k_and_v_step_apart(smollm2_path: Path) -> None:
     np.testing.assert_array_equal(next_logits(resumed, token), next_logits(direct, token))
 
 
+def test_k_and_v_step_apart_on_a_sliding_window_model(gemma3_path: Path) -> None:
+    """Gemma-3's two caches, the global layers' (4096 cells) and the sliding window's (1024), climb the
+    same rungs: the order of K's and V's steps follows from their types alone. (Compared by each cache's
+    rounded capacities, the window's 1024 cells hold 512 at q8_0 for K and for V alike: it stepped both at
+    once, one rung fewer than the global cache, and the context failed to load.)"""
+    llm = make_llama(gemma3_path, "ladder-k5v4", n_ctx=4096, swa_full=False)
+    assert llm.kv_lazy_info().rungs == ("f16", "q8_0", "q8_0/q4_0", "q5_0/q4_0")
+    tokens = corpus(llm, 201)
+    llm.eval(tokens[:200])  # within the window cache's f16 rung (256 cells)
+    for rung in ("q8_0", "q8_0/q4_0", "q5_0/q4_0"):
+        assert llm.kv_lazy_convert() is True and llm.kv_lazy_info().phase == rung
+        assert np.isfinite(next_logits(llm, tokens[200])).all()
+        llm.n_tokens -= 1  # the same next token again on the next rung
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm.ctx), 0, 200, -1)
+
+
 # ---------------------------------------------------------------- exactness per rung
 
 
