@@ -76,6 +76,7 @@ CACHES = (
     Cache("ladder q4_0, W=128, S=16", "q4_0", "q4_0", 128, 16),
     Cache("ladder q4_0, W=512", "q4_0", "q4_0", 512),
     Cache("ladder K q8_0, V q4_0, W=128, S=4", "q8_0", "q4_0", 128, 4),
+    Cache("ladder K q5_0, V q4_0, W=32, S=4", "q5_0", "q4_0", 32, 4),
     Cache("ladder K q5_0, V q4_0, W=128, S=4", "q5_0", "q4_0", 128, 4),
     Cache("ladder K q8_0, V q5_0, W=128, S=4", "q8_0", "q5_0", 128, 4),
 )
@@ -228,7 +229,8 @@ def ideas_section(models: list[FrontierModel]) -> list[str]:
             ("K and V apart (plain K q5_0, V q4_0)", "K q5_0, V q4_0"),
             ("K and V apart on the ladder's last rung (K q5_0, V q4_0, W=128, S=4)",
              "ladder K q5_0, V q4_0, W=128, S=4"),
-            ("K q8_0, V q4_0 there", "ladder K q8_0, V q4_0, W=128, S=4")) if name in names]
+            ("K q8_0, V q4_0 there", "ladder K q8_0, V q4_0, W=128, S=4"),
+            ("K q8_0, V q5_0 there", "ladder K q8_0, V q5_0, W=128, S=4")) if name in names]
         if said:
             lines.append(f"- {m.title}: " + "; ".join(said) + ".")
     return lines + [
