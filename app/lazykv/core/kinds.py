@@ -115,7 +115,8 @@ KV_MODE_WORDS = {
         "ladder (f16 → 8-bit → 4-bit)", "ladder (16-bit, then 8-bit, then 4-bit)",
         "f16, then 8-bit, then 4-bit, each level when the one before is full: about 3.5× the tokens of f16 "
         "in the same memory; the last, 4-bit level trades some quality for length.",
-        # on its 4-bit level, with its 128-token window: KLD 1.9x (SmolLM2) and 3.8x (Gemma-3) plain q8_0's
+        # on its 4-bit level, with its 128-token window and 4 sinks: KLD 1.67x (SmolLM2) and 3.33x (Gemma-3)
+        # plain q8_0's (bench/results/frontier.md)
         "exact, then 8-bit; below 8-bit once its oldest tokens are 4-bit"),
     KvMode.Q8_0: KvModeWords(
         "q8_0", "8-bit", "8-bit from the first token: about 1.9× the tokens of f16 in the same memory.",
