@@ -66,7 +66,7 @@ def assert_kld_no_worse_than_q8_0(runs: dict[str, llama_cpp.Llama], n: int, n_f1
 
 
 def test_lazy_needs_q8_0_and_flash_attention(smollm2_path: Path) -> None:
-    with pytest.raises(ValueError, match="type_k and type_v both GGML_TYPE_Q8_0"):
+    with pytest.raises(ValueError, match="type_k and type_v each GGML_TYPE_Q8_0"):
         make_llama(smollm2_path, "f16", kv_lazy_quant=True)
     with pytest.raises(ValueError, match="flash_attn"):
         llama_cpp.Llama(str(smollm2_path), n_ctx=256, type_k=8, type_v=8, flash_attn=False,
