@@ -135,14 +135,12 @@ def report(pairs: list[Pair], n_threads: int, decode_tokens: int,
 def pause_section(pauses: dict[str, dict[int, list[float]]]) -> list[str]:
     if not pauses:
         return []
-    def spread(ms: list[float]) -> str:
-        return f"{statistics.median(ms):.2f} ({min(ms):.2f}-{max(ms):.2f})"
-
     rows = []
     for key, times in pauses.items():
-        without, with_ = times[0], times[DEFAULT_KV_SINKS]
-        rows.append([MODEL_LABELS[key], f"{PAUSE_FILL[key]:,}", spread(without), spread(with_),
-                     f"{statistics.median(with_) - statistics.median(without):+.2f}"])
+        without, with_ = statistics.median(times[0]), statistics.median(times[DEFAULT_KV_SINKS])
+        rows.append([MODEL_LABELS[key], f"{PAUSE_FILL[key]:,}", f"{without:.2f} ({min(times[0]):.2f}-"
+                     f"{max(times[0]):.2f})", f"{with_:.2f} ({min(times[DEFAULT_KV_SINKS]):.2f}-"
+                     f"{max(times[DEFAULT_KV_SINKS]):.2f})", f"{with_ - without:+.2f}"])
     return [
         "## The step pause",
         "",

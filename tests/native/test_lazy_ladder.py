@@ -17,13 +17,18 @@ import pytest
 from llama_cpp import KvLazyInfo, Llama
 
 from .helpers import make_llama
-from .test_ladder_restore import next_logits
 from .test_lazy_cache import corpus, kld
 
 N_CTX = 2048
 N_F16, N_Q8 = 512, 1024
 N_SMALL = 1024  # rungs 256 / 512 / 1024
 N_SMALL_F16, N_SMALL_Q8 = 256, 512
+
+
+def next_logits(llm: Llama, token: int) -> np.ndarray:
+    """The logits after token, on top of what the context holds."""
+    llm.eval([token])
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
 
 
 def feed(llm: Llama, tokens: list[int], step: int = 128) -> None:
